@@ -1,0 +1,1 @@
+"""eval package of AgentForesight (see README.md)."""

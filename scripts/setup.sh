@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Create .venv and install the project with the extras the demo and tests need. Idempotent:
+# re-runs only when pyproject.toml or this file changed. Sourced by demo.sh and test.sh.
+#
+#   bash scripts/setup.sh
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-python3}"
+VENV="$ROOT/.venv"
+STAMP="$VENV/.aftraj-installed"
+want="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" | sha256sum | cut -d' ' -f1)"
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -c 'import sys; assert sys.version_info >= (3, 10), "Python >= 3.10 is required"'
+  "$PY" -m venv "$VENV"
+fi
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
+  echo "[setup] installing into $VENV (first run takes about a minute)" >&2
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
+  # The CPU build of torch first, pinned, so that nothing pulls a multi-GB CUDA build.
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[train,serve,dev]"
+  echo "$want" > "$STAMP"
+fi

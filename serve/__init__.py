@@ -1,0 +1,1 @@
+"""serve package of AgentForesight (see README.md)."""

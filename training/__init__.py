@@ -1,0 +1,1 @@
+"""training package of AgentForesight (see README.md)."""
