@@ -1,0 +1,184 @@
+"""Auditors behind one small interface, registered by name (lm-eval's `LM` + `@register_model`).
+
+An auditor answers, for prefix t of a trajectory (steps 0..t only), with an `AuditResult`: a
+`aftraj.prompt.Verdict` or `aftraj.prompt.ParseFailure`, P(UNSAFE) when the backend gives one,
+the latency and the prompt / completion / cached token counts. The walker (`eval.walker`) decides
+which prefixes to ask for; auditors never look past the t they are given.
+
+Writing one (e.g. `eval/auditors/rules.py`, found automatically, no other file to edit):
+
+    from aftraj.prompt import Verdict
+    from eval.auditors import AuditResult, Auditor, register_auditor
+
+    @register_auditor("rules")
+    class RulesAuditor(Auditor):
+        '''The fold's deterministic detectors: the first finding raises ALARM.'''
+
+        def __init__(self, arg: str | None = None, **kw):   # "rules:ARG" passes arg="ARG"
+            super().__init__(arg, **kw)
+
+        def audit(self, traj, t):                           # prefix t = traj.steps[: t + 1]
+            ...
+            return AuditResult(Verdict("UNSAFE", step=k, agent=a, reason="…"), t=t)
+
+The contract:
+- `audit(traj, t) -> AuditResult` (required). `audit_batch(requests)` answers a list of
+  `(traj, t)` pairs in order; the default loops over `audit`; backends that can overlap calls
+  (`openai`) override it. `end(traj)` tells the auditor a walk is over (drop per-trajectory
+  state such as a KV cache); `close()` releases resources.
+- `strategy` says how the walker queries it: "online" (strict walk t = 0, 1, … until the first
+  ALARM; the default), "posthoc" (one call with the whole trajectory, t = N-1, labelled
+  post-hoc in every report) or "bisect" (binary search for the first alarming prefix).
+- Constructor: `Cls(arg=None, **kw)`; `get_auditor("name:arg", model=…, endpoint=…, …)` builds
+  one. Unknown keywords should be accepted and ignored (`**kw`) so one CLI can feed any auditor.
+- Modules in this package are imported on the first `get_auditor`/`available_auditors`, so keep
+  heavy imports (torch, transformers) inside methods.
+
+    python -c "from eval.auditors import available_auditors; print(available_auditors())"
+    aftraj eval --auditor dummy:alarm-at-2 --data ww.jsonl --out runs/eval-dummy
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from aftraj.prompt import ParseFailure, Verdict
+from aftraj.schema import Trajectory
+
+STRATEGIES = ("online", "posthoc", "bisect")
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """One auditor answer for prefix t."""
+
+    verdict: Verdict | ParseFailure
+    t: int
+    confidence: float | None = None   # P(UNSAFE) in [0, 1], when the backend can tell
+    latency_s: float = 0.0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0            # prompt tokens served from a prefix cache
+    raw: str | None = None            # the completion text, when there is one
+
+    def __post_init__(self) -> None:
+        if self.confidence is not None and not 0.0 <= self.confidence <= 1.0:
+            raise ValueError(f"confidence must be in [0, 1], got {self.confidence}")
+        if self.t < 0:
+            raise ValueError(f"t must be >= 0, got {self.t}")
+
+    @property
+    def alarm(self) -> bool:
+        """ALARM iff a parsed UNSAFE verdict; a parse failure counts as CONTINUE."""
+        return isinstance(self.verdict, Verdict) and self.verdict.alarm
+
+    @property
+    def parse_failed(self) -> bool:
+        return isinstance(self.verdict, ParseFailure)
+
+
+class Auditor:
+    """Base class. Subclasses implement `audit`; see the module docstring for the contract."""
+
+    name: str = "auditor"            # set by @register_auditor
+    strategy: str = "online"         # "online" | "posthoc" | "bisect"
+
+    def __init__(self, arg: str | None = None, **kw) -> None:
+        self.arg = arg
+
+    @property
+    def posthoc(self) -> bool:
+        return self.strategy == "posthoc"
+
+    @property
+    def label(self) -> str:
+        """How reports name this auditor ("heuristic:last-step (post-hoc)")."""
+        base = self.name if self.arg is None else f"{self.name}:{self.arg}"
+        return f"{base} (post-hoc)" if self.posthoc else base
+
+    def audit(self, traj: Trajectory, t: int) -> AuditResult:
+        raise NotImplementedError
+
+    def audit_batch(self, requests: Sequence[tuple[Trajectory, int]]) -> list[AuditResult]:
+        return [self.audit(traj, t) for traj, t in requests]
+
+    def end(self, traj: Trajectory) -> None:
+        """The walk of `traj` is over."""
+
+    def close(self) -> None:
+        """Release resources (models, HTTP clients)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- registry
+
+_REGISTRY: dict[str, type[Auditor]] = {}
+_DISCOVERED = False
+
+
+def register_auditor(*names: str) -> Callable[[type[Auditor]], type[Auditor]]:
+    """Class decorator: `@register_auditor("hf")`. A name may be registered once."""
+    if not names:
+        raise ValueError("register_auditor needs at least one name")
+
+    def deco(cls: type[Auditor]) -> type[Auditor]:
+        if not (isinstance(cls, type) and issubclass(cls, Auditor)):
+            raise TypeError(f"{cls!r} is not an Auditor subclass")
+        if cls.strategy not in STRATEGIES:
+            raise ValueError(f"{cls.__name__}.strategy must be one of {STRATEGIES}, got {cls.strategy!r}")
+        for n in names:
+            if ":" in n or not n.strip():
+                raise ValueError(f"bad auditor name {n!r} (non-empty, no ':')")
+            if n in _REGISTRY and _REGISTRY[n] is not cls:
+                raise ValueError(f"auditor {n!r} is already registered by {_REGISTRY[n].__name__}")
+            _REGISTRY[n] = cls
+        cls.name = names[0]
+        return cls
+
+    return deco
+
+
+def _discover() -> None:
+    """Import every module of this package so that their @register_auditor lines run."""
+    global _DISCOVERED
+    if _DISCOVERED:
+        return
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+    _DISCOVERED = True
+
+
+def available_auditors() -> list[str]:
+    _discover()
+    return sorted(_REGISTRY)
+
+
+def parse_spec(spec: str) -> tuple[str, str | None]:
+    """"heuristic:uniform-random" -> ("heuristic", "uniform-random"); "hf" -> ("hf", None)."""
+    name, sep, arg = spec.partition(":")
+    name = name.strip()
+    if not name:
+        raise ValueError(f"empty auditor name in {spec!r}")
+    return name, (arg if sep else None)
+
+
+def get_auditor(spec: str, **kw) -> Auditor:
+    """Build an auditor from "NAME[:ARG]"; keyword arguments go to its constructor."""
+    _discover()
+    name, arg = parse_spec(spec)
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown auditor {name!r}; available: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name](arg, **kw)
+
+
+__all__ = ["AuditResult", "Auditor", "STRATEGIES", "available_auditors", "get_auditor",
+           "parse_spec", "register_auditor"]
