@@ -1,0 +1,120 @@
+"""`aftraj eval --auditor NAME[:ARG] --data PATH --out DIR [--protocol strict|reference]
+[--model PATH | --endpoint URL]`
+
+Walk every trajectory of PATH (a JSONL file, a Who&When folder or an AFTraj parquet folder)
+with the auditor (strict online walk unless the auditor is post-hoc), then write metrics.json,
+predictions.jsonl, report.md and the plots into DIR.
+
+    aftraj eval --auditor heuristic:uniform-random --data ../shared/data/who_and_when --out runs/ww-random
+    aftraj eval --auditor hf --model runs/stage1/final --data heldout.jsonl --out runs/eval-hf
+    aftraj eval --auditor openai --endpoint http://127.0.0.1:8000/v1 --api-model auditor \
+        --data ../shared/data/who_and_when --out runs/ww-vllm
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("eval", help="evaluate an auditor (strict online walk) and write reports")
+    p.add_argument("--auditor", required=True, metavar="NAME[:ARG]",
+                   help="dummy:gold, heuristic:uniform-random, hf, openai[:METHOD], rules, …")
+    p.add_argument("--data", required=True, help="JSONL file, Who&When folder or AFTraj parquet folder")
+    p.add_argument("--out", required=True, help="output folder for the reports")
+    p.add_argument("--protocol", choices=("strict", "reference"), default="strict",
+                   help="strict: every trajectory walked prefix by prefix (default); reference: "
+                        "safe trajectories get one full-trajectory call, as the released evaluation")
+    p.add_argument("--model", help="local model folder (hf backend)")
+    p.add_argument("--endpoint", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--api-model", help="model name to send to the endpoint (default: its first model)")
+    p.add_argument("--api-key-env", default="OPENAI_API_KEY",
+                   help="environment variable holding the API key (default OPENAI_API_KEY)")
+    p.add_argument("--concurrency", type=int, default=8, help="openai: parallel requests")
+    p.add_argument("--timeout", type=float, default=120.0, help="openai: per-call timeout (s)")
+    p.add_argument("--retries", type=int, default=4, help="openai: retries per call")
+    p.add_argument("--max-new-tokens", type=int, default=1024, help="generation budget per call")
+    p.add_argument("--budget", type=int, help="prompt token budget (the fold's view beyond it)")
+    p.add_argument("--reference-answer", action="store_true",
+                   help="show the ground-truth answer in the prompt (Who&When 'with ground truth')")
+    p.add_argument("--max-in-flight", type=int, default=32, help="trajectories walked at once")
+    p.add_argument("--all-prefixes", action="store_true",
+                   help="score every prefix (go on after the first ALARM): threshold sweep, AUC")
+    p.add_argument("--limit", type=int, help="evaluate only the first N trajectories")
+    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap and random-baseline seed")
+    p.add_argument("--price-prompt", type=float, help="USD per million uncached prompt tokens")
+    p.add_argument("--price-cached", type=float, help="USD per million cached prompt tokens")
+    p.add_argument("--price-completion", type=float, help="USD per million completion tokens")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from aftraj.readers import load_trajectories
+    from eval.auditors import get_auditor
+    from eval.report import write_report
+    from eval.walker import WalkConfig, walk
+
+    trajs = load_trajectories(args.data)
+    if args.limit is not None:
+        trajs = trajs[: args.limit]
+    if not trajs:
+        print(f"aftraj eval: no trajectories in {args.data}", file=sys.stderr)
+        return 2
+    kw = dict(model=args.model, endpoint=args.endpoint, api_model=args.api_model,
+              api_key_env=args.api_key_env, concurrency=args.concurrency, timeout=args.timeout,
+              retries=args.retries, max_new_tokens=args.max_new_tokens, budget=args.budget,
+              reference_answer=args.reference_answer, seed=args.seed)
+    auditor = get_auditor(args.auditor, **{k: v for k, v in kw.items() if v is not None})
+    cfg = WalkConfig(protocol=args.protocol, max_in_flight=args.max_in_flight,
+                     all_prefixes=args.all_prefixes)
+    t0 = time.perf_counter()
+    with auditor:
+        preds = walk(auditor, trajs, cfg, progress=not args.no_progress)
+        expectation = None
+        if hasattr(auditor, "analytic_expectation"):
+            subsets = sorted({p["subset"] for p in preds})
+            overall = auditor.analytic_expectation(trajs)
+            if overall is not None:
+                expectation = {"overall": overall, "by_subset": {
+                    s: auditor.analytic_expectation(
+                        [t for t, p in zip(trajs, preds) if p["subset"] == s]) for s in subsets}}
+    wall = time.perf_counter() - t0
+    prices = None
+    if any(x is not None for x in (args.price_prompt, args.price_cached, args.price_completion)):
+        prices = {"prompt": args.price_prompt or 0.0, "completion": args.price_completion or 0.0,
+                  "cached": args.price_cached if args.price_cached is not None else (args.price_prompt or 0.0)}
+    meta = {"auditor": auditor.label, "auditor_spec": args.auditor, "posthoc": auditor.posthoc,
+            "strategy": auditor.strategy, "protocol": args.protocol, "data": str(args.data),
+            "reference_answer_in_prompt": args.reference_answer, "all_prefixes": args.all_prefixes,
+            "model": args.model, "endpoint": args.endpoint, "wall_s": round(wall, 3)}
+    metrics = write_report(preds, Path(args.out), meta=meta, n_boot=args.n_boot, seed=args.seed,
+                           prices=prices, expectation=expectation)
+    _print_summary(metrics, Path(args.out))
+    return 0
+
+
+def _print_summary(m: dict, out: Path) -> None:
+    def pct(v):
+        return "–" if v is None else f"{100 * v:.2f}%"
+
+    def ci(v):
+        return "" if not v else f" [{pct(v[0])}, {pct(v[1])}]"
+
+    exp = m.get("analytic_expectation") or {}
+    print(f"{m['auditor']}  protocol={m['protocol']}  metrics v{m['metrics_version']}")
+    rows = [("overall", m["overall"], exp.get("overall"))] + [
+        (k, v, (exp.get("by_subset") or {}).get(k)) for k, v in m["by_subset"].items()]
+    for name, g, e in rows:
+        line = (f"  {name:<22} n={g['n']:<4} step_acc={pct(g['step_acc'])}{ci(g['step_acc_ci'])}  "
+                f"agent_acc={pct(g['agent_acc'])}{ci(g['agent_acc_ci'])}  exact_f1={pct(g['exact_f1'])}  "
+                f"far={pct(g['far'])}  ww_substring_step_acc={pct(g['ww_substring_step_acc'])}")
+        print(line)
+        if e:
+            print(f"  {'':<22} analytic expectation: step_acc={pct(e['step_acc'])} "
+                  f"agent_acc={pct(e['agent_acc'])} exact_f1={pct(e['exact_f1'])}")
+    print(f"reports: {out}/metrics.json predictions.jsonl report.md *.png")
+    sys.stdout.flush()

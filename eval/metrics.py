@@ -1,0 +1,262 @@
+"""The one metrics module (DESIGN §6), versioned: every figure the reports show is computed here.
+
+Input: prediction records, one per walked trajectory (the lines of `predictions.jsonl`, written
+by `eval.walker`): `gold` ("SAFE" | "UNSAFE"), `k_star`, `a_star`, `n_steps`, `alarmed`, `d`
+(the prefix that raised the first ALARM, None = never), `k_hat`, `a_hat`, `calls`, token counts,
+`parse_failures`, `latencies_s`, `trace` (one entry per call), `subset`, `domain`.
+
+Definitions (A = alarmed trajectories, U = unsafe ones with gold k*, a*, S = safe ones):
+  Step Recall = |{U∩A : k̂ = k*}| / |U|     Step Precision = |{U∩A : k̂ = k*}| / |A|
+  Exact-F1 = 2PR/(P+R) = 2·hits / (|A| + |U|)   Step-Acc = Step Recall
+  Agent-Acc = |{U∩A : â = a*}| / |U|      ASS = mean |k̂ - k*| over U∩A (None when empty)
+  FAR = |S∩A| / |S| (None without safe trajectories)   detection rate = |U∩A| / |U|
+  alarm delay = mean d - k* over U∩A (negative = premature); steps saved = mean N-1-d over U∩A
+  parse-failure rate = parse failures / calls
+Agent match: exact after trimming and case-folding. Step match: integer equality, never substring.
+Beside them, clearly labelled `ww_substring_*`, the rule of Who&When's evaluate.py (the gold
+step as a substring of the predicted one, so gold 1 matches 12; the gold agent as a substring
+of the predicted agent) for comparison with published numbers only.
+
+Every ratio metric is a ratio of per-trajectory sums, so its bootstrap 95 % interval is computed
+exactly by resampling trajectories (multinomial weights). A metric with an empty denominator is
+None, and so is its interval.
+
+    python -m eval.metrics runs/eval/predictions.jsonl        # recompute metrics.json's figures
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+METRICS_VERSION = "1.0"
+
+# Deployable region (DESIGN §6).
+DEPLOYABLE_MAX_FAR = 0.20
+DEPLOYABLE_MIN_STEP_ACC = 0.50
+
+# The keys every group of metrics.json holds (plus `<metric>_ci` for each ratio metric).
+CORE_KEYS = ("n", "n_safe", "n_unsafe", "exact_f1", "step_precision", "step_recall", "step_acc",
+             "agent_acc", "ass", "far", "parse_failure_rate")
+
+
+def agent_match(pred: str | None, gold: str | None) -> bool:
+    """Exact after trimming and case-folding."""
+    return pred is not None and gold is not None and pred.strip().casefold() == gold.strip().casefold()
+
+
+def step_match(pred, gold) -> bool:
+    """Integer equality (bools are not steps)."""
+    return (isinstance(pred, int) and isinstance(gold, int) and not isinstance(pred, bool)
+            and not isinstance(gold, bool) and pred == gold)
+
+
+def ww_substring_step_match(pred, gold) -> bool:
+    """Who&When evaluate.py's rule, for comparison only: str(gold) in str(pred) (gold 1 ~ 12)."""
+    return pred is not None and gold is not None and str(gold) in str(pred)
+
+
+def ww_substring_agent_match(pred, gold) -> bool:
+    return pred is not None and gold is not None and str(gold) in str(pred)
+
+
+# --------------------------------------------------------------------------- per-trajectory columns
+
+@dataclass
+class Columns:
+    """Per-trajectory numeric columns; each ratio metric is sum(num) / sum(den)."""
+
+    n: int
+    cols: dict[str, np.ndarray]
+
+
+def _columns(preds: Sequence[dict], prices: dict | None = None) -> Columns:
+    def arr(f: Callable[[dict], float]) -> np.ndarray:
+        return np.array([float(f(p)) for p in preds], dtype=float)
+
+    U = arr(lambda p: p["gold"] == "UNSAFE")
+    S = arr(lambda p: p["gold"] == "SAFE")
+    A = arr(lambda p: bool(p["alarmed"]))
+    UA = U * A
+    hit = UA * arr(lambda p: step_match(p.get("k_hat"), p.get("k_star")))
+    ahit = UA * arr(lambda p: agent_match(p.get("a_hat"), p.get("a_star")))
+    absd = UA * arr(lambda p: abs(p["k_hat"] - p["k_star"]) if p["gold"] == "UNSAFE" and p["alarmed"]
+                    and p.get("k_hat") is not None else 0.0)
+    delay = UA * arr(lambda p: p["d"] - p["k_star"] if p["gold"] == "UNSAFE" and p["alarmed"] else 0.0)
+    saved = UA * arr(lambda p: p["n_steps"] - 1 - p["d"] if p["alarmed"] else 0.0)
+    premature = UA * arr(lambda p: p["gold"] == "UNSAFE" and p["alarmed"] and p["d"] < p["k_star"])
+    ww_step = UA * arr(lambda p: ww_substring_step_match(p.get("k_hat"), p.get("k_star")))
+    ww_agent = UA * arr(lambda p: ww_substring_agent_match(p.get("a_hat"), p.get("a_star")))
+    cols = dict(U=U, S=S, A=A, UA=UA, SA=S * A, hit=hit, ahit=ahit, absd=absd, delay=delay,
+                saved=saved, premature=premature, ww_step=ww_step, ww_agent=ww_agent,
+                one=np.ones(len(preds)), A_plus_U=A + U, two_hit=2 * hit,
+                calls=arr(lambda p: p.get("calls", 0)),
+                pf=arr(lambda p: p.get("parse_failures", 0)),
+                ptok=arr(lambda p: p.get("prompt_tokens", 0)),
+                ctok=arr(lambda p: p.get("completion_tokens", 0)),
+                cached=arr(lambda p: p.get("cached_tokens", 0)))
+    if prices:
+        cols["cost"] = (cols["ptok"] - cols["cached"]) * prices.get("prompt", 0.0) / 1e6 \
+            + cols["cached"] * prices.get("cached", prices.get("prompt", 0.0)) / 1e6 \
+            + cols["ctok"] * prices.get("completion", 0.0) / 1e6
+    return Columns(len(preds), cols)
+
+
+# metric name -> (numerator column, denominator column); all are bootstrapped.
+RATIO_METRICS: dict[str, tuple[str, str]] = {
+    "exact_f1": ("two_hit", "A_plus_U"),
+    "step_precision": ("hit", "A"),
+    "step_recall": ("hit", "U"),
+    "step_acc": ("hit", "U"),
+    "agent_acc": ("ahit", "U"),
+    "ass": ("absd", "UA"),
+    "far": ("SA", "S"),
+    "detection_rate": ("UA", "U"),
+    "alarm_delay": ("delay", "UA"),
+    "premature_alarm_rate": ("premature", "UA"),
+    "steps_saved": ("saved", "UA"),
+    "parse_failure_rate": ("pf", "calls"),
+    "calls_per_traj": ("calls", "one"),
+    "prompt_tokens_per_traj": ("ptok", "one"),
+    "completion_tokens_per_traj": ("ctok", "one"),
+    "cached_prompt_fraction": ("cached", "ptok"),
+    "ww_substring_step_acc": ("ww_step", "U"),
+    "ww_substring_agent_acc": ("ww_agent", "U"),
+}
+COST_METRIC = ("cost_per_traj", ("cost", "one"))
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> float | None:
+    d = float(den.sum())
+    return None if d == 0 else float(num.sum()) / d
+
+
+def summarize(preds: Sequence[dict], *, n_boot: int = 1000, seed: int = 0,
+              prices: dict | None = None) -> dict:
+    """All metrics for one group of prediction records, with bootstrap 95 % intervals."""
+    c = _columns(preds, prices)
+    metrics = dict(RATIO_METRICS)
+    if prices:
+        metrics[COST_METRIC[0]] = COST_METRIC[1]
+    out: dict = {"n": c.n, "n_safe": int(c.cols["S"].sum()) if c.n else 0,
+                 "n_unsafe": int(c.cols["U"].sum()) if c.n else 0}
+    W = None
+    if c.n and n_boot > 0:
+        rng = np.random.default_rng(seed)
+        W = rng.multinomial(c.n, np.full(c.n, 1.0 / c.n), size=n_boot).astype(float)
+    for name, (num, den) in metrics.items():
+        point = _ratio(c.cols[num], c.cols[den]) if c.n else None
+        out[name] = point
+        out[f"{name}_ci"] = None if point is None or W is None else _ci(W, c.cols[num], c.cols[den])
+    lat = [x for p in preds for x in p.get("latencies_s", [])]
+    out["latency_p50_s"] = float(np.percentile(lat, 50)) if lat else None
+    out["latency_p95_s"] = float(np.percentile(lat, 95)) if lat else None
+    out["deployable"] = deployable(out.get("far"), out.get("step_acc"))
+    return out
+
+
+def _ci(W: np.ndarray, num: np.ndarray, den: np.ndarray) -> list[float] | None:
+    dn = W @ den
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(dn > 0, (W @ num) / np.where(dn > 0, dn, 1), np.nan)
+    if np.all(np.isnan(r)):
+        return None
+    lo, hi = np.nanpercentile(r, [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
+def deployable(far: float | None, step_acc: float | None) -> bool | None:
+    """FAR <= 20 % and Step-Acc >= 50 %; None when FAR cannot be measured (no safe trajectories)."""
+    if far is None or step_acc is None:
+        return None
+    return far <= DEPLOYABLE_MAX_FAR and step_acc >= DEPLOYABLE_MIN_STEP_ACC
+
+
+# --------------------------------------------------------------------------- score auditors
+
+def _auc(pos: Sequence[float], neg: Sequence[float]) -> float:
+    """Mann-Whitney ROC AUC with ties counted one half."""
+    p, n = np.asarray(pos, float), np.asarray(neg, float)
+    greater = (p[:, None] > n[None, :]).sum()
+    ties = (p[:, None] == n[None, :]).sum()
+    return float((greater + 0.5 * ties) / (len(p) * len(n)))
+
+
+def stratified_auc(preds: Sequence[dict], start_step: int = 0) -> dict:
+    """Per-step stratified ROC AUC of P(UNSAFE): at each step t >= start_step, the prefixes t of
+    trajectories still being walked at t (with a score) are positives when their gold verdict at
+    t is UNSAFE (t >= k*) and negatives otherwise; the result is the mean of the per-step AUCs
+    over steps where both classes occur."""
+    by_t: dict[int, tuple[list, list]] = {}
+    for p in preds:
+        for e in p.get("trace", []):
+            if e.get("confidence") is None or e["t"] < start_step:
+                continue
+            positive = p["gold"] == "UNSAFE" and e["t"] >= p["k_star"]
+            by_t.setdefault(e["t"], ([], []))[0 if positive else 1].append(e["confidence"])
+    aucs = {t: _auc(pos, neg) for t, (pos, neg) in sorted(by_t.items()) if pos and neg}
+    return {"start_step": start_step, "auc": float(np.mean(list(aucs.values()))) if aucs else None,
+            "n_steps": len(aucs), "per_step": {str(t): a for t, a in aucs.items()}}
+
+
+def threshold_sweep(preds: Sequence[dict], thresholds: Sequence[float] | None = None) -> list[dict] | None:
+    """FAR and Step-Acc when ALARM means P(UNSAFE) >= θ. Needs every prefix scored (a walk with
+    `all_prefixes`), else None. An alarm on a prefix whose verdict named no step blames step t."""
+    if not preds or any(p.get("trace_complete") is not True for p in preds):
+        return None
+    if any(e.get("confidence") is None for p in preds for e in p["trace"]):
+        return None
+    if thresholds is None:
+        thresholds = sorted({0.0, 1.0} | {round(e["confidence"], 4) for p in preds for e in p["trace"]})
+    out = []
+    for th in thresholds:
+        swept = []
+        for p in preds:
+            q = dict(p, alarmed=False, d=None, k_hat=None, a_hat=None)
+            for e in p["trace"]:
+                if e["confidence"] >= th:
+                    k = e["k"] if e.get("k") is not None else e["t"]
+                    a = e["agent"] if e.get("agent") is not None else e.get("step_agent")
+                    q.update(alarmed=True, d=e["t"], k_hat=k, a_hat=a)
+                    break
+            swept.append(q)
+        m = summarize(swept, n_boot=0)
+        out.append({"threshold": th, "far": m["far"], "step_acc": m["step_acc"],
+                    "exact_f1": m["exact_f1"], "agent_acc": m["agent_acc"]})
+    return out
+
+
+# --------------------------------------------------------------------------- grouped report
+
+def grouped(preds: Sequence[dict], *, n_boot: int = 1000, seed: int = 0,
+            prices: dict | None = None) -> dict:
+    """`overall`, `by_subset`, `by_domain` (the layout of metrics.json)."""
+    def groups(key: str) -> dict:
+        keys = sorted({str(p.get(key)) for p in preds})
+        return {k: summarize([p for p in preds if str(p.get(key)) == k], n_boot=n_boot,
+                             seed=seed, prices=prices) for k in keys}
+
+    return {"overall": summarize(preds, n_boot=n_boot, seed=seed, prices=prices),
+            "by_subset": groups("subset"), "by_domain": groups("domain")}
+
+
+def _main(argv: list[str]) -> int:
+    import json
+
+    if len(argv) != 1:
+        print("usage: python -m eval.metrics predictions.jsonl", file=sys.stderr)
+        return 2
+    with open(argv[0], encoding="utf-8") as f:
+        preds = [json.loads(line) for line in f if line.strip()]
+    g = grouped(preds)
+    print(json.dumps({"metrics_version": METRICS_VERSION, **g}, indent=2,
+                     default=lambda x: None if isinstance(x, float) and math.isnan(x) else x))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,189 @@
+"""The strict online walk (DESIGN §6), batched across trajectories.
+
+For t = 0..N-1 the auditor gets prefix t only; the first ALARM ends the walk with d = t and the
+verdict's k̂, â; no ALARM gives d = None (∞). Many trajectories are in flight at once: each round
+the walker collects the next prefix of every live walk and hands them to `auditor.audit_batch`,
+so a concurrent backend (`openai`) overlaps them and a KV-cache backend (`hf`) keeps one cache
+per live trajectory.
+
+Query plans, chosen per trajectory:
+- "online": t = 0, 1, … until the first ALARM (with `all_prefixes` the walk goes on to N-1 to
+  score every prefix for the threshold sweep and the AUC; d is still the first ALARM).
+- "posthoc": one call on the whole trajectory (t = N-1); d = N-1. Labelled post-hoc.
+- "bisect": binary search for the earliest prefix that alarms (Who&When's binary search
+  over our one prompt): about log2(N) calls; d = that prefix.
+`protocol="reference"` reproduces the released evaluation: safe trajectories get one full
+trajectory call (which understates a live deployment's false alarms), unsafe ones are walked.
+
+    aftraj eval --auditor dummy:gold --data ww.jsonl --out runs/eval-gold
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Iterable, Sequence
+from dataclasses import dataclass
+
+from aftraj.prompt import ParseFailure
+from aftraj.schema import Trajectory
+from eval.auditors import AuditResult, Auditor
+
+PROTOCOLS = ("strict", "reference")
+
+Plan = Generator[int, AuditResult, "tuple[int, AuditResult] | None"]
+
+
+@dataclass(frozen=True)
+class WalkConfig:
+    protocol: str = "strict"
+    max_in_flight: int = 32       # trajectories walked at once
+    all_prefixes: bool = False    # keep scoring after the first ALARM (threshold sweep, AUC)
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
+        if self.max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
+
+
+# --------------------------------------------------------------------------- plans
+
+def _online(n: int, all_prefixes: bool) -> Plan:
+    first = None
+    for t in range(n):
+        r = yield t
+        if r.alarm and first is None:
+            first = (t, r)
+            if not all_prefixes:
+                break
+    return first
+
+
+def _posthoc(n: int) -> Plan:
+    r = yield n - 1
+    return (n - 1, r) if r.alarm else None
+
+
+def _bisect(n: int) -> Plan:
+    lo, hi, best = 0, n - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        r = yield mid
+        if r.alarm:
+            best, hi = (mid, r), mid - 1
+        else:
+            lo = mid + 1
+    return best
+
+
+def plan_for(auditor: Auditor, traj: Trajectory, cfg: WalkConfig) -> tuple[str, Plan]:
+    n = len(traj.steps)
+    mode = auditor.strategy
+    if cfg.protocol == "reference" and not traj.label.unsafe:
+        mode = "posthoc"
+    if mode == "posthoc":
+        return mode, _posthoc(n)
+    if mode == "bisect":
+        return mode, _bisect(n)
+    return mode, _online(n, cfg.all_prefixes)
+
+
+# --------------------------------------------------------------------------- records
+
+class _Walk:
+    def __init__(self, traj: Trajectory, mode: str, plan: Plan, all_prefixes: bool):
+        self.traj, self.mode, self.plan = traj, mode, plan
+        self.results: list[AuditResult] = []
+        self.outcome: tuple[int, AuditResult] | None = None
+        self.all_prefixes = all_prefixes
+        self.next_t: int | None = next(plan)
+
+    def send(self, r: AuditResult) -> None:
+        self.results.append(r)
+        try:
+            self.next_t = self.plan.send(r)
+        except StopIteration as stop:
+            self.outcome, self.next_t = stop.value, None
+
+    def record(self) -> dict:
+        traj, lb = self.traj, self.traj.label
+        alarmed = self.outcome is not None
+        d, res = (self.outcome if alarmed else (None, None))
+        v = res.verdict if res is not None else None
+        trace = []
+        for r in self.results:
+            rv = r.verdict
+            trace.append({"t": r.t, "alarm": r.alarm, "k": getattr(rv, "step", None),
+                          "agent": getattr(rv, "agent", None), "confidence": r.confidence,
+                          "parse_failure": rv.code if isinstance(rv, ParseFailure) else None,
+                          "step_agent": traj.steps[r.t].agent})
+        scored = sorted({r.t for r in self.results})
+        last = self.results[-1] if self.results else None
+        return {
+            "id": traj.id, "subset": traj.meta.get("subset", traj.source), "domain": traj.domain,
+            "source": traj.source, "n_steps": len(traj.steps), "gold": lb.verdict,
+            "k_star": lb.decisive_step, "a_star": lb.decisive_agent, "mode": self.mode,
+            "alarmed": alarmed, "d": d, "k_hat": getattr(v, "step", None),
+            "a_hat": getattr(v, "agent", None), "reason": getattr(v, "reason", None),
+            "confidence": (res.confidence if res is not None else
+                           (last.confidence if last is not None else None)),
+            "calls": len(self.results),
+            "parse_failures": sum(r.parse_failed for r in self.results),
+            "prompt_tokens": sum(r.prompt_tokens for r in self.results),
+            "completion_tokens": sum(r.completion_tokens for r in self.results),
+            "cached_tokens": sum(r.cached_tokens for r in self.results),
+            "latencies_s": [round(r.latency_s, 6) for r in self.results],
+            "trace_complete": scored == list(range(len(traj.steps))),
+            "trace": trace,
+        }
+
+
+def walk(auditor: Auditor, trajs: Iterable[Trajectory], cfg: WalkConfig = WalkConfig(), *,
+         progress: bool | None = None, total: int | None = None) -> list[dict]:
+    """Walk every trajectory; returns one prediction record per trajectory, in input order."""
+    from tqdm.auto import tqdm
+
+    trajs = list(trajs)
+    bar = tqdm(total=total or len(trajs), desc=f"eval {auditor.label}", unit="traj",
+               disable=progress is False, leave=False)
+    pending = iter(enumerate(trajs))
+    live: dict[int, _Walk] = {}
+    records: dict[int, dict] = {}
+
+    def refill() -> None:
+        while len(live) < cfg.max_in_flight:
+            nxt = next(pending, None)
+            if nxt is None:
+                return
+            i, traj = nxt
+            mode, plan = plan_for(auditor, traj, cfg)
+            w = _Walk(traj, mode, plan, cfg.all_prefixes)
+            if w.next_t is None:  # an empty plan cannot happen (N >= 1), but stay total
+                records[i] = w.record()
+                bar.update(1)
+                continue
+            live[i] = w
+
+    try:
+        refill()
+        while live:
+            order = sorted(live)
+            requests: Sequence[tuple[Trajectory, int]] = [(live[i].traj, live[i].next_t) for i in order]
+            results = auditor.audit_batch(requests)
+            if len(results) != len(requests):
+                raise RuntimeError(f"{auditor.label}: audit_batch returned {len(results)} results "
+                                   f"for {len(requests)} requests")
+            for i, r in zip(order, results):
+                w = live[i]
+                if r.t != w.next_t:
+                    raise RuntimeError(f"{auditor.label}: answered prefix {r.t} of {w.traj.id!r} "
+                                       f"when asked for {w.next_t}")
+                w.send(r)
+                if w.next_t is None:
+                    records[i] = w.record()
+                    auditor.end(w.traj)
+                    del live[i]
+                    bar.update(1)
+            refill()
+    finally:
+        bar.close()
+    return [records[i] for i in range(len(trajs))]
