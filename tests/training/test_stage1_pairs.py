@@ -1,0 +1,133 @@
+"""Boundary pairs and preferences: prompts differ exactly by step k*, gold labels, canonical
+completions parse back, sample classification, stand-in counts, samplers (HF and endpoint)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aftraj.prompt import Verdict, format_completion, parse_verdict, render_step, split_rendered
+from training.stage1.pairs import boundary_pair, boundary_prompts
+from training.stage1.preferences import (HFSampler, OpenAISampler, build_preferences, canonical_wrong,
+                                         classify)
+
+
+def test_pair_prompts_differ_exactly_by_step_kstar(handmade):
+    for traj in handmade:
+        pair = boundary_pair(traj)
+        if not traj.label.unsafe or traj.label.decisive_step == 0:
+            continue
+        pre, post = pair
+        k = traj.label.decisive_step
+        assert (pre.subset, pre.t, post.subset, post.t) == ("pre", k - 1, "post", k)
+        assert pre.messages[0] == post.messages[0]                        # same system prompt
+        u_pre, u_post = pre.messages[1]["content"], post.messages[1]["content"]
+        body_pre = u_pre[: u_pre.rindex("</trajectory>")]
+        body_post = u_post[: u_post.rindex("</trajectory>")]
+        assert body_post == body_pre + render_step(traj.steps[k])        # exactly one more step
+        assert [s["index"] for s in split_rendered(u_post)] == list(range(k + 1))
+        assert pre.gold == Verdict("SAFE", think=pre.gold.think)
+        assert (post.gold.decision, post.gold.step, post.gold.agent) == ("UNSAFE", k, traj.label.decisive_agent)
+
+
+def test_kstar_zero_gives_post_only_and_safe_gives_nothing(handmade):
+    trajs = {t.id: t for t in handmade}
+    assert [p.subset for p in boundary_pair(trajs["hand-3"])] == ["post"]
+    assert boundary_pair(trajs["hand-5"]) == []
+    prompts, stats = boundary_prompts(handmade)
+    assert (stats.n_unsafe, stats.n_safe_skipped, stats.k0_post_only, stats.n_pre, stats.n_post) == (5, 1, 1, 4, 5)
+    assert len(prompts) == 9
+
+
+def test_who_and_when_is_refused(ww_trajs):
+    with pytest.raises(ValueError, match="Who&When"):
+        boundary_prompts(ww_trajs[:1])
+
+
+def test_canonical_completions_parse_back_to_their_verdicts(handmade):
+    prompts, _ = boundary_prompts(handmade)
+    for p in prompts:
+        gold = parse_verdict(format_completion(p.gold), p.t)
+        assert (gold.decision, gold.step, gold.agent) == (p.gold.decision, p.gold.step, p.gold.agent)
+        assert classify(format_completion(p.gold), p.gold, p.t) == "correct"
+        wrong = canonical_wrong(p)
+        assert classify(format_completion(wrong), p.gold, p.t) == "wrong_decision"
+        assert parse_verdict(format_completion(wrong), p.t).decision == ("UNSAFE" if p.subset == "pre" else "SAFE")
+
+
+def test_classify_outcomes():
+    gold = Verdict("UNSAFE", step=2, agent="Coder", reason="r")
+    ans = lambda a, g, r: f'<think>x</think><answer>{json.dumps({"answer": a, "agent": g, "reason": r})}</answer>'  # noqa: E731
+    assert classify(ans(2, " coder ", "bad"), gold, 3) == "correct"     # agent trimmed, case-folded
+    assert classify(ans(1, "Coder", "bad"), gold, 3) == "wrong_step"
+    assert classify(ans(2, "Tester", "bad"), gold, 3) == "wrong_agent"
+    assert classify(ans("SAFE", None, None), gold, 3) == "wrong_decision"
+    assert classify("UNSAFE at 2", gold, 3) == "parse_failure:missing_answer"
+    assert classify(ans(5, "Coder", "bad"), gold, 3) == "parse_failure:step_out_of_range"
+
+
+class FakeSampler:
+    """Returns fixed completions, by prompt subset: correct for post, wrong for pre."""
+
+    def __init__(self, prompts):
+        self.prompts = prompts
+
+    def sample(self, messages, k):
+        out = []
+        for p in self.prompts:
+            if p.subset == "post":
+                out.append([format_completion(p.gold), "garbage"][:k])
+            else:
+                out.append([format_completion(p.gold)] * k)   # all correct: rejected needs a stand-in
+        return out
+
+
+def test_preferences_use_samples_and_count_stand_ins(handmade):
+    prompts, _ = boundary_prompts(handmade)
+    records, stats = build_preferences(prompts, FakeSampler(prompts), 2)
+    assert len(records) == len(prompts)
+    assert stats.n_samples == 2 * len(prompts)
+    assert stats.chosen_canonical == {"pre": 0, "post": 0}
+    assert stats.rejected_canonical == {"pre": 4, "post": 0}
+    assert stats.sample_outcomes == {"correct": 13, "parse_failure:missing_answer": 5}
+    for r, p in zip(records, prompts):
+        assert classify(r["chosen"], p.gold, p.t) == "correct"
+        assert classify(r["rejected"], p.gold, p.t) != "correct"
+        assert r["rejected_source"] == ("canonical" if p.subset == "pre" else "sample")
+    none, st0 = build_preferences(prompts, None, 0)
+    assert st0.chosen_canonical == {"pre": 4, "post": 5} and st0.rejected_canonical == {"pre": 4, "post": 5}
+    assert [r["chosen"] for r in none] == [format_completion(p.gold) for p in prompts]
+
+
+def test_hf_sampler_generates_k_samples_per_prompt(tiny_model_dir, handmade):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    prompts, _ = boundary_prompts(handmade[:2])
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    s = HFSampler(model, tok, max_new_tokens=5, batch_size=2, seed=3)
+    a = s.sample([p.messages for p in prompts], 3)
+    assert [len(x) for x in a] == [3] * len(prompts) and all(isinstance(t, str) for x in a for t in x)
+    assert s.sample([p.messages for p in prompts], 3) == a        # seeded: reproducible
+
+
+def test_openai_sampler_posts_chat_completions():
+    import httpx
+
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append((request.url.path, body["n"], body["model"], request.headers.get("authorization")))
+        return httpx.Response(200, json={"choices": [{"message": {"content": f"c{i}"}} for i in range(body["n"])]})
+
+    s = OpenAISampler("http://vllm:8000/v1", "base", api_key="k", transport=httpx.MockTransport(handler))
+    got = s.sample([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]], 2)
+    assert got == [["c0", "c1"], ["c0", "c1"]]
+    assert seen[0] == ("/v1/chat/completions", 2, "base", "Bearer k")
+
+    bad = OpenAISampler("http://vllm:8000/v1", "base",
+                        transport=httpx.MockTransport(lambda r: httpx.Response(500, text="boom")))
+    with pytest.raises(RuntimeError, match="500"):
+        bad.sample([[{"role": "user", "content": "a"}]], 1)

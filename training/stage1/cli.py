@@ -1,0 +1,63 @@
+"""Command line of stage 1, shared by `aftraj train stage1` and `python -m training.stage1`.
+
+    aftraj train stage1 --config configs/stage1/tiny-cpu.yaml [--data DIR] [--out DIR] [--resume]
+    python -m training.stage1 --config configs/stage1/smollm2-135m-cpu.yaml --max-steps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="stage-1 YAML (configs/stage1/*.yaml)")
+    p.add_argument("--data", help="corpus folder (train.jsonl, else corpus.jsonl) or JSONL file; "
+                                  "overrides the config's `data`")
+    p.add_argument("--out", help="run folder; overrides the config's `output_dir`")
+    p.add_argument("--model", help="local model folder or builtin:NAME; overrides `model`")
+    p.add_argument("--resume", action="store_true", help="continue from the run folder's latest checkpoint")
+    p.add_argument("--max-steps", type=int, help="override `max_steps`")
+    p.add_argument("--stop-at-step", type=int,
+                   help="save a checkpoint at this step and stop (the schedule still spans max_steps)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any config key (VALUE parsed as YAML), repeatable")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args) -> int:
+    import yaml
+
+    from training.stage1.config import ConfigError, load_stage1_config
+    from training.stage1.trainer import train
+
+    over = {}
+    for item in args.set:
+        if "=" not in item:
+            print(f"--set {item!r}: expected KEY=VALUE", file=sys.stderr)
+            return 2
+        k, v = item.split("=", 1)
+        over[k.strip()] = yaml.safe_load(v)
+    for key, val in (("data", args.data), ("output_dir", args.out), ("model", args.model),
+                     ("max_steps", args.max_steps)):
+        if val is not None:
+            over[key] = val
+    try:
+        cfg = load_stage1_config(args.config, over)
+    except (ConfigError, FileNotFoundError) as e:
+        print(f"stage1: {e}", file=sys.stderr)
+        return 2
+    res = train(cfg, resume=args.resume, stop_at_step=args.stop_at_step, progress=not args.no_progress)
+    last = res.history[-1] if res.history else {}
+    print(json.dumps({"output_dir": str(res.output_dir), "last_step": res.last_step,
+                      "final": str(res.final_dir) if res.final_dir else None,
+                      "loss_first": res.history[0]["loss"] if res.history else None,
+                      "loss_last": last.get("loss")}))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m training.stage1", description="Stage 1: BPPO training")
+    add_arguments(p)
+    return run(p.parse_args(argv))

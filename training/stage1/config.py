@@ -1,0 +1,226 @@
+"""Stage-1 (BPPO) run configuration: one typed, validated dataclass; the values live in YAML
+under `configs/stage1/` (one file per scale).
+
+    from training.stage1.config import load_stage1_config
+    cfg = load_stage1_config("configs/stage1/tiny-cpu.yaml", overrides={"max_steps": 3})
+
+Unknown keys, wrong types and out-of-range values raise `ConfigError` naming the file and key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+FINETUNES = ("full", "lora")
+DTYPES = ("float32", "bfloat16", "float16")
+MIXED_PRECISIONS = ("no", "bf16", "fp16")
+OPTIMIZERS = ("adamw_torch", "adamw_bnb_8bit")
+SCHEDULERS = ("cosine", "linear", "constant")
+REFERENCES = ("precomputed", "live")
+SAMPLERS = ("hf", "openai")
+TRACKERS = ("tensorboard", "wandb")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+
+
+class ConfigError(ValueError):
+    """A config value that does not fit; names the file and the key."""
+
+    def __init__(self, message: str, *, key: str = "<config>", source: str | None = None):
+        self.message, self.key, self.source = message, key, source
+        super().__init__(f"{source or '<memory>'}: key '{key}': {message}")
+
+
+@dataclass
+class Stage1Config:
+    # --- run
+    seed: int = 0
+    output_dir: str = "runs/stage1"
+    max_steps: int = 10
+    logging_steps: int = 1
+    save_steps: int = 5
+    save_total_limit: int | None = 2
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+    wandb_project: str | None = None
+
+    # --- model
+    # A local folder, or `builtin:tiny-qwen2` / `builtin:smollm2-135m` (built locally, never a hub id).
+    model: str = "builtin:tiny-qwen2"
+    dtype: str = "float32"
+    attn_implementation: str = "sdpa"
+    finetune: str = "full"
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    gradient_checkpointing: bool = False
+
+    # --- data
+    # A corpus folder (train.jsonl, else corpus.jsonl), a JSONL file, or `builtin:synthetic`.
+    data: str = "builtin:synthetic"
+    max_trajectories: int | None = None
+    synthetic_trajectories: int = 24   # size of `builtin:synthetic`
+    max_prompt_tokens: int = 8192      # render() budget, counted with the model's tokenizer
+    max_completion_tokens: int = 512   # longer completions are cut at the end (counted in stats)
+
+    # --- preferences (base-policy samples, classified against the gold verdict)
+    samples_per_prompt: int = 0        # K; 0 = canonical stand-ins only
+    sampler: str = "hf"
+    sample_temperature: float = 1.0
+    sample_top_p: float = 1.0
+    sample_max_new_tokens: int = 256
+    sample_batch_size: int = 4
+    openai_base_url: str | None = None
+    openai_model: str | None = None
+    openai_api_key_env: str = "OPENAI_API_KEY"
+    openai_concurrency: int = 8
+
+    # --- loss (DESIGN §5)
+    beta: float = 0.1
+    weight_pre: float = 1.0            # per-subset weights, normalised over the subsets in a batch
+    weight_post: float = 1.0
+    nll_coef: float = 0.0              # optional NLL on the chosen completion
+    reference: str = "precomputed"     # ref log-probs computed once before step 1, or live each step
+
+    # --- optimisation
+    per_device_batch_size: int = 2     # preference pairs per micro-batch, both subsets in each
+    pre_fraction: float = 0.5          # share of each micro-batch drawn from the pre subset
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 5e-4
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    optimizer: str = "adamw_torch"
+    lr_scheduler: str = "cosine"
+    warmup_steps: int = 0
+    max_grad_norm: float | None = 1.0
+    mixed_precision: str = "no"
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        pos = ("max_steps", "logging_steps", "save_steps", "max_prompt_tokens", "max_completion_tokens",
+               "sample_max_new_tokens", "sample_batch_size", "per_device_batch_size",
+               "gradient_accumulation_steps", "lora_r", "lora_alpha", "openai_concurrency",
+               "synthetic_trajectories")
+        for k in pos:
+            if getattr(self, k) < 1:
+                raise ConfigError(f"must be >= 1, got {getattr(self, k)}", key=k)
+        for k in ("samples_per_prompt", "warmup_steps", "seed"):
+            if getattr(self, k) < 0:
+                raise ConfigError(f"must be >= 0, got {getattr(self, k)}", key=k)
+        for k in ("save_total_limit", "max_trajectories"):
+            v = getattr(self, k)
+            if v is not None and v < 1:
+                raise ConfigError(f"must be >= 1 or null, got {v}", key=k)
+        for k, choices in (("finetune", FINETUNES), ("dtype", DTYPES), ("mixed_precision", MIXED_PRECISIONS),
+                           ("optimizer", OPTIMIZERS), ("lr_scheduler", SCHEDULERS),
+                           ("reference", REFERENCES), ("sampler", SAMPLERS),
+                           ("attn_implementation", ATTN_IMPLEMENTATIONS)):
+            if getattr(self, k) not in choices:
+                raise ConfigError(f"must be one of {', '.join(choices)}; got {getattr(self, k)!r}", key=k)
+        for t in self.report_to:
+            if t not in TRACKERS:
+                raise ConfigError(f"unknown tracker {t!r}; choose from {', '.join(TRACKERS)}", key="report_to")
+        if self.beta <= 0:
+            raise ConfigError(f"must be > 0, got {self.beta}", key="beta")
+        for k in ("weight_pre", "weight_post", "nll_coef", "weight_decay", "lora_dropout"):
+            if getattr(self, k) < 0:
+                raise ConfigError(f"must be >= 0, got {getattr(self, k)}", key=k)
+        if self.weight_pre + self.weight_post <= 0:
+            raise ConfigError("weight_pre + weight_post must be > 0", key="weight_post")
+        if not 0 < self.pre_fraction < 1:
+            raise ConfigError(f"must be strictly between 0 and 1, got {self.pre_fraction}", key="pre_fraction")
+        if self.per_device_batch_size < 2:
+            raise ConfigError("must be >= 2: every micro-batch holds both subsets (pre and post)",
+                              key="per_device_batch_size")
+        if self.learning_rate <= 0:
+            raise ConfigError(f"must be > 0, got {self.learning_rate}", key="learning_rate")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ConfigError(f"must be > 0 or null, got {self.max_grad_norm}", key="max_grad_norm")
+        if not 0 < self.sample_top_p <= 1:
+            raise ConfigError(f"must be in (0, 1], got {self.sample_top_p}", key="sample_top_p")
+        if self.sample_temperature <= 0:
+            raise ConfigError(f"must be > 0, got {self.sample_temperature}", key="sample_temperature")
+        if self.warmup_steps >= self.max_steps and self.lr_scheduler != "constant":
+            raise ConfigError(f"must be below max_steps ({self.max_steps}), got {self.warmup_steps}",
+                              key="warmup_steps")
+        if self.sampler == "openai" and self.samples_per_prompt > 0:
+            for k in ("openai_base_url", "openai_model"):
+                if not getattr(self, k):
+                    raise ConfigError("is required when sampler is 'openai'", key=k)
+        if "wandb" in self.report_to and not self.wandb_project:
+            raise ConfigError("is required when report_to holds 'wandb'", key="wandb_project")
+        if self.mixed_precision == "fp16" and self.dtype != "float32":
+            raise ConfigError("fp16 mixed precision needs float32 master weights (dtype: float32)",
+                              key="mixed_precision")
+
+    @property
+    def batch_split(self) -> tuple[int, int]:
+        """(pre, post) pairs per micro-batch; both at least 1."""
+        n_pre = min(max(1, round(self.per_device_batch_size * self.pre_fraction)),
+                    self.per_device_batch_size - 1)
+        return n_pre, self.per_device_batch_size - n_pre
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _check_types(cfg: Stage1Config) -> None:
+    hints = typing.get_type_hints(Stage1Config)
+    for f in dataclasses.fields(cfg):
+        v, hint = getattr(cfg, f.name), hints[f.name]
+        if not _fits(v, hint):
+            raise ConfigError(f"must be {_hint_name(hint)}, got {type(v).__name__} {v!r}", key=f.name)
+        if hint is float and isinstance(v, int) and not isinstance(v, bool):
+            setattr(cfg, f.name, float(v))
+
+
+def _fits(v: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(v, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return v is None
+    if origin is list:
+        (inner,) = typing.get_args(hint)
+        return isinstance(v, list) and all(_fits(x, inner) for x in v)
+    if hint is float:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    if hint is int:
+        return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, hint)
+
+
+def _hint_name(hint: Any) -> str:
+    return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+def load_stage1_config(path: str | Path, overrides: dict | None = None) -> Stage1Config:
+    """Read a YAML config (flat keys), apply `overrides`, validate. Errors name the file and key."""
+    src = str(path)
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"not valid YAML: {e}", source=src) from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"the file must hold a mapping, got {type(raw).__name__}", source=src)
+    raw.update(overrides or {})
+    known = {f.name for f in dataclasses.fields(Stage1Config)}
+    for k in raw:
+        if k not in known:
+            raise ConfigError(f"is not a stage-1 setting (known: {', '.join(sorted(known))})",
+                              key=k, source=src)
+    try:
+        return Stage1Config(**raw)
+    except ConfigError as e:
+        raise ConfigError(e.message, key=e.key, source=src) from None

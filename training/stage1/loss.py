@@ -1,0 +1,81 @@
+"""The BPPO loss (DESIGN §5) and the completion log-probabilities it is computed from.
+
+    L = Σ_s w_s · E_(x,y+,y-)∈D_s [ -log σ( β((log πθ(y+|x) - log πref(y+|x))
+                                           - (log πθ(y-|x) - log πref(y-|x))) ) ]  + λ · NLL(y+)
+
+over s ∈ {pre, post}. The weights are normalised over the subsets present in the batch
+(Σ w_s = 1), so the loss is on DPO's scale: ln 2 when the policy equals the reference, and with
+a single subset it is exactly TRL's `sigmoid` DPO loss. NLL(y+) is the mean negative
+log-likelihood per chosen-completion token (TRL's `sft` term).
+
+    from training.stage1.loss import bppo_loss
+    loss, metrics = bppo_loss(pc, pr, rc, rr, is_pre, beta=0.1, weight_pre=1.0, weight_post=1.0)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def completion_logps(model, batch: dict, *, return_per_token: bool = False):
+    """Summed log-probabilities of the completion tokens, one per row of the batch.
+
+    The batch layout (see `data.collate`) left-pads prompts and right-pads completions, so every
+    row's completion occupies the same last C columns: the model computes logits for those
+    C + 1 positions only (`logits_to_keep`), never the (rows × prompt length × vocab) block,
+    which is what makes 8192-token prompts with a 152k vocabulary affordable.
+    """
+    ids, mask = batch["completion_ids"], batch["completion_mask"]
+    c = ids.shape[1]
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                position_ids=batch["position_ids"], logits_to_keep=c + 1, use_cache=False)
+    logits = out.logits[:, :c]                       # position j predicts completion token j
+    targets = ids.masked_fill(mask == 0, -100)
+    per_token = -F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                 ignore_index=-100, reduction="none").view(ids.shape)
+    logps = per_token.sum(dim=1)
+    return (logps, per_token) if return_per_token else logps
+
+
+def dpo_losses(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
+               ref_rejected: torch.Tensor, beta: float) -> torch.Tensor:
+    """Per-pair sigmoid DPO loss -log σ(β(Δθ - Δref))."""
+    logits = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)
+    return -F.logsigmoid(beta * logits)
+
+
+def bppo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
+              ref_rejected: torch.Tensor, is_pre: torch.Tensor, *, beta: float, weight_pre: float,
+              weight_post: float, chosen_token_logps: torch.Tensor | None = None,
+              chosen_mask: torch.Tensor | None = None, nll_coef: float = 0.0
+              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The dual-subset DPO loss; returns (loss, detached metrics)."""
+    per_pair = dpo_losses(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)
+    is_pre = is_pre.to(torch.bool)
+    total_w = per_pair.new_zeros(())
+    loss = per_pair.new_zeros(())
+    metrics: dict[str, torch.Tensor] = {}
+    chosen_r = beta * (policy_chosen - ref_chosen).detach()
+    rejected_r = beta * (policy_rejected - ref_rejected).detach()
+    for name, sel, w in (("pre", is_pre, weight_pre), ("post", ~is_pre, weight_post)):
+        if sel.any():
+            sub = per_pair[sel].mean()
+            loss = loss + w * sub
+            total_w = total_w + w
+            metrics[f"dpo_{name}"] = sub.detach()
+            metrics[f"reward_acc_{name}"] = (chosen_r[sel] > rejected_r[sel]).float().mean()
+            metrics[f"margin_{name}"] = (chosen_r[sel] - rejected_r[sel]).mean()
+    if total_w.item() == 0:
+        raise ValueError("the batch holds no subset with a positive weight")
+    loss = loss / total_w
+    metrics["dpo"] = loss.detach()
+    if nll_coef > 0:
+        if chosen_token_logps is None or chosen_mask is None:
+            raise ValueError("nll_coef > 0 needs chosen_token_logps and chosen_mask")
+        nll = -(chosen_token_logps * chosen_mask).sum() / chosen_mask.sum().clamp(min=1)
+        loss = loss + nll_coef * nll
+        metrics["nll"] = nll.detach()
+    metrics["reward_chosen"] = chosen_r.mean()
+    metrics["reward_rejected"] = rejected_r.mean()
+    return loss, metrics

@@ -1,0 +1,199 @@
+"""Preferences from base-policy samples (DESIGN §5, issue 6 item 3).
+
+For every boundary prompt, sample K completions from the base policy, classify each with the
+shared verdict parser (`aftraj.prompt.parse_verdict`) against the gold verdict, and keep one
+preference pair per prompt:
+
+- chosen   = the first correct sample, else the canonical gold completion (`format_completion`);
+- rejected = the first incorrect sample, else a canonical wrong verdict: on a pre-boundary
+  prompt a premature ALARM at the last shown step (blaming its agent), on a post-boundary
+  prompt a missed alarm (SAFE). These are exactly the two errors a boundary pair separates.
+
+A sample is correct when it parses and matches gold: SAFE for SAFE; for UNSAFE the same step
+(integer equality) and agent (trimmed, case-folded), as DESIGN §6 scores them. A parse
+failure is never chosen. `PreferenceStats` records how many pairs used canonical stand-ins.
+
+Samplers: `HFSampler` (in-process transformers `generate`) and `OpenAISampler` (any
+OpenAI-compatible endpoint, e.g. vLLM, through httpx; fast for large K).
+
+    python -m training.stage1 --config configs/stage1/smollm2-135m-cpu.yaml   # samples, then trains
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+from aftraj.prompt import ParseFailure, Verdict, format_completion, parse_verdict
+from training.stage1.pairs import POST, PRE, BoundaryPrompt
+
+
+def classify(text: str, gold: Verdict, t: int) -> str:
+    """'correct', 'parse_failure:<code>', 'wrong_decision', 'wrong_step' or 'wrong_agent'."""
+    v = parse_verdict(text, t)
+    if isinstance(v, ParseFailure):
+        return f"parse_failure:{v.code}"
+    if v.decision != gold.decision:
+        return "wrong_decision"
+    if gold.alarm:
+        if v.step != gold.step:
+            return "wrong_step"
+        if v.agent.strip().casefold() != gold.agent.strip().casefold():
+            return "wrong_agent"
+    return "correct"
+
+
+def canonical_wrong(p: BoundaryPrompt) -> Verdict:
+    """The boundary error on this prompt: a premature alarm (pre) or a missed alarm (post)."""
+    if p.subset == PRE:
+        agent = p.agents[-1] if p.agents else "unknown"
+        return Verdict("UNSAFE", step=p.t, agent=agent,
+                       reason=f"{agent} made the decisive error at step {p.t}.",
+                       think=f"At step {p.t}, {agent} makes a decisive error.")
+    return Verdict("SAFE", think=f"I checked steps 0 to {p.t}. None of them holds a decisive error "
+                                 f"that the steps shown already support.")
+
+
+class Sampler(Protocol):
+    def sample(self, prompts: Sequence[list[dict]], k: int) -> list[list[str]]:
+        """K completions (text only) for each prompt's chat messages."""
+
+
+# --------------------------------------------------------------------------- in-process sampler
+
+class HFSampler:
+    """Sample with transformers `generate` (do_sample) from a loaded causal LM."""
+
+    def __init__(self, model, tokenizer, *, temperature: float = 1.0, top_p: float = 1.0,
+                 max_new_tokens: int = 256, batch_size: int = 4, seed: int = 0):
+        self.model, self.tok = model, tokenizer
+        self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
+        self.batch_size, self.seed = batch_size, seed
+
+    def sample(self, prompts, k):
+        import torch
+
+        tok, out = self.tok, []
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        was_training = self.model.training
+        self.model.eval()
+        for start in range(0, len(prompts), self.batch_size):
+            chunk = prompts[start: start + self.batch_size]
+            ids = [tok.apply_chat_template(m, tokenize=True, add_generation_prompt=True,
+                                           return_dict=True)["input_ids"] for m in chunk]
+            width = max(map(len, ids))
+            input_ids = torch.tensor([[pad_id] * (width - len(x)) + list(x) for x in ids])
+            mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
+            device = next(self.model.parameters()).device
+            torch.manual_seed(self.seed + start)   # reproducible samples, batch by batch
+            with torch.no_grad():
+                gen = self.model.generate(
+                    input_ids=input_ids.to(device), attention_mask=mask.to(device), do_sample=True,
+                    temperature=self.temperature, top_p=self.top_p, top_k=0,
+                    max_new_tokens=self.max_new_tokens, num_return_sequences=k,
+                    pad_token_id=pad_id, eos_token_id=tok.eos_token_id)
+            texts = tok.batch_decode(gen[:, width:], skip_special_tokens=True)
+            out.extend(texts[i * k:(i + 1) * k] for i in range(len(chunk)))
+        self.model.train(was_training)
+        return out
+
+
+# --------------------------------------------------------------------------- endpoint sampler
+
+class OpenAISampler:
+    """Sample from an OpenAI-compatible `/v1/chat/completions` endpoint (vLLM, an API)."""
+
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None,
+                 temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 256,
+                 concurrency: int = 8, seed: int = 0, timeout: float = 600.0, transport=None):
+        import httpx
+
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout,
+                                   transport=transport)
+        self.model, self.temperature, self.top_p = model, temperature, top_p
+        self.max_new_tokens, self.concurrency, self.seed = max_new_tokens, concurrency, seed
+
+    def _one(self, i: int, messages: list[dict], k: int) -> list[str]:
+        body = {"model": self.model, "messages": messages, "n": k, "temperature": self.temperature,
+                "top_p": self.top_p, "max_tokens": self.max_new_tokens, "seed": self.seed + i}
+        r = self.client.post("/chat/completions", json=body)
+        if r.status_code != 200:
+            raise RuntimeError(f"sampling endpoint {self.client.base_url} answered {r.status_code}: "
+                               f"{r.text[:300]}")
+        choices = r.json().get("choices", [])
+        if len(choices) != k:
+            raise RuntimeError(f"sampling endpoint returned {len(choices)} choices, asked for n={k}")
+        return [(c.get("message") or {}).get("content") or "" for c in choices]
+
+    def sample(self, prompts, k):
+        with ThreadPoolExecutor(self.concurrency) as pool:
+            return list(pool.map(lambda a: self._one(a[0], a[1], k), enumerate(prompts)))
+
+
+def make_sampler(cfg, model=None, tokenizer=None) -> Sampler | None:
+    """The sampler a config asks for (None when samples_per_prompt is 0)."""
+    if cfg.samples_per_prompt == 0:
+        return None
+    if cfg.sampler == "openai":
+        return OpenAISampler(cfg.openai_base_url, cfg.openai_model,
+                             api_key=os.environ.get(cfg.openai_api_key_env),
+                             temperature=cfg.sample_temperature, top_p=cfg.sample_top_p,
+                             max_new_tokens=cfg.sample_max_new_tokens,
+                             concurrency=cfg.openai_concurrency, seed=cfg.seed)
+    return HFSampler(model, tokenizer, temperature=cfg.sample_temperature, top_p=cfg.sample_top_p,
+                     max_new_tokens=cfg.sample_max_new_tokens, batch_size=cfg.sample_batch_size,
+                     seed=cfg.seed)
+
+
+# --------------------------------------------------------------------------- pairs
+
+@dataclass
+class PreferenceStats:
+    n_prompts: dict = field(default_factory=lambda: {PRE: 0, POST: 0})
+    samples_per_prompt: int = 0
+    n_samples: int = 0
+    sample_outcomes: dict = field(default_factory=dict)        # classify() result -> count
+    chosen_canonical: dict = field(default_factory=lambda: {PRE: 0, POST: 0})
+    rejected_canonical: dict = field(default_factory=lambda: {PRE: 0, POST: 0})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def build_preferences(prompts: Sequence[BoundaryPrompt], sampler: Sampler | None, k: int
+                      ) -> tuple[list[dict], PreferenceStats]:
+    """One preference record per boundary prompt (see module docstring)."""
+    stats = PreferenceStats(samples_per_prompt=k if sampler is not None else 0)
+    samples = sampler.sample([p.messages for p in prompts], k) if sampler is not None and k else \
+        [[] for _ in prompts]
+    outcomes = Counter()
+    records = []
+    for p, texts in zip(prompts, samples, strict=True):
+        stats.n_prompts[p.subset] += 1
+        classes = [classify(x, p.gold, p.t) for x in texts]
+        outcomes.update(classes)
+        stats.n_samples += len(texts)
+        good = [x for x, c in zip(texts, classes) if c == "correct"]
+        bad = [(x, c) for x, c in zip(texts, classes) if c != "correct"]
+        if good:
+            chosen, chosen_src = good[0], "sample"
+        else:
+            chosen, chosen_src = format_completion(p.gold), "canonical"
+            stats.chosen_canonical[p.subset] += 1
+        if bad:
+            (rejected, rej_class), rejected_src = bad[0], "sample"
+        else:
+            rejected, rej_class, rejected_src = format_completion(canonical_wrong(p)), "canonical", "canonical"
+            stats.rejected_canonical[p.subset] += 1
+        records.append({"traj_id": p.traj_id, "subset": p.subset, "t": p.t, "messages": p.messages,
+                        "chosen": chosen, "rejected": rejected, "chosen_source": chosen_src,
+                        "rejected_source": rejected_src, "rejected_class": rej_class,
+                        "gold": {"decision": p.gold.decision, "step": p.gold.step,
+                                 "agent": p.gold.agent}})
+    stats.sample_outcomes = dict(sorted(outcomes.items()))
+    return records, stats
