@@ -1,0 +1,38 @@
+"""`aftraj corpus build --config configs/corpus/<name>.yaml --out DIR [--seed N] [--no-progress]`
+
+Builds the corpus (rollouts, curation, injection, diagnosis, splits) and writes corpus.jsonl,
+train/val/test.jsonl, hf/, the AFTraj parquet layout, stats.json and stats.md into DIR."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from aftraj.corpus.build import build_corpus
+from aftraj.corpus.config import ConfigError, load_corpus_config
+
+
+def register(sub) -> None:
+    p = sub.add_parser("corpus", help="build a trajectory corpus (see configs/corpus/)")
+    csub = p.add_subparsers(dest="corpus_command", required=True, metavar="ACTION")
+    b = csub.add_parser("build", help="build a corpus from a config")
+    b.add_argument("--config", required=True, help="configs/corpus/<name>.yaml")
+    b.add_argument("--out", required=True, help="output folder")
+    b.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    b.add_argument("--no-progress", action="store_true", help="no progress bars")
+    b.set_defaults(func=run_build)
+
+
+def run_build(args) -> int:
+    try:
+        cfg = load_corpus_config(args.config)
+    except ConfigError as e:
+        print(f"aftraj corpus build: {e}", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    res = build_corpus(cfg, args.out, seed=args.seed, progress=not args.no_progress and sys.stderr.isatty())
+    secs = time.perf_counter() - t0
+    tot = res.stats["total"]
+    print(f"built {tot['trajectories']} trajectories ({tot['safe']} safe, {tot['unsafe']} unsafe) from "
+          f"{tot['families']} families into {args.out} in {secs:.1f} s; stats in {args.out}/stats.md")
+    return 0

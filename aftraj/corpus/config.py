@@ -1,0 +1,268 @@
+"""Typed, validated corpus-build configuration (one YAML per scale under configs/corpus/).
+
+    from aftraj.corpus.config import load_corpus_config
+    cfg = load_corpus_config("configs/corpus/aftraj-2k-scripted.yaml")
+    aftraj corpus build --config configs/corpus/demo-small.yaml --out out/demo
+
+Every section is a frozen dataclass validated in `__post_init__`; an unknown or mistyped key is
+a `ConfigError` naming the file and the key (`policy.backend`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ERROR_TYPES = ("computation_slip", "verdict_misread", "wrong_entity", "fabricated_tool_result",
+               "wrong_tool_argument", "premature_termination")
+BACKENDS = ("scripted", "openai")
+POOL_KINDS = ("math500", "humaneval_plus", "mbpp_plus", "hotpotqa", "gaia")
+
+
+class ConfigError(ValueError):
+    """A bad config value; names the file and the dotted key."""
+
+
+def _need(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+def _rate(v: Any, key: str) -> None:
+    _need(isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0,
+          key, f"must be a number in [0, 1], got {v!r}")
+
+
+def _posint(v: Any, key: str, minimum: int = 1) -> None:
+    _need(isinstance(v, int) and not isinstance(v, bool) and v >= minimum,
+          key, f"must be an integer >= {minimum}, got {v!r}")
+
+
+@dataclass(frozen=True)
+class DomainCounts:
+    """How many tasks to generate per domain (each task is one family)."""
+
+    math: int = 100
+    coding: int = 100
+    agentic: int = 100
+
+    def __post_init__(self) -> None:
+        for k in ("math", "coding", "agentic"):
+            _posint(getattr(self, k), f"tasks.{k}", 0)
+
+
+@dataclass(frozen=True)
+class PublicPool:
+    """A local copy of a public task pool (read from disk; nothing downloads)."""
+
+    kind: str
+    path: str
+    limit: int | None = None
+
+    def __post_init__(self) -> None:
+        _need(self.kind in POOL_KINDS, "public_pools[].kind", f"must be one of {', '.join(POOL_KINDS)}, got {self.kind!r}")
+        _need(isinstance(self.path, str) and bool(self.path), "public_pools[].path", "must be a path")
+        if self.limit is not None:
+            _posint(self.limit, "public_pools[].limit")
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """An OpenAI-compatible chat endpoint (vLLM, an API)."""
+
+    backend: str = "scripted"
+    model: str = "scripted-v1"
+    base_url: str | None = None
+    api_key_env: str | None = None   # name of the environment variable holding the key
+    temperature: float = 0.0
+    max_tokens: int = 512
+    timeout_s: float = 60.0
+    retries: int = 1
+
+    def __post_init__(self) -> None:
+        _need(self.backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        _need(isinstance(self.model, str) and bool(self.model), "model", "must be a non-empty string")
+        if self.backend == "openai":
+            _need(isinstance(self.base_url, str) and self.base_url.startswith(("http://", "https://")),
+                  "base_url", f"must be an http(s) URL for the openai backend, got {self.base_url!r}")
+        _need(isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 2, "temperature", "must be in [0, 2]")
+        _posint(self.max_tokens, "max_tokens")
+        _need(isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0, "timeout_s", "must be > 0")
+        _posint(self.retries, "retries", 0)
+
+
+@dataclass(frozen=True)
+class SlipConfig:
+    """Seeded slip rates of the scripted agents (per decision point) and the checkers' catch rate."""
+
+    computation_slip: float = 0.04
+    verdict_misread: float = 0.03
+    wrong_entity: float = 0.05
+    wrong_tool_argument: float = 0.03
+    premature_termination: float = 0.02
+    catch_rate: float = 0.6
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            _rate(getattr(self, f.name), f"slips.{f.name}")
+
+    def rate(self, kind: str) -> float:
+        return float(getattr(self, kind))
+
+
+@dataclass(frozen=True)
+class InjectionConfig:
+    """Constructive stream: typed errors injected into safe rollouts, then replayed."""
+
+    types: tuple[str, ...] = ERROR_TYPES
+    fraction: float = 1.0          # share of safe rollouts that receive an injection attempt
+    max_attempts: int = 4          # (type, step) draws per safe rollout before giving up
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "types", tuple(self.types))
+        _need(len(self.types) > 0, "injection.types", "must list at least one error type")
+        for t in self.types:
+            _need(t in ERROR_TYPES, "injection.types", f"unknown error type {t!r} (known: {', '.join(ERROR_TYPES)})")
+        _rate(self.fraction, "injection.fraction")
+        _posint(self.max_attempts, "injection.max_attempts")
+
+
+@dataclass(frozen=True)
+class CurationConfig:
+    """Safe curation: sub-goal coherence by deterministic rules or by the judge backend."""
+
+    coherence: str = "rules"
+
+    def __post_init__(self) -> None:
+        _need(self.coherence in ("rules", "judge"), "curation.coherence", f"must be rules or judge, got {self.coherence!r}")
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    train: float = 0.8
+    val: float = 0.1
+    test: float = 0.1
+
+    def __post_init__(self) -> None:
+        for k in ("train", "val", "test"):
+            _rate(getattr(self, k), f"splits.{k}")
+        _need(abs(self.train + self.val + self.test - 1.0) < 1e-9, "splits", "train + val + test must be 1")
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Unit-test runs: a subprocess per batch with time and memory limits and no network."""
+
+    timeout_s: float = 2.0         # per test sample
+    memory_mb: int = 1024
+    batch_size: int = 256
+    workers: int = 2
+
+    def __post_init__(self) -> None:
+        _need(isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0, "sandbox.timeout_s", "must be > 0")
+        _posint(self.memory_mb, "sandbox.memory_mb", 64)
+        _posint(self.batch_size, "sandbox.batch_size")
+        _posint(self.workers, "sandbox.workers")
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    jsonl: bool = True
+    hf: bool = True
+    parquet: bool = True
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    name: str
+    seed: int = 0
+    max_steps: int = 40
+    tasks: DomainCounts = field(default_factory=DomainCounts)
+    public_pools: tuple[PublicPool, ...] = ()
+    policy: EndpointConfig = field(default_factory=EndpointConfig)
+    judge: EndpointConfig = field(default_factory=EndpointConfig)
+    slips: SlipConfig = field(default_factory=SlipConfig)
+    injection: InjectionConfig = field(default_factory=InjectionConfig)
+    curation: CurationConfig = field(default_factory=CurationConfig)
+    splits: SplitConfig = field(default_factory=SplitConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+
+    def __post_init__(self) -> None:
+        _need(isinstance(self.name, str) and bool(self.name.strip()), "name", "must be a non-empty string")
+        _need(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", f"must be an integer, got {self.seed!r}")
+        _posint(self.max_steps, "max_steps", 4)
+        _need(self.max_steps <= 40, "max_steps", "the step cap is 40 (DESIGN §4)")
+        object.__setattr__(self, "public_pools", tuple(self.public_pools))
+        if self.policy.backend == "scripted":
+            _need(not self.public_pools, "public_pools",
+                  "public pools have no scripted solutions; use policy.backend: openai with them")
+        if self.curation.coherence == "judge":
+            _need(self.judge.backend == "openai", "curation.coherence",
+                  "judge coherence needs judge.backend: openai")
+
+
+_SECTIONS = {"tasks": DomainCounts, "policy": EndpointConfig, "judge": EndpointConfig,
+             "slips": SlipConfig, "injection": InjectionConfig, "curation": CurationConfig,
+             "splits": SplitConfig, "sandbox": SandboxConfig, "export": ExportConfig}
+
+
+def _build(cls, raw: Any, key: str):
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{key}: must be a mapping, got {type(raw).__name__}")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise ConfigError(f"{key}.{unknown[0]}: unknown key (allowed: {', '.join(sorted(names))})")
+    try:
+        return cls(**raw)
+    except ConfigError as e:
+        msg = str(e)
+        raise ConfigError(msg if msg.startswith(key) else f"{key}.{msg}") from None
+    except TypeError as e:
+        raise ConfigError(f"{key}: {e}") from None
+
+
+def config_from_dict(raw: Any) -> CorpusConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"<top>: must be a mapping, got {type(raw).__name__}")
+    top = {f.name for f in dataclasses.fields(CorpusConfig)}
+    unknown = sorted(set(raw) - top)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown key (allowed: {', '.join(sorted(top))})")
+    kw = dict(raw)
+    for name, cls in _SECTIONS.items():
+        if name in kw:
+            kw[name] = _build(cls, kw[name], name)
+    if "public_pools" in kw:
+        pools = kw["public_pools"] or []
+        if not isinstance(pools, list):
+            raise ConfigError("public_pools: must be a list")
+        kw["public_pools"] = tuple(_build(PublicPool, p, f"public_pools[{i}]") for i, p in enumerate(pools))
+    if "name" not in kw:
+        raise ConfigError("name: is required")
+    return CorpusConfig(**kw)
+
+
+def load_corpus_config(path: str | Path, **overrides: Any) -> CorpusConfig:
+    """Read and validate a corpus YAML; errors name the file and the key."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: cannot read YAML: {e}") from None
+    try:
+        cfg = config_from_dict(raw)
+        return dataclasses.replace(cfg, **overrides) if overrides else cfg
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def config_to_dict(cfg: CorpusConfig) -> dict:
+    return dataclasses.asdict(cfg)
