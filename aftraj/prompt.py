@@ -182,6 +182,7 @@ def _bounded_body(traj, t, budget, count_tokens, header, suffix) -> tuple[str, s
 
 # --------------------------------------------------------------------------- splitting back
 
+_VIEW_BLOCK = re.compile(r"<summary>\n.*?</summary>\n|<coverage>[^\n]*</coverage>\n", re.DOTALL)
 _STEP_BLOCK = re.compile(r"<step (?P<attrs>[^\n]*)>\n(?P<content>.*?)\n</step>\n", re.DOTALL)
 
 
@@ -203,6 +204,10 @@ def split_rendered(user_content: str) -> list[dict]:
     end = user_content.rindex("</trajectory>\n")
     body, steps, pos = user_content[start:end], [], 0
     while pos < len(body):
+        v = _VIEW_BLOCK.match(body, pos)  # a bounded view's summary/coverage (aftraj.views)
+        if v:
+            pos = v.end()
+            continue
         m = _STEP_BLOCK.match(body, pos)
         if not m:
             raise ValueError(f"unparseable trajectory body at offset {pos}: {body[pos:pos + 60]!r}")

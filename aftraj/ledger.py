@@ -1,0 +1,282 @@
+"""The append-only event ledger: idempotent by event_id, ordered by seq within a run, resumable.
+
+- `Ledger`: the in-memory index every backend shares. An identical duplicate (same event_id,
+  run, kind, agent, parent, payload fingerprint and usage) is counted and ignored; a different
+  event under an existing id is a `LedgerError` naming both; a seq not above the run's last is
+  rejected (out of order); a missing seq is assigned (last + 1).
+- `JsonlLedger`: the ledger as a JSON Lines file (one event a line), appended and flushed.
+- `read_events(path, offset)`: stream a JSONL ledger from a byte offset; each item says where
+  the next read resumes. Malformed or unexpected records are reported with file, line and
+  field and never block the records after them.
+- `LineSplitter`: turns arbitrary byte chunks (a socket, a stream cut mid-record) into lines.
+- `SqlLedger`: the same ledger in a database through SQLAlchemy (SQLite by default, any
+  SQLAlchemy URL), resumable from a sequence number per run.
+
+    aftraj fold ledger.jsonl --run r1          # reads through read_events
+    from aftraj.ledger import JsonlLedger; JsonlLedger("runs/ledger.jsonl").append(event)
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from aftraj.events import Event, EventError, parse_event
+
+_loads = orjson.loads
+_JSONError = orjson.JSONDecodeError
+
+# How many rejected records a report keeps in full (all of them are counted).
+MAX_KEPT_ERRORS = 10_000
+
+
+class LedgerError(EventError):
+    """An event the ledger refuses: a conflicting duplicate id, or out of order within its run."""
+
+    def __init__(self, message: str, *, code: str, field: str = "event_id", source=None, line=None):
+        self.code = code
+        super().__init__(message, field=field, source=source, line=line)
+
+    def located(self, source, line) -> LedgerError:
+        return LedgerError(self.message, code=self.code, field=self.field, source=source, line=line)
+
+
+@dataclass
+class IngestReport:
+    """What an ingest accepted, ignored and rejected. `errors` keeps the first MAX_KEPT_ERRORS."""
+
+    source: str = ""
+    n_records: int = 0
+    n_appended: int = 0
+    n_duplicates: int = 0
+    n_rejected: int = 0
+    n_filtered: int = 0
+    errors: list[EventError] = field(default_factory=list)
+    rejected_by_field: Counter = field(default_factory=Counter)
+    next_offset: int = 0
+    next_line: int = 1
+
+    def reject(self, err: EventError) -> None:
+        self.n_rejected += 1
+        self.rejected_by_field[err.field] += 1
+        if len(self.errors) < MAX_KEPT_ERRORS:
+            self.errors.append(err)
+
+    def to_dict(self) -> dict:
+        return {"source": self.source, "records": self.n_records, "appended": self.n_appended,
+                "duplicates": self.n_duplicates, "rejected": self.n_rejected,
+                "filtered": self.n_filtered, "next_offset": self.next_offset,
+                "next_line": self.next_line,
+                "rejected_by_field": dict(sorted(self.rejected_by_field.items())),
+                "errors": [str(e) for e in self.errors[:100]]}
+
+
+class Ledger:
+    """The in-memory, append-only index of events; backends add storage around `append`."""
+
+    def __init__(self) -> None:
+        # event_id -> (run_id, kind, agent, parent_id, fingerprint, usage, seq)
+        self._index: dict[str, tuple] = {}
+        self._last_seq: dict[str, int] = {}
+        self.n_appended = 0
+        self.n_duplicates = 0
+
+    def __len__(self) -> int:
+        return self.n_appended
+
+    def __contains__(self, event_id: str) -> bool:
+        return event_id in self._index
+
+    def runs(self) -> list[str]:
+        return list(self._last_seq)
+
+    def last_seq(self, run_id: str) -> int:
+        """The last sequence number of a run (-1 when none): resume a database read after it."""
+        return self._last_seq.get(run_id, -1)
+
+    def admit(self, ev: Event) -> bool:
+        """Check and index `ev`: True if new, False for an identical duplicate; raises LedgerError.
+
+        Assigns `ev.seq` when it is missing."""
+        eid = ev.event_id
+        prev = self._index.get(eid)
+        if prev is not None:
+            if (prev[0] == ev.run_id and prev[4] == ev.fingerprint and prev[1] == ev.kind
+                    and prev[2] == ev.agent and prev[3] == ev.parent_id and prev[5] == ev.usage):
+                self.n_duplicates += 1
+                return False
+            raise LedgerError(
+                f"event_id {eid!r} already holds a different event: first {prev[1]} by "
+                f"{prev[2]!r} in run {prev[0]!r} at seq {prev[6]} (fingerprint {prev[4][:12]}), "
+                f"now {ev.kind} by {ev.agent!r} in run {ev.run_id!r} at seq {ev.seq} "
+                f"(fingerprint {ev.fingerprint[:12]})", code="conflict")
+        run = ev.run_id
+        last = self._last_seq.get(run, -1)
+        seq = ev.seq
+        if seq is None:
+            ev.seq = seq = last + 1
+        elif seq <= last:
+            raise LedgerError(f"seq {seq} of event {eid!r} is not after the run's last seq {last} "
+                              f"(events are ordered by seq within run {run!r})",
+                              code="out_of_order", field="seq")
+        self._last_seq[run] = seq
+        self._index[eid] = (run, ev.kind, ev.agent, ev.parent_id, ev.fingerprint, ev.usage, seq)
+        self.n_appended += 1
+        return True
+
+    def append(self, ev: Event) -> bool:
+        return self.admit(ev)
+
+
+# --------------------------------------------------------------------------- JSON Lines
+
+class LineSplitter:
+    """Bytes in arbitrary chunks -> complete lines (b'...\\n'); `flush()` returns a last line
+    that has no newline (a record at end of stream)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        buf = self._buf + chunk
+        if b"\n" not in chunk:
+            self._buf = buf
+            return []
+        lines = buf.split(b"\n")
+        self._buf = lines.pop()
+        return [ln + b"\n" for ln in lines]
+
+    def flush(self) -> list[bytes]:
+        rest, self._buf = self._buf, b""
+        return [rest] if rest else []
+
+
+def decode_line(raw: bytes) -> Event:
+    """One JSONL line -> Event, or EventError naming the field."""
+    try:
+        d = _loads(raw)
+    except _JSONError as e:
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as ue:
+            raise EventError(f"invalid UTF-8 at byte {ue.start}", field="<record>") from None
+        raise EventError(f"invalid JSON: {e}", field="<record>") from None
+    return parse_event(d)
+
+
+def read_events(path: str | Path, offset: int = 0, *, first_line: int = 1,
+                report: IngestReport | None = None) -> Iterator[tuple[int, int, Event | EventError]]:
+    """Yield `(line, next_offset, Event or EventError)` from byte `offset` of a JSONL ledger.
+
+    `next_offset` is where a later read resumes (it always points at a record boundary). A
+    trailing line without newline is read as a record only at end of file."""
+    src = str(path)
+    if report is not None:
+        report.source = src
+    with open(path, "rb") as f:
+        f.seek(offset)
+        line = first_line - 1
+        for raw in f:
+            line += 1
+            offset += len(raw)
+            if len(raw) <= 2 and not raw.strip():
+                continue
+            try:
+                item: Event | EventError = decode_line(raw)
+            except EventError as e:
+                item = e.located(src, line)
+            yield line, offset, item
+    if report is not None:
+        report.next_offset, report.next_line = offset, line + 1
+
+
+class JsonlLedger(Ledger):
+    """A ledger stored as one JSONL file; existing records are indexed when it is opened."""
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__()
+        self.path = Path(path)
+        self.report = IngestReport(source=str(self.path))
+        if self.path.exists():
+            for _, _, item in read_events(self.path, report=self.report):
+                self.report.n_records += 1
+                if isinstance(item, EventError):
+                    self.report.reject(item)
+                    continue
+                try:
+                    if self.admit(item):
+                        self.report.n_appended += 1
+                    else:
+                        self.report.n_duplicates += 1
+                except LedgerError as e:
+                    self.report.reject(e.located(str(self.path), None))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "ab")
+
+    def append(self, ev: Event) -> bool:
+        if not self.admit(ev):
+            return False
+        self._f.write(ev.dumps() + b"\n")
+        self._f.flush()
+        return True
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> JsonlLedger:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------- database
+
+class SqlLedger(Ledger):
+    """The ledger in a SQL database (SQLAlchemy Core; `sqlite:///ledger.db` by default).
+
+    Rows: run_id, seq (unique per run), event_id (unique), fingerprint, the JSON record.
+    `iter_run(run_id, after_seq)` resumes a run from a sequence number."""
+
+    def __init__(self, url: str = "sqlite:///ledger.db") -> None:
+        super().__init__()
+        import sqlalchemy as sa
+
+        self._sa = sa
+        self.engine = sa.create_engine(url)
+        md = sa.MetaData()
+        self.table = sa.Table(
+            "aftraj_events", md,
+            sa.Column("event_id", sa.String(512), primary_key=True),
+            sa.Column("run_id", sa.String(512), nullable=False, index=True),
+            sa.Column("seq", sa.Integer, nullable=False),
+            sa.Column("fingerprint", sa.String(64), nullable=False),
+            sa.Column("record", sa.LargeBinary, nullable=False),
+            sa.UniqueConstraint("run_id", "seq", name="uq_aftraj_events_run_seq"),
+        )
+        md.create_all(self.engine)
+        with self.engine.connect() as conn:
+            for (rec,) in conn.execute(sa.select(self.table.c.record)
+                                       .order_by(self.table.c.run_id, self.table.c.seq)):
+                self.admit(parse_event(orjson.loads(rec)))
+        self.n_appended = 0
+
+    def append(self, ev: Event) -> bool:
+        if not self.admit(ev):
+            return False
+        with self.engine.begin() as conn:
+            conn.execute(self.table.insert().values(
+                event_id=ev.event_id, run_id=ev.run_id, seq=ev.seq, fingerprint=ev.fingerprint,
+                record=ev.dumps()))
+        return True
+
+    def iter_run(self, run_id: str, after_seq: int = -1) -> Iterator[Event]:
+        sa, t = self._sa, self.table
+        q = sa.select(t.c.record).where(t.c.run_id == run_id, t.c.seq > after_seq).order_by(t.c.seq)
+        with self.engine.connect() as conn:
+            for (rec,) in conn.execute(q):
+                yield parse_event(orjson.loads(rec))
