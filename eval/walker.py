@@ -149,8 +149,10 @@ def walk(auditor: Auditor, trajs: Iterable[Trajectory], cfg: WalkConfig = WalkCo
     live: dict[int, _Walk] = {}
     records: dict[int, dict] = {}
 
+    cap = min(cfg.max_in_flight, auditor.max_in_flight or cfg.max_in_flight)
+
     def refill() -> None:
-        while len(live) < cfg.max_in_flight:
+        while len(live) < cap:
             nxt = next(pending, None)
             if nxt is None:
                 return

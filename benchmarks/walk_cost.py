@@ -1,0 +1,127 @@
+"""Walk cost: re-encoding every prefix from scratch vs the `hf` backend's KV-cache-reusing walk.
+
+Same model, same trajectories (the shortest Who&When runs with at least
+--steps steps, cut to their first --steps steps),
+every prefix t = 0..N-1 audited with greedy decoding of --max-new-tokens tokens:
+  (a) re-encode: tokenise prefix t's prompt and call `model.generate` on it from scratch, as the
+      released inference script does for each prefix;
+  (b) reuse: `eval.auditors.hf.HFAuditor` (one pass over the trajectory's stable part, then per
+      prefix only the new step, the suffix and the generated tokens).
+The generated token ids of (a) and (b) are compared prefix by prefix (the real equality check:
+a random tiny model's text is not a parseable verdict). The tiny model is re-initialised with
+weights of std --init-std so its greedy output depends on the context (the default init
+produces one repeated token, which would make the comparison vacuous).
+
+    .venv/bin/python benchmarks/walk_cost.py --steps 30 --trajectories 3
+Last line: walk_reencode_s=… walk_reuse_s=… ratio=… verdicts_equal=true|false
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def cut(traj, n):
+    """The first n steps of a trajectory (label kept when k* < n, else SAFE)."""
+    from aftraj.schema import Label
+
+    lb = traj.label
+    if lb.unsafe and lb.decisive_step >= n:
+        lb = Label(verdict="SAFE", label_source="verified_safe")
+    return dataclasses.replace(traj, id=f"{traj.id}[:{n}]", steps=traj.steps[:n], label=lb)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "who_and_when"))
+    ap.add_argument("--steps", type=int, default=30, help="steps per trajectory (>= 20)")
+    ap.add_argument("--trajectories", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--model", help="a local model folder (default: a freshly built tiny Qwen2)")
+    ap.add_argument("--hidden-size", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--init-std", type=float, default=0.3)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1 keeps the ratio stable on a shared machine)")
+    args = ap.parse_args(argv)
+    if args.steps < 20:
+        ap.error("--steps must be >= 20")
+
+    # --- setup
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from aftraj.readers import load_trajectories
+    from eval.auditors.hf import HFAuditor
+    from training.models import build_tiny_model
+
+    torch.set_num_threads(args.threads)
+    path = args.model
+    if path is None:
+        path = build_tiny_model(Path(tempfile.mkdtemp(prefix="walkcost-")), hidden_size=args.hidden_size,
+                                num_layers=args.layers)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(path)
+    if args.model is None and args.init_std > 0:
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() >= 2:
+                    p.copy_(torch.randn(p.shape, generator=g) * args.init_std)
+    # The shortest (in characters) runs with at least --steps steps: bounded memory, real text.
+    long_enough = [cut(t, args.steps) for t in load_trajectories(args.data, "whoandwhen")
+                   if len(t.steps) >= args.steps]
+    trajs = sorted(long_enough, key=lambda t: sum(len(s.content) for s in t.steps))[: args.trajectories]
+    if not trajs:
+        ap.error(f"no trajectory in {args.data} has {args.steps} steps")
+    reuse = HFAuditor(model=model, tokenizer=tok, max_new_tokens=args.max_new_tokens)
+    n_prefix = sum(len(t.steps) for t in trajs)
+    prompt_tokens = 0
+
+    # --- (a) re-encode every prefix (model.generate from scratch)
+    ref: dict[tuple[str, int], list[int]] = {}
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for traj in trajs:
+            for t in range(len(traj.steps)):
+                ids, _ = reuse.prompt_ids(traj, t)
+                prompt_tokens += len(ids)
+                x = torch.tensor([ids])
+                out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                                     max_new_tokens=args.max_new_tokens)
+                ref[traj.id, t] = out[0, len(ids):].tolist()
+    reencode_s = time.perf_counter() - t0
+
+    # --- (b) the hf backend's walk (KV cache reused across prefixes)
+    got: dict[tuple[str, int], list[int]] = {}
+    t0 = time.perf_counter()
+    for traj in trajs:
+        for t in range(len(traj.steps)):
+            reuse.audit(traj, t)
+            got[traj.id, t] = list(reuse.last_generated)
+        reuse.end(traj)
+    reuse_s = time.perf_counter() - t0
+
+    # --- report
+    equal = all(got[k] == ref[k] for k in ref)
+    mismatches = [k for k in ref if got[k] != ref[k]]
+    print(f"model={path} hidden={model.config.hidden_size} layers={model.config.num_hidden_layers}")
+    print(f"trajectories={len(trajs)} steps={args.steps} prefixes={n_prefix} "
+          f"prompt_tokens_total={prompt_tokens} max_new_tokens={args.max_new_tokens}")
+    if mismatches:
+        print(f"mismatching prefixes: {mismatches[:5]}")
+    print(f"walk_reencode_s={reencode_s:.2f} walk_reuse_s={reuse_s:.2f} "
+          f"ratio={reencode_s / reuse_s:.2f} verdicts_equal={'true' if equal else 'false'}")
+    return 0 if equal else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

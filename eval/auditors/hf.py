@@ -1,0 +1,202 @@
+"""`hf`: an in-process transformers model from a local folder, with KV-cache reuse along a walk.
+
+    aftraj eval --auditor hf --model runs/stage1/final --data heldout.jsonl --out runs/eval-hf
+
+Walking one trajectory, prefix t+1's prompt is prefix t's prompt up to the end of step t, plus
+step t+1, plus the short per-prefix suffix (`aftraj.prompt.Rendered.stable` / `suffix`). So the
+auditor keeps, per live trajectory, a `DynamicCache` holding exactly the tokens of the stable
+part; for each prefix it (1) tokenises the full chat prompt, (2) crops the cache to the longest
+common prefix of the cached ids and the new stable ids (normally all of them), (3) extends it
+with the new step's tokens in chunks, (4) runs the suffix and greedy decoding on the same cache,
+then (5) crops the cache back to the stable part for the next prefix. Auditing all N prefixes
+then costs about one pass over the trajectory plus the suffixes and generated tokens, instead of
+N growing passes. Greedy decoding on the reused cache gives the same tokens as re-encoding each
+prefix from scratch (`reuse_cache=False`, or `model.generate` in benchmarks/walk_cost.py).
+
+The folder may hold a full model (`config.json`) or a PEFT adapter (`adapter_config.json`, e.g.
+a stage-1 LoRA checkpoint), loaded on top of its base model. Nothing downloads. Confidence is
+P(UNSAFE) from the top-k log-probabilities at the verdict token (`eval.confidence`).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aftraj.prompt import parse_verdict, render_prompt
+from eval.auditors import AuditResult, Auditor, register_auditor
+from eval.confidence import p_unsafe_at, verdict_position
+
+
+@dataclass
+class _Session:
+    ids: list[int] = field(default_factory=list)   # token ids held by `cache`
+    cache: object | None = None
+
+
+def _lcp(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def load_model(path: str | Path, *, dtype: str = "auto", device: str | None = None):
+    """(model, tokenizer) from a local folder: a full model or a PEFT adapter on its base."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise FileNotFoundError(f"hf auditor: model folder {str(path)!r} does not exist")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dtype == "auto":
+        torch_dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    else:
+        torch_dtype = getattr(torch, dtype)
+    if (p / "config.json").exists():
+        model = AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype)
+    elif (p / "adapter_config.json").exists():
+        from peft import AutoPeftModelForCausalLM
+
+        model = AutoPeftModelForCausalLM.from_pretrained(p, dtype=torch_dtype).merge_and_unload()
+    else:
+        raise FileNotFoundError(f"hf auditor: {p} holds neither config.json (a model) nor "
+                                f"adapter_config.json (a PEFT adapter)")
+    try:
+        tok = AutoTokenizer.from_pretrained(p)
+    except (OSError, ValueError):  # an adapter folder saved without its tokenizer
+        base = getattr(getattr(model, "config", None), "_name_or_path", None)
+        if not base:
+            raise
+        tok = AutoTokenizer.from_pretrained(base)
+    if tok.chat_template is None:
+        raise ValueError(f"hf auditor: the tokenizer in {p} has no chat template")
+    model.to(device).eval()
+    return model, tok
+
+
+@register_auditor("hf")
+class HFAuditor(Auditor):
+    """Arguments: `hf` with `model=PATH` (CLI `--model`), or `hf:PATH`."""
+
+    max_in_flight = 1  # one call at a time; one KV cache per live trajectory
+
+    def __init__(self, arg: str | None = None, *, model=None, tokenizer=None,
+                 max_new_tokens: int = 1024, budget: int | None = None,
+                 reference_answer: bool = False, reuse_cache: bool = True, top_k: int = 20,
+                 prefill_chunk: int = 2048, dtype: str = "auto", device: str | None = None,
+                 **kw) -> None:
+        super().__init__(arg, **kw)
+        path = model if isinstance(model, (str, Path)) else arg
+        if tokenizer is not None and not isinstance(model, (str, Path)) and model is not None:
+            self.model, self.tok = model, tokenizer           # already loaded (tests, benchmarks)
+        elif path is not None:
+            self.model, self.tok = load_model(path, dtype=dtype, device=device)
+        else:
+            raise ValueError("hf auditor needs a model folder: --model PATH (or hf:PATH)")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        self.max_new_tokens, self.budget = max_new_tokens, budget
+        self.reference_answer, self.reuse_cache = reference_answer, reuse_cache
+        self.top_k, self.prefill_chunk = top_k, prefill_chunk
+        self.device = next(self.model.parameters()).device
+        eos = self.model.generation_config.eos_token_id
+        eos = [eos] if isinstance(eos, int) else list(eos or [])
+        if self.tok.eos_token_id is not None:
+            eos.append(self.tok.eos_token_id)
+        self.eos = set(eos)
+        self.sessions: dict[str, _Session] = {}
+        self.last_generated: list[int] = []   # token ids of the last completion (tests compare)
+
+    # --------------------------------------------------------------- tokens
+    def count_tokens(self, text: str) -> int:
+        return len(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def prompt_ids(self, traj, t) -> tuple[list[int], int]:
+        """Token ids of prefix t's chat prompt, and how many of them form the stable part."""
+        r = render_prompt(traj, t, self.budget, count_tokens=self.count_tokens,
+                          reference_answer=self.reference_answer)
+        text = self.tok.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True)
+        cut = text.rfind(r.stable + r.suffix)
+        if cut < 0:
+            raise ValueError("the chat template changed the user message; cannot locate the stable part")
+        cut += len(r.stable)
+        ids = self.tok(text, add_special_tokens=False)["input_ids"]
+        stable = self.tok(text[:cut], add_special_tokens=False)["input_ids"]
+        return ids, _lcp(ids, stable)
+
+    # --------------------------------------------------------------- model calls
+    def _forward(self, ids: list[int], cache):
+        import torch
+
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=x, cache=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1].float()
+
+    def _extend(self, cache, ids: list[int]):
+        logits = None
+        for i in range(0, len(ids), self.prefill_chunk):
+            logits = self._forward(ids[i:i + self.prefill_chunk], cache)
+        return logits
+
+    def _greedy(self, cache, suffix_ids: list[int]) -> tuple[list[int], list]:
+        """Greedy decoding on `cache`; returns the ids and, per position, the top-k (values, ids)."""
+        import torch
+
+        logits = self._extend(cache, suffix_ids)
+        gen, tops = [], []
+        for _ in range(self.max_new_tokens):
+            nxt = int(torch.argmax(logits))
+            tops.append(torch.topk(torch.log_softmax(logits, dim=-1), min(self.top_k, logits.shape[-1])))
+            gen.append(nxt)
+            if nxt in self.eos:
+                break
+            logits = self._forward([nxt], cache)
+        return gen, tops
+
+    def audit(self, traj, t) -> AuditResult:
+        import torch
+        from transformers import DynamicCache
+
+        t0 = time.perf_counter()
+        ids, n_stable = self.prompt_ids(traj, t)
+        with torch.inference_mode():
+            if self.reuse_cache:
+                s = self.sessions.setdefault(traj.id, _Session())
+                if s.cache is None:
+                    s.cache = DynamicCache(config=self.model.config)
+                common = _lcp(s.ids, ids[:n_stable])
+                if common < len(s.ids):
+                    s.cache.crop(-(len(s.ids) - common))
+                self._extend(s.cache, ids[common:n_stable])
+                s.ids = ids[:n_stable]
+                gen, tops = self._greedy(s.cache, ids[n_stable:])
+                s.cache.crop(-(s.cache.get_seq_length() - n_stable))
+                cached = common
+            else:
+                gen, tops = self._greedy(DynamicCache(config=self.model.config), ids)
+                cached = 0
+        self.last_generated = [g for g in gen]
+        body = [g for g in gen if g not in self.eos]
+        text = self.tok.decode(body, skip_special_tokens=False)
+        return AuditResult(parse_verdict(text, t), t=t, confidence=self._confidence(gen, tops),
+                           latency_s=time.perf_counter() - t0, prompt_tokens=len(ids),
+                           completion_tokens=len(gen), cached_tokens=cached, raw=text)
+
+    def _confidence(self, gen: list[int], tops: list) -> float | None:
+        if "answer" not in self.tok.decode(gen):
+            return None
+        i = verdict_position([self.tok.decode([g]) for g in gen])
+        if i is None:
+            return None
+        vals, idx = tops[i]
+        return p_unsafe_at([(self.tok.decode([int(j)]), float(v)) for v, j in zip(vals, idx)])
+
+    def end(self, traj) -> None:
+        self.sessions.pop(traj.id, None)
+
+    def close(self) -> None:
+        self.sessions.clear()
