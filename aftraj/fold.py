@@ -470,13 +470,14 @@ class Folder:
             for raw in fh:
                 line += 1
                 offset += len(raw)
-                if len(raw) <= 2 and not raw.strip():
-                    continue
                 n_rec += 1
                 try:
                     try:
                         ev = parse_event(loads(raw))
                     except JSONError:
+                        if not raw.strip():     # a blank line is not a record
+                            n_rec -= 1
+                            continue
                         decode_line(raw)   # raises the EventError that names the problem
                         raise
                     if run is not None and ev.run_id != run:

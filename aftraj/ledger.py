@@ -183,11 +183,11 @@ def read_events(path: str | Path, offset: int = 0, *, first_line: int = 1,
         for raw in f:
             line += 1
             offset += len(raw)
-            if len(raw) <= 2 and not raw.strip():
-                continue
             try:
                 item: Event | EventError = decode_line(raw)
             except EventError as e:
+                if not raw.strip():             # a blank line is not a record
+                    continue
                 item = e.located(src, line)
             yield line, offset, item
     if report is not None:

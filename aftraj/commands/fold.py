@@ -107,8 +107,8 @@ def _print_state(s) -> None:
     print(f"   errors: {s.errors} (longest streak {s.max_error_streak}); handoffs: {len(s.handoffs)}; "
           f"tokens {u['input_tokens']} in / {u['output_tokens']} out, cost ${u['cost_usd']}"
           f" ({u['repeated_usage_records']} repeated usage records counted once)")
-    if not s.findings:
-        print("   findings: none")
+    n_alarm = sum(f.alarm for f in s.findings)
+    print(f"   findings: {len(s.findings) or 'none'}" + (f" ({n_alarm} raise an alarm)" if n_alarm else ""))
     for f in s.findings:
         mark = "ALARM" if f.alarm else "note "
         print(f"   [{mark}] {f.kind} at positions {list(f.steps)} (policy r{f.policy_revision}): {f.reason}")

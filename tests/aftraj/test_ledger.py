@@ -1,0 +1,208 @@
+"""The ledger: idempotence, conflicts, ordering, resuming (byte offset / sequence number), and
+malformed-input fuzz (every good record folded, every bad one reported, nothing crashes)."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+import pytest
+
+from aftraj.events import parse_event
+from aftraj.fold import Folder, RunState, fold_events, fold_file
+from aftraj.ledger import (IngestReport, JsonlLedger, Ledger, LedgerError, LineSplitter,
+                           SqlLedger, read_events)
+
+
+def good(i: int, run: str = "r", **kw) -> dict:
+    d = {"event_id": f"{run}/{i}", "seq": i, "run_id": run, "kind": "message", "agent": "A",
+         "payload": {"content": f"step {i}"}}
+    if i % 3 == 1:
+        d.update(kind="tool_call", payload={"content": "", "tool": "search", "arguments": {"q": i}})
+    elif i % 3 == 2:
+        d.update(kind="tool_result", parent_id=f"{run}/{i - 1}", agent="env",
+                 payload={"content": "r", "tool": "search", "result_ids": [f"d{i}"]})
+    d.update(kw)
+    return d
+
+
+def test_identical_duplicate_is_counted_and_ignored():
+    led = Ledger()
+    assert led.append(parse_event(good(0))) is True
+    assert led.append(parse_event(good(0))) is False
+    assert led.n_duplicates == 1 and len(led) == 1
+
+
+def test_conflicting_duplicate_names_both():
+    led = Ledger()
+    led.append(parse_event(good(0)))
+    with pytest.raises(LedgerError) as e:
+        led.append(parse_event(good(0, payload={"content": "something else"}, seq=5)))
+    msg = str(e.value)
+    assert e.value.code == "conflict" and "r/0" in msg and "seq 0" in msg and "seq 5" in msg
+
+
+def test_order_within_a_run():
+    led = Ledger()
+    led.append(parse_event(good(3)))
+    with pytest.raises(LedgerError) as e:
+        led.append(parse_event(good(2)))
+    assert e.value.code == "out_of_order" and e.value.field == "seq"
+    led.append(parse_event(good(0, run="other")))          # other runs have their own order
+    ev = parse_event(good(9, seq=None))
+    led.append(ev)
+    assert ev.seq == 4 and led.last_seq("r") == 4          # a missing seq is assigned
+
+
+def test_jsonl_ledger_reopens_and_stays_idempotent(tmp_path):
+    p = tmp_path / "ledger.jsonl"
+    with JsonlLedger(p) as led:
+        for i in range(6):
+            led.append(parse_event(good(i)))
+        assert led.append(parse_event(good(5))) is False
+    with JsonlLedger(p) as led:
+        assert len(led) == 6 and led.last_seq("r") == 5
+        assert led.append(parse_event(good(2))) is False
+        led.append(parse_event(good(6)))
+    assert len(p.read_bytes().splitlines()) == 7
+
+
+def test_read_events_resumes_from_a_byte_offset(tmp_path):
+    p = tmp_path / "l.jsonl"
+    p.write_bytes(b"".join(orjson.dumps(good(i)) + b"\n" for i in range(10)))
+    items = list(read_events(p))
+    line, off, ev = items[3]
+    rest = list(read_events(p, off, first_line=line + 1))
+    assert [x[2].event_id for x in rest] == [x[2].event_id for x in items[4:]]
+    assert [x[0] for x in rest] == [x[0] for x in items[4:]]
+
+
+def test_line_splitter_any_chunking():
+    data = b"".join(orjson.dumps(good(i)) + b"\n" for i in range(20)) + b'{"tail": 1}'
+    rng = random.Random(1)
+    for _ in range(20):
+        sp, out, pos = LineSplitter(), [], 0
+        while pos < len(data):
+            n = rng.randint(1, 90)
+            out += sp.feed(data[pos:pos + n])
+            pos += n
+        out += sp.flush()
+        assert b"".join(out) == data and len(out) == 21
+
+
+def test_sql_ledger_resumes_from_a_sequence_number(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    led = SqlLedger(url)
+    for i in range(8):
+        assert led.append(parse_event(good(i)))
+    assert led.append(parse_event(good(4))) is False
+    with pytest.raises(LedgerError):
+        led.append(parse_event(good(3, payload={"content": "changed"})))
+    head = fold_events(led.iter_run("r"))
+    again = SqlLedger(url)                                   # a new process: index rebuilt
+    assert again.last_seq("r") == 7 and again.append(parse_event(good(3))) is False
+    assert fold_events(again.iter_run("r")).state_hash() == head.state_hash()
+    # resume from a sequence number: fold 0..5, snapshot, then only what comes after seq 5
+    part = fold_events(e for e in again.iter_run("r") if e.seq <= 5)
+    assert [e.seq for e in again.iter_run("r", after_seq=5)] == [6, 7]
+    resumed = fold_events(again.iter_run("r", after_seq=part.last_seq), RunState.restore(part.snapshot()))
+    assert resumed.state_hash() == head.state_hash()
+
+
+# --------------------------------------------------------------------------- fuzz
+
+def _bad_records() -> list[tuple[str, bytes]]:
+    d = orjson.dumps
+    g = good(0)
+    bad = [
+        ("not json", b"{not json"),
+        ("truncated", d(good(0))[:30]),
+        ("array", b"[1, 2, 3]"),
+        ("string", b'"hello"'),
+        ("number", b"42"),
+        ("null", b"null"),
+        ("invalid utf-8", b'{"event_id": "\xff\xfe", "run_id": "r"}'),
+        ("missing event_id", d({k: v for k, v in g.items() if k != "event_id"})),
+        ("empty event_id", d({**g, "event_id": ""})),
+        ("int event_id", d({**g, "event_id": 7})),
+        ("missing run_id", d({k: v for k, v in g.items() if k != "run_id"})),
+        ("unknown kind", d({**g, "kind": "chat"})),
+        ("list kind", d({**g, "kind": ["message"]})),
+        ("missing agent", d({k: v for k, v in g.items() if k != "agent"})),
+        ("blank agent", d({**g, "agent": "   "})),
+        ("negative seq", d({**g, "seq": -4})),
+        ("string seq", d({**g, "seq": "3"})),
+        ("float seq", d({**g, "seq": 3.5})),
+        ("object ts", d({**g, "ts": {"at": 1}})),
+        ("missing payload", d({k: v for k, v in g.items() if k != "payload"})),
+        ("list payload", d({**g, "payload": ["x"]})),
+        ("int content", d({**g, "payload": {"content": 5}})),
+        ("unknown payload key", d({**g, "payload": {"content": "x", "colour": "red"}})),
+        ("call without tool", d({**g, "kind": "tool_call", "payload": {"content": ""}})),
+        ("string result_ids", d({**g, "kind": "tool_result", "payload": {"content": "", "result_ids": "a"}})),
+        ("int in result_ids", d({**g, "kind": "tool_result", "payload": {"content": "", "result_ids": [1]}})),
+        ("bad termination reason", d({**g, "kind": "termination", "payload": {"reason": "bored"}})),
+        ("handoff without to", d({**g, "kind": "handoff", "payload": {"content": "x"}})),
+        ("error without error", d({**g, "kind": "error", "payload": {"content": "x"}})),
+        ("usage not object", d({**g, "usage": 12})),
+        ("negative usage", d({**g, "usage": {"input_tokens": -3}})),
+        ("unknown usage key", d({**g, "usage": {"tokens": 3}})),
+        ("unknown top-level field", d({**g, "colour": "red"})),
+        ("meta list", d({**g, "meta": [1]})),
+        ("empty parent_id", d({**g, "parent_id": ""})),
+        ("fingerprint mismatch", d({**g, "fingerprint": "ab" * 32})),
+        ("trajectory record", d({"id": "t", "steps": [], "label": {}})),
+        ("deep nesting", b'{"a":' * 2000 + b"1" + b"}" * 2000),
+        ("huge integer", b'{"event_id": "x", "seq": 123456789012345678901234567890}'),
+        ("NaN", b'{"event_id": "x", "seq": NaN}'),
+        ("huge kind string", d({**g, "kind": "k" * 100_000})),
+    ]
+    return bad
+
+
+def test_malformed_input_fuzz(tmp_path):
+    bad = _bad_records()
+    assert len(bad) >= 30
+    rng = random.Random(7)
+    lines: list[bytes] = []
+    bad_lines: dict[int, str] = {}
+    goods = []
+    for i in range(len(bad) * 2):
+        rec = good(i)
+        goods.append(rec)
+        lines.append(orjson.dumps(rec))
+        if i % 2 == 1:
+            name, raw = bad[i // 2]
+            lines.append(raw)
+            bad_lines[len(lines)] = name
+        if i == 10:
+            lines.append(orjson.dumps(good(5)))                                   # identical dup
+        if i == 20:
+            lines.append(orjson.dumps(good(6, payload={"content": "forged"})))    # conflicting id
+            bad_lines[len(lines)] = "conflicting duplicate"
+        if i == 30:
+            lines.append(orjson.dumps(good(1000, seq=3)))                         # out of order
+            bad_lines[len(lines)] = "out of order"
+        if rng.random() < 0.2:
+            lines.append(b"   ")                                                  # blank: not a record
+    p = tmp_path / "fuzz.jsonl"
+    p.write_bytes(b"\n".join(lines) + b"\n")
+    folder, rep = fold_file(p)
+    assert rep.n_rejected == len(bad_lines), rep.to_dict()
+    assert {e.line for e in rep.errors} == set(bad_lines)
+    assert all(e.source == str(p) and e.field for e in rep.errors)
+    assert rep.n_appended == len(goods) and rep.n_duplicates == 1
+    want = fold_events(parse_event(r) for r in goods)
+    assert folder.states["r"].state_hash() == want.state_hash()
+    by_line = {e.line: e for e in rep.errors}
+    assert by_line[min(k for k, v in bad_lines.items() if v == "missing event_id")].field == "event_id"
+
+
+def test_ingest_report_is_json(tmp_path):
+    p = tmp_path / "x.jsonl"
+    p.write_bytes(b'{"a": 1}\n' + orjson.dumps(good(0)) + b"\n")
+    f = Folder()
+    rep = f.ingest_file(p)
+    d = rep.to_dict()
+    assert d["rejected"] == 1 and d["appended"] == 1 and d["rejected_by_field"] == {"a": 1}
+    assert isinstance(rep, IngestReport) and isinstance(f.states["r"], RunState)
