@@ -1,0 +1,61 @@
+"""`rules`: the fold's deterministic detectors as an auditor (no model).
+
+At prefix t the trajectory's steps 0..t are folded (`aftraj.fold.TrajectoryFolder`, one step
+per call, O(1) per step); the first finding whose kind the policy lists in `alarm_on` raises
+ALARM at the earliest evidence step of that finding, blaming that step's agent, with the
+finding's reason. Evidence gaps (`insufficient_loop_evidence`) and kinds not in `alarm_on` are
+never alarms. The trajectory's termination (step limit without answer, tool error …) is only
+known once the run has ended, so it is folded with the last step.
+
+    aftraj eval --auditor rules --data heldout.jsonl --out runs/eval-rules
+    aftraj eval --auditor rules:configs/policies/templates.yaml --data heldout.jsonl --out runs/eval-rules
+"""
+
+from __future__ import annotations
+
+from aftraj.detectors import Policy, default_policy, load_policy
+from aftraj.fold import TrajectoryFolder
+from aftraj.prompt import Verdict
+from aftraj.schema import Trajectory
+from eval.auditors import AuditResult, Auditor, register_auditor
+
+
+@register_auditor("rules")
+class RulesAuditor(Auditor):
+    """ARG: a policy YAML path (default: the built-in policy, configs/policies/default.yaml)."""
+
+    def __init__(self, arg: str | None = None, *, policy: Policy | None = None, **kw) -> None:
+        super().__init__(arg, **kw)
+        self.policy = policy or (load_policy(arg) if arg else default_policy())
+        self._folders: dict[str, TrajectoryFolder] = {}
+
+    def _folder(self, traj: Trajectory) -> TrajectoryFolder:
+        f = self._folders.get(traj.id)
+        if f is None or f.traj is not traj:
+            f = self._folders[traj.id] = TrajectoryFolder(traj, self.policy)
+        return f
+
+    def finding_at(self, traj: Trajectory, t: int):
+        """The first alarm-raising finding visible at prefix t, or None."""
+        if not 0 <= t < len(traj.steps):
+            raise IndexError(f"prefix t={t} is out of range for {traj.id!r} ({len(traj.steps)} steps)")
+        folder = self._folder(traj)
+        if folder.t < t:
+            folder.advance_to(t)
+        for f in folder.visible(t):
+            if f.alarm:
+                return f
+        return None
+
+    def audit(self, traj: Trajectory, t: int) -> AuditResult:
+        f = self.finding_at(traj, t)
+        if f is None:
+            return AuditResult(Verdict("SAFE", think="No rule finding in the steps shown."), t=t)
+        k = f.first_step
+        agent = traj.steps[k].agent
+        think = (f"Rule {f.kind} (policy revision {f.policy_revision}) fired on evidence "
+                 f"{', '.join(f.event_ids)} (steps {', '.join(map(str, f.steps))}).")
+        return AuditResult(Verdict("UNSAFE", step=k, agent=agent, reason=f.reason, think=think), t=t)
+
+    def end(self, traj: Trajectory) -> None:
+        self._folders.pop(traj.id, None)
