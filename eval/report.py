@@ -145,8 +145,8 @@ def write_plots(metrics: dict, preds: list[dict], out: Path) -> list[Path]:
 
     # Deployable region: FAR vs Step-Acc per group, with intervals.
     fig, ax = plt.subplots(figsize=(6.4, 4.8), dpi=110)
-    ax.axvspan(0, DEPLOYABLE_MAX_FAR, ymin=DEPLOYABLE_MIN_STEP_ACC, ymax=1, color="tab:green",
-               alpha=0.12, label="deployable (FAR ≤ 20 %, Step-Acc ≥ 50 %)")
+    ax.fill_between([0, DEPLOYABLE_MAX_FAR], DEPLOYABLE_MIN_STEP_ACC, 1.0, color="tab:green",
+                    alpha=0.12, label="deployable (FAR ≤ 20 %, Step-Acc ≥ 50 %)")
     groups = {"overall": metrics["overall"], **{f"subset {k}": v for k, v in metrics["by_subset"].items()}}
     no_far = []
     for i, (name, g) in enumerate(groups.items()):
@@ -222,12 +222,13 @@ def _save(fig, path: Path) -> Path:
 
 
 def write_report(preds: list[dict], out: str | Path, *, meta: dict, n_boot: int = 1000, seed: int = 0,
-                 prices: dict | None = None, expectation: dict | None = None) -> dict:
+                 prices: dict | None = None, expectation: dict | None = None,
+                 auc_start: int = 0) -> dict:
     """Write every report file into `out`; returns the metrics dict."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     metrics = build_metrics(preds, meta=meta, n_boot=n_boot, seed=seed, prices=prices,
-                            expectation=expectation)
+                            expectation=expectation, auc_start=auc_start)
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, ensure_ascii=False) + "\n",
                                       encoding="utf-8")
     write_predictions(preds, out / "predictions.jsonl")

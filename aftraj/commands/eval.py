@@ -42,6 +42,8 @@ def register(sub) -> None:
     p.add_argument("--max-in-flight", type=int, default=32, help="trajectories walked at once")
     p.add_argument("--all-prefixes", action="store_true",
                    help="score every prefix (go on after the first ALARM): threshold sweep, AUC")
+    p.add_argument("--auc-start", type=int, default=0,
+                   help="first step of the per-step stratified ROC AUC (score auditors)")
     p.add_argument("--limit", type=int, help="evaluate only the first N trajectories")
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap and random-baseline seed")
@@ -54,10 +56,16 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from aftraj.readers import load_trajectories
-    from eval.auditors import get_auditor
+    from eval.auditors import available_auditors, get_auditor, parse_spec
+    from eval.auditors.openai import AuditorError
     from eval.report import write_report
     from eval.walker import WalkConfig, walk
 
+    name, _ = parse_spec(args.auditor)
+    if name not in available_auditors():
+        print(f"aftraj eval: unknown auditor {name!r}; available: {', '.join(available_auditors())}",
+              file=sys.stderr)
+        return 2
     trajs = load_trajectories(args.data)
     if args.limit is not None:
         trajs = trajs[: args.limit]
@@ -68,12 +76,20 @@ def run(args) -> int:
               api_key_env=args.api_key_env, concurrency=args.concurrency, timeout=args.timeout,
               retries=args.retries, max_new_tokens=args.max_new_tokens, budget=args.budget,
               reference_answer=args.reference_answer, seed=args.seed)
-    auditor = get_auditor(args.auditor, **{k: v for k, v in kw.items() if v is not None})
+    try:
+        auditor = get_auditor(args.auditor, **{k: v for k, v in kw.items() if v is not None})
+    except (ValueError, FileNotFoundError, AuditorError) as e:
+        print(f"aftraj eval: {args.auditor}: {e}", file=sys.stderr)
+        return 2
     cfg = WalkConfig(protocol=args.protocol, max_in_flight=args.max_in_flight,
                      all_prefixes=args.all_prefixes)
     t0 = time.perf_counter()
     with auditor:
-        preds = walk(auditor, trajs, cfg, progress=not args.no_progress)
+        try:
+            preds = walk(auditor, trajs, cfg, progress=not args.no_progress)
+        except AuditorError as e:
+            print(f"aftraj eval: the auditor failed, no report written: {e}", file=sys.stderr)
+            return 3
         expectation = None
         if hasattr(auditor, "analytic_expectation"):
             subsets = sorted({p["subset"] for p in preds})
@@ -92,7 +108,7 @@ def run(args) -> int:
             "reference_answer_in_prompt": args.reference_answer, "all_prefixes": args.all_prefixes,
             "model": args.model, "endpoint": args.endpoint, "wall_s": round(wall, 3)}
     metrics = write_report(preds, Path(args.out), meta=meta, n_boot=args.n_boot, seed=args.seed,
-                           prices=prices, expectation=expectation)
+                           prices=prices, expectation=expectation, auc_start=args.auc_start)
     _print_summary(metrics, Path(args.out))
     return 0
 

@@ -20,6 +20,27 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
+# --------------------------------------------------------------------------- synthetic runs
+
+def _make_traj(i: int, n: int, k: int | None, domain: str = "math"):
+    """A run of n steps; UNSAFE at k (its content holds "[[ERROR]]", which the fake server
+    flags) or SAFE when k is None."""
+    from aftraj.schema import Label, Step, Trajectory
+
+    agents = ["user", "Solver", "Verifier"]
+    steps = [Step(index=j, agent=agents[0] if j == 0 else agents[1 + j % 2], kind="message",
+                  content=f"step {j} of run {i}" + (" [[ERROR]]" if j == k else "")) for j in range(n)]
+    label = (Label("SAFE", "verified_safe") if k is None else
+             Label("UNSAFE", "injected", decisive_step=k, decisive_agent=steps[k].agent, reason="bad"))
+    return Trajectory(id=f"t{i}", family_id=f"f{i}", domain=domain, source="test", task="compute",
+                      steps=steps, label=label)
+
+
+@pytest.fixture(scope="session")
+def make_traj():
+    return _make_traj
+
+
 # --------------------------------------------------------------------------- tiny model
 
 @pytest.fixture(scope="session")

@@ -7,23 +7,12 @@ import math
 import pytest
 
 from aftraj.prompt import ParseFailure, Verdict
-from aftraj.schema import Label, Step, Trajectory
 from eval.auditors import AuditResult, Auditor, get_auditor
 from eval.walker import WalkConfig, walk
 
 
-def make_traj(i: int, n: int, k: int | None, domain: str = "math") -> Trajectory:
-    agents = ["user", "Solver", "Verifier"]
-    steps = [Step(index=j, agent=agents[0] if j == 0 else agents[1 + j % 2], kind="message",
-                  content=f"step {j} of run {i}" + (" [[ERROR]]" if j == k else "")) for j in range(n)]
-    label = (Label("SAFE", "verified_safe") if k is None else
-             Label("UNSAFE", "injected", decisive_step=k, decisive_agent=steps[k].agent, reason="bad"))
-    return Trajectory(id=f"t{i}", family_id=f"f{i}", domain=domain, source="test", task="compute",
-                      steps=steps, label=label)
-
-
 @pytest.fixture
-def corpus():
+def corpus(make_traj):
     return [make_traj(0, 6, 3), make_traj(1, 8, 0), make_traj(2, 5, None), make_traj(3, 9, 7),
             make_traj(4, 4, None, "coding")]
 

@@ -1,0 +1,114 @@
+"""`aftraj eval` end to end: reports for the heuristic baselines on Who&When, the gold dummy and
+the `hf` backend with a tiny model on a JSONL set."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aftraj.cli import main
+from aftraj.schema import write_jsonl
+from eval.metrics import CORE_KEYS
+
+PNG = b"\x89PNG\r\n\x1a\n"
+FRACTIONS = ("exact_f1", "step_precision", "step_recall", "step_acc", "agent_acc", "far",
+             "parse_failure_rate")
+
+
+def _check_report(out, n):
+    m = json.loads((out / "metrics.json").read_text())
+    assert {"overall", "by_subset", "by_domain"} <= set(m)
+    for group in [m["overall"], *m["by_subset"].values(), *m["by_domain"].values()]:
+        for k in CORE_KEYS:
+            assert k in group, k
+        for k in FRACTIONS:
+            assert group[k] is None or 0.0 <= group[k] <= 1.0, k
+            assert f"{k}_ci" in group
+            if group[f"{k}_ci"] is not None:
+                lo, hi = group[f"{k}_ci"]
+                assert 0.0 <= lo <= group[k] <= hi <= 1.0, k
+    lines = (out / "predictions.jsonl").read_text().splitlines()
+    assert len(lines) == n
+    for key in ("d", "k_hat", "a_hat", "confidence", "calls", "prompt_tokens", "completion_tokens"):
+        assert key in json.loads(lines[0])
+    for png in ("deployable.png", "far_step_acc.png", "alarm_delay.png"):
+        assert (out / png).read_bytes()[:8] == PNG and (out / png).stat().st_size > 5000
+    return m
+
+
+def test_uniform_random_on_who_and_when(ww_dir, tmp_path, capsys):
+    out = tmp_path / "ww-random"
+    assert main(["eval", "--auditor", "heuristic:uniform-random", "--data", str(ww_dir),
+                 "--out", str(out), "--no-progress", "--n-boot", "500"]) == 0
+    m = _check_report(out, 184)
+    exp = m["analytic_expectation"]["by_subset"]
+    assert exp["Algorithm-Generated"]["step_acc"] == pytest.approx(0.1200, abs=5e-4)
+    assert exp["Hand-Crafted"]["step_acc"] == pytest.approx(0.0416, abs=5e-4)
+    for subset in ("Algorithm-Generated", "Hand-Crafted"):
+        g = m["by_subset"][subset]
+        for k in ("step_acc", "agent_acc", "exact_f1"):
+            lo, hi = g[f"{k}_ci"]
+            assert lo <= exp[subset][k] <= hi, (subset, k)   # sampled values agree with theory
+        assert g["far"] is None and g["deployable"] is None   # Who&When has no safe runs
+    assert m["posthoc"] is True and m["auditor"] == "heuristic:uniform-random (post-hoc)"
+    md = (out / "report.md").read_text()
+    assert "post-hoc" in md and "Who&When substring rule" in md and "analytic expectation" in md
+    assert "analytic expectation" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("rule", ["last-step", "first-non-human", "last-speaker-first-step"])
+def test_deterministic_heuristics(ww_dir, ww_trajs, tmp_path, rule):
+    out = tmp_path / rule
+    assert main(["eval", "--auditor", f"heuristic:{rule}", "--data", str(ww_dir), "--out", str(out),
+                 "--no-progress", "--n-boot", "50"]) == 0
+    preds = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    by_id = {t.id: t for t in ww_trajs}
+    for p in preds:
+        t = by_id[p["id"]]
+        if rule == "last-step":
+            assert p["k_hat"] == len(t.steps) - 1
+        elif rule == "first-non-human" and p["subset"] == "Hand-Crafted":
+            assert p["k_hat"] == 1 and t.steps[0].agent == "human"
+        assert t.steps[p["k_hat"]].agent == p["a_hat"]
+
+
+def test_gold_dummy_on_jsonl_reference_protocol(tmp_path, make_traj):
+    data = tmp_path / "set.jsonl"
+    write_jsonl([make_traj(i, n, k) for i, (n, k) in enumerate([(5, 2), (4, None), (6, 5)])], data)
+    out = tmp_path / "gold"
+    assert main(["eval", "--auditor", "dummy:gold", "--data", str(data), "--out", str(out),
+                 "--protocol", "reference", "--no-progress", "--n-boot", "50"]) == 0
+    m = _check_report(out, 3)
+    assert m["overall"]["exact_f1"] == 1.0 and m["overall"]["far"] == 0.0
+    assert m["protocol"] == "reference" and m["overall"]["deployable"] is True
+
+
+def test_hf_backend_on_jsonl(tiny_model_dir, tmp_path, make_traj):
+    data = tmp_path / "set.jsonl"
+    write_jsonl([make_traj(i, n, k) for i, (n, k) in enumerate([(4, 2), (3, None)])], data)
+    out = tmp_path / "hf"
+    assert main(["eval", "--auditor", "hf", "--model", str(tiny_model_dir), "--data", str(data),
+                 "--out", str(out), "--max-new-tokens", "4", "--no-progress", "--n-boot", "50"]) == 0
+    m = _check_report(out, 2)
+    # the random tiny model cannot write a verdict: every call is a parse failure
+    assert m["overall"]["parse_failure_rate"] == 1.0 and m["overall"]["far"] == 0.0
+    assert m["overall"]["calls_per_traj"] == 3.5
+    assert m["overall"]["cached_prompt_fraction"] > 0.3
+
+
+def test_bad_input_is_named(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "x"}\n')
+    assert main(["eval", "--auditor", "dummy", "--data", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert main(["eval", "--auditor", "nope", "--data", str(bad), "--out", str(tmp_path / "o")]) == 2
+    assert main(["eval", "--auditor", "hf", "--data", str(bad), "--out", str(tmp_path / "o")]) == 2
+
+
+def test_auditor_failure_exits_3(tmp_path, make_traj, fake_openai):
+    data = tmp_path / "set.jsonl"
+    write_jsonl([make_traj(0, 3, 1)], data)
+    fake_openai.fail_next = 100
+    assert main(["eval", "--auditor", "openai", "--endpoint", fake_openai.url, "--retries", "0",
+                 "--data", str(data), "--out", str(tmp_path / "o"), "--no-progress"]) == 3
+    assert not (tmp_path / "o" / "metrics.json").exists()

@@ -1,0 +1,105 @@
+"""The `openai` backend over real HTTP against a fake OpenAI-compatible server on 127.0.0.1
+(retries, timeouts, concurrency, usage with cached tokens, logprob confidence, methods)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import pytest
+
+from eval.auditors import get_auditor
+from eval.auditors.openai import AuditorError
+from eval.metrics import summarize
+from eval.walker import WalkConfig, walk
+
+
+@pytest.fixture
+def corpus(make_traj):
+    return [make_traj(i, n, k) for i, (n, k) in enumerate([(6, 3), (5, None), (8, 0), (7, 6), (4, None)])]
+
+
+def auditor(fake, spec="openai", **kw):
+    kw = {"endpoint": fake.url, "concurrency": 4, "timeout": 5.0, "retries": 3, "backoff": 0.01, **kw}
+    return get_auditor(spec, **kw)
+
+
+def test_walk_through_http(fake_openai, corpus):
+    with auditor(fake_openai) as aud:
+        assert aud.api_model == "fake-auditor"       # discovered from GET /models
+        preds = walk(aud, corpus, WalkConfig(max_in_flight=8), progress=False)
+    for p, t in zip(preds, corpus):
+        if t.label.unsafe:
+            k = t.label.decisive_step
+            assert p["alarmed"] and p["d"] == k and p["k_hat"] == k and p["a_hat"] == t.label.decisive_agent
+            assert p["confidence"] == pytest.approx(1 / (1 + math.exp(-2.3)), rel=1e-6)
+        else:
+            assert not p["alarmed"] and p["calls"] == len(t.steps)
+        assert p["prompt_tokens"] > 0 and p["completion_tokens"] > 0
+    # the prompt layout is prefix-stable: most prompt tokens after the first call were cached
+    m = summarize(preds, n_boot=0)
+    assert m["cached_prompt_fraction"] > 0.5 and m["exact_f1"] == 1.0 and m["far"] == 0.0
+    body = fake_openai.bodies[0]
+    assert body["logprobs"] is True and body["top_logprobs"] == 20 and body["temperature"] == 0.0
+    assert body["messages"][0]["role"] == "system" and "<trajectory>" in body["messages"][1]["content"]
+    assert fake_openai.max_in_flight > 1                # calls overlapped across trajectories
+
+
+def test_concurrency_limit(fake_openai, corpus):
+    fake_openai.delay_s = 0.05
+    with auditor(fake_openai, concurrency=2) as aud:
+        walk(aud, corpus, WalkConfig(max_in_flight=8), progress=False)
+    assert fake_openai.max_in_flight == 2
+
+
+def test_retries_on_503_then_success(fake_openai, corpus):
+    with auditor(fake_openai) as aud:
+        fake_openai.fail_next = 2
+        r = aud.audit(corpus[0], 3)
+        assert r.alarm and aud.n_retries == 2
+
+
+def test_timeout_is_retried(fake_openai, corpus):
+    fake_openai.stall_next, fake_openai.stall_s = 1, 1.5
+    with auditor(fake_openai, timeout=0.5) as aud:
+        t0 = time.perf_counter()
+        r = aud.audit(corpus[1], 2)
+        assert not r.alarm and aud.n_retries == 1
+        assert time.perf_counter() - t0 < 1.4  # the stalled call was abandoned at the timeout
+
+
+def test_gives_up_with_a_clear_error(fake_openai, corpus):
+    with auditor(fake_openai, retries=1) as aud:
+        fake_openai.fail_next = 5
+        with pytest.raises(AuditorError, match="no answer after 2 attempts.*503"):
+            aud.audit(corpus[0], 0)
+        fake_openai.fail_next = 0
+        fake_openai.status_next = 400
+        with pytest.raises(AuditorError, match="HTTP 400"):
+            aud.audit(corpus[0], 0)
+
+
+def test_unreachable_endpoint():
+    with pytest.raises(AuditorError, match="no answer"):
+        get_auditor("openai", endpoint="http://127.0.0.1:9/v1", retries=0, timeout=1.0)
+
+
+def test_methods(fake_openai, corpus, make_traj):
+    with auditor(fake_openai, spec="openai:all-at-once") as aud:
+        assert aud.posthoc and "post-hoc" in aud.label
+        preds = walk(aud, corpus, progress=False)
+        assert all(p["calls"] == 1 for p in preds)
+    with auditor(fake_openai, spec="openai:binary-search") as aud:
+        preds = walk(aud, corpus, progress=False)
+        for p, t in zip(preds, corpus):
+            assert p["calls"] <= 4
+            assert p["d"] == t.label.decisive_step
+    with auditor(fake_openai, reference_answer=True) as aud:
+        traj = dataclasses.replace(make_traj(9, 3, None), reference_answer="42")
+        aud.audit(traj, 0)
+        assert "<reference_answer>\n42\n</reference_answer>" in fake_openai.bodies[-1]["messages"][1]["content"]
+    with pytest.raises(ValueError, match="method must be one of"):
+        get_auditor("openai:majority", endpoint=fake_openai.url)
+    with pytest.raises(ValueError, match="needs --endpoint"):
+        get_auditor("openai")
