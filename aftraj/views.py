@@ -37,6 +37,7 @@ MAX_LEVEL = 6             # level 1 = one line per step; level l >= 2: BLOCK * F
 HEAD_CHARS = 100          # characters of a step kept on its summary line
 VERBATIM_SHARE = 0.4      # when over budget, summarise more steps while verbatim > this share
 TARGET_SHARE = 0.6        # ... and recompile until the view uses at most this share (hysteresis)
+MARGIN = 8                # tokens kept free for merges across piece boundaries
 SUMMARY_HEAD = ("Older steps, summarised deterministically (a line per block of steps, then a "
                 "line per step: index, agent, kind, size, opening words):\n")
 
@@ -124,7 +125,7 @@ _COUNT_CACHE_MAX = 50_000
 
 
 def _count(count_tokens: Callable[[str], int], text: str) -> int:
-    key = (count_tokens, text)
+    key = (count_tokens, len(text), hash(text))   # not the text itself: bounded memory
     n = _COUNT_CACHE.get(key)
     if n is None:
         n = count_tokens(text)
@@ -217,7 +218,7 @@ def _wrap(summary_lines: list[str], first_verbatim: int, t: int) -> tuple[str, s
 
 def _overhead(count_tokens, t: int) -> int:
     head, _ = _wrap([], t, t)
-    return count_tokens(head) + 8   # + a margin for merges across piece boundaries
+    return count_tokens(head) + 2 * MARGIN
 
 
 def auditor_view(traj, t: int, budget_tokens: int, *, count_tokens: Callable[[str], int],
@@ -241,9 +242,11 @@ def auditor_view(traj, t: int, budget_tokens: int, *, count_tokens: Callable[[st
             while plan.summary_cost() + plan.verbatim_cost(tt) > TARGET_SHARE * avail:
                 if not plan.escalate(tt, avail):
                     break
+    if plan.ends[1] == 0:       # we are only called when the plain body is over budget
+        plan.escalate(t, avail)
     while True:
         body, stamp = _render(plan, t, render_step)
-        if count_tokens(body) <= budget_tokens:
+        if count_tokens(body) <= budget_tokens - MARGIN:
             return body, stamp
         if not plan.escalate(t, avail):
             raise PromptBudgetError(
