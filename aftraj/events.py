@@ -69,6 +69,7 @@ _META_STEP_KIND = "aftraj_step_kind"  # on an event: the step kind, when not the
 _META_GENERATED = "aftraj_generated_id"  # on an event: the step had no event_id
 _META_SYNTHETIC = "aftraj_synthetic"  # on an event: made from trajectory fields, not a step
 
+_MAX_SEQ = 1 << 63
 _TOP = frozenset(RECORD_FIELDS)
 _CONTENT_ONLY = frozenset({"message", "thinking", "final_answer"})
 _RESULT_KEYS = PAYLOAD_KEYS["tool_result"][1]
@@ -233,7 +234,7 @@ def _diagnose(d: Any) -> dict:
     if type(agent) is not str or not agent.strip() or len(agent) > 512:
         _bad("agent", "is required: a non-empty string of at most 512 characters")
     seq = d.get("seq")
-    if seq is not None and (type(seq) is not int or seq < 0):
+    if seq is not None and (type(seq) is not int or not 0 <= seq < _MAX_SEQ):
         _bad("seq", f"must be a non-negative integer (or absent), got {_r(seq)}")
     parent = d.get("parent_id")
     if parent is not None and (type(parent) is not str or not parent or len(parent) > 512):
@@ -252,6 +253,8 @@ def _diagnose(d: Any) -> dict:
     meta = d.get("meta")
     if meta is not None and type(meta) is not dict:
         _bad("meta", f"must be an object, got {type(meta).__name__}")
+    if meta and _META_EVENT in meta:
+        _bad(f"meta.{_META_EVENT}", "is reserved (it holds event fields on a step)")
     given = d.get("fingerprint")
     if given is not None and type(given) is not str:
         _bad("fingerprint", "must be a hex string")
@@ -323,11 +326,11 @@ def parse_event(d: Any) -> Event:
                 and type(agent) is _STR and type(payload) is dict
                 and 0 < len(eid) <= 512 and 0 < len(run) <= 512 and 0 < len(agent) <= 512
                 and kind in _KINDS and not agent.isspace()
-                and (type(seq) is int and seq >= 0 or seq is None)
+                and (type(seq) is int and 0 <= seq < _MAX_SEQ or seq is None)
                 and (parent is None or type(parent) is _STR and 0 < len(parent) <= 512)
                 and (ts is None or type(ts) is float or type(ts) is int
                      or type(ts) is _STR and len(ts) <= 64)
-                and (meta is None or type(meta) is dict)
+                and (meta is None or type(meta) is dict and _META_EVENT not in meta)
                 and d.keys() <= _TOP and _fast_payload(kind, payload)):
             if usage is not None:
                 # the common usage record: token counts, model, id; anything else: full check
@@ -374,6 +377,9 @@ def make_event(*, event_id: str, run_id: str, kind: str, agent: str, payload: di
 def step_to_event(step: Step, run_id: str) -> Event:
     """One step as one event (exact inverse of `event_to_step`)."""
     meta = dict(step.meta)
+    for k in (_META_STEP_KIND, _META_GENERATED, _META_SYNTHETIC):
+        if k in meta:
+            raise EventError(f"is reserved for events (step {step.index})", field=f"meta.{k}")
     extra = meta.pop(_META_EVENT, None) or {}
     kind = extra.get("kind") or STEP_TO_EVENT_KIND[step.kind]
     ev_meta = dict(meta)

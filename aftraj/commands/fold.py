@@ -80,6 +80,8 @@ def run(args) -> int:
     print(f"{path}: {report.n_records} records, {report.n_appended} folded, "
           f"{report.n_duplicates} duplicates ignored, {report.n_rejected} rejected"
           + (f", {report.n_filtered} of other runs skipped" if report.n_filtered else ""))
+    if not _is_trajectory_source(path):
+        print(f"(resume this ledger with --offset {report.next_offset})")
     for s in states:
         _print_state(s)
     return 0

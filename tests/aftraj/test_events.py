@@ -66,6 +66,8 @@ def test_fingerprint_given_must_match():
     (rec(usage={"tokens": 1}), "usage.tokens"),
     (rec(extra=1), "extra"),
     (rec(meta=[1]), "meta"),
+    (rec(meta={"aftraj_event": {}}), "meta.aftraj_event"),
+    (rec(seq=1 << 63), "seq"),
 ])
 def test_bad_records_name_the_field(bad, field):
     with pytest.raises(EventError) as e:
@@ -125,6 +127,14 @@ def test_steps_events_steps_is_exact(ww_trajs):
     ev = steps_to_events([system], "rid")[0]
     assert ev.kind == "message" and ev.meta["aftraj_step_kind"] == "system"
     assert event_to_step(ev, 0, "rid") == system
+
+
+def test_reserved_step_meta_is_refused():
+    step = Step(index=0, agent="A", kind="message", content="x", event_id="e",
+                meta={"aftraj_generated_id": True})
+    with pytest.raises(EventError) as e:
+        steps_to_events([step], "r")
+    assert e.value.field == "meta.aftraj_generated_id"
 
 
 def test_trajectory_to_events_adds_termination():
