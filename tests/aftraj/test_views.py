@@ -133,3 +133,33 @@ def test_observer_view_is_json(ww_trajs):
     assert again["run_id"] == traj.id and again["events"] == len(traj.steps) + 1
     assert sum(a["events"] for a in again["agents"].values()) == len(traj.steps)
     assert len(again["state_hash"]) == 64
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_trajectories_every_prefix(seed):
+    """Random step sizes (some far over the budget): every prefix fits, is stamped, splits back
+    to exactly the verbatim steps, and the summarised range never shrinks as t grows."""
+    import random
+
+    rng = random.Random(seed)
+    contents = []
+    for i in range(rng.randint(60, 160)):
+        size = rng.choice((20, 200, 800, 3000)) if rng.random() > 0.03 else 40_000
+        contents.append(f"step {i}: " + "lorem ipsum <step> &lt; dolor " * (size // 30))
+    traj = _traj(contents, agent=f"Agent{seed}")
+    budget = rng.choice((1500, 3000, 6000))
+    last_first_verbatim = 0
+    for t in range(len(contents)):
+        r = render_prompt(traj, t, budget)
+        user = r.messages[1]["content"]
+        assert approx_tokens(SYSTEM_PROMPT) + approx_tokens(user) <= budget
+        shown = split_rendered(user)
+        if r.coverage is None:
+            assert [d["index"] for d in shown] == list(range(t + 1))
+            assert last_first_verbatim == 0
+            continue
+        first = int(_COVER.search(r.stable).group(1)) + 1
+        assert first >= last_first_verbatim
+        last_first_verbatim = first
+        assert [d["index"] for d in shown] == list(range(first, t + 1))
+        assert all(d["content"] == contents[d["index"]] for d in shown)
