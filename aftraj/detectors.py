@@ -18,7 +18,9 @@ Kinds (`FINDING_KINDS`):
   only the offending call).
 - error_streak: error_streak.max_consecutive failed tool interactions in a row.
 - state_cycle: tools alternating with a period of 2..cycle.max_period, repeated cycle.repeats
-  times, with no new result ids after the first result of the window (search, rank, search, rank).
+  times, with no new result ids after the first result of the window, each call returning what
+  the call one period earlier returned (overlap >= loop.overlap_threshold): search, rank,
+  search, rank going round the same state.
 - stall: stall.max_results_without_new consecutive tool results that bring no new result ids.
 - budget_exceeded: tokens, cost or events over budget.* (once per budget).
 
@@ -371,7 +373,7 @@ class Detectors:
         else:
             if n_new:
                 self.cycle_fired = False
-            win.append((tool, n_new, call_eid, eid, call_pos, pos))
+            win.append((tool, n_new, call_eid, eid, call_pos, pos, entry[4]))
             if n_new == 0 and not self.cycle_fired and len(win) >= self._min_cycle:
                 self._cycle_check()
         # -- stall
@@ -421,6 +423,10 @@ class Detectors:
                 continue
             if any(e[1] is None or e[1] > 0 for e in x[1:]):
                 continue
+            # the same state recurs: each call returns what the call one period earlier returned
+            if any(x[i][6] is None or x[i - p][6] is None
+                   or overlap(x[i][6], x[i - p][6]) < self._theta for i in range(p, L)):
+                continue
             self.cycle_fired = True
             tools = ", ".join(e[0] for e in x[:p])
             evidence = [(e[2], e[4]) for e in x if e[2] is not None] + [(e[3], e[5]) for e in x]
@@ -465,7 +471,8 @@ class Detectors:
             "findings": [f.to_dict() for f in self.findings],
             "loop_chain": [[c[0], c[1], c[2], c[3], ids(c[4]), c[5]] for c in self.loop_chain],
             "loop_tool": self.loop_tool, "loop_fired": self.loop_fired, "gap_fired": self.gap_fired,
-            "cycle_win": [list(c) for c in self.cycle_win], "cycle_fired": self.cycle_fired,
+            "cycle_win": [list(c[:6]) + [ids(c[6])] for c in self.cycle_win],
+            "cycle_fired": self.cycle_fired,
             "streak": [list(s) for s in self.streak], "streak_fired": self.streak_fired,
             "stall": [list(s) for s in self.stall], "stall_fired": self.stall_fired,
             "budget_fired": list(self.budget_fired),
@@ -479,7 +486,7 @@ class Detectors:
             s.loop_chain.append((c[0], c[1], c[2], c[3], None if c[4] is None else frozenset(c[4]), c[5]))
         s.loop_tool, s.loop_fired, s.gap_fired = d["loop_tool"], d["loop_fired"], d["gap_fired"]
         for c in d["cycle_win"]:
-            s.cycle_win.append(tuple(c))
+            s.cycle_win.append(tuple(c[:6]) + (None if c[6] is None else frozenset(c[6]),))
         s.cycle_fired = d["cycle_fired"]
         s.streak = [tuple(x) for x in d["streak"]]
         s.streak_fired = d["streak_fired"]

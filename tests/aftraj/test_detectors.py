@@ -273,3 +273,16 @@ def test_bad_policy_names_file_and_key(tmp_path, text, key):
     with pytest.raises(PolicyError) as e:
         load_policy(p)
     assert str(p) in str(e.value) and key in str(e.value)
+
+
+def test_redo_with_a_different_choice_is_not_a_cycle():
+    """search, read d5, search again, read d3: no new ids (d3 was listed), but a different state."""
+    r = Run()
+    r.tool("search", ids(3, 5, 1))
+    r.tool("lookup", ids(5))
+    r.tool("search", ids(3, 5, 1))
+    r.tool("lookup", ids(3))
+    assert "state_cycle" not in r.kinds()
+    r.tool("search", ids(3, 5, 1))
+    r.tool("lookup", ids(3))                     # now search, lookup(d3) has recurred
+    assert r.kinds() == ["state_cycle"]
