@@ -301,6 +301,8 @@ def _on_usage(s: RunState, ev: Event, pos: int) -> None:
 
 def fold(state: RunState, ev: Event) -> RunState:
     """Fold one event into the state (in place) and return it. O(1) in the run's length."""
+    if ev.run_id != state.run_id:
+        raise ValueError(f"event {ev.event_id!r} belongs to run {ev.run_id!r}, not {state.run_id!r}")
     pos = state.n_events
     state.n_events = pos + 1
     seq = ev.seq
