@@ -32,6 +32,7 @@ import platform
 import re
 import shutil
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,9 +177,10 @@ def _versions() -> dict:
 # --------------------------------------------------------------------------- the loop
 
 def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None = None,
-          progress: bool = True) -> RunResult:
+          progress: bool = True, on_step_end: Callable[[dict], None] | None = None) -> RunResult:
     """Run (or resume) stage 1 as configured. `stop_at_step` saves a checkpoint at that step and
-    returns, as an interrupted run would (the schedule still spans `max_steps`)."""
+    returns, as an interrupted run would (the schedule still spans `max_steps`). `on_step_end`
+    gets each step's metrics row (the benchmark times steps with it)."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedType, set_seed
     from tqdm.auto import tqdm
@@ -297,6 +299,7 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
                 sums[k] = sums.get(k, 0.0) + float(acc.reduce(v.detach().float().reshape(()), "mean")) / accum
         grad_norm = (acc.clip_grad_norm_(trainable, cfg.max_grad_norm) if cfg.max_grad_norm
                      else torch.zeros(()))
+        lr = scheduler.get_last_lr()[0]      # the rate this step used
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
@@ -304,7 +307,7 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
             torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         row = {"step": step, **{k: round(v, 8) for k, v in sums.items()},
-               "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0], "step_seconds": dt,
+               "grad_norm": float(grad_norm), "lr": lr, "step_seconds": dt,
                "tokens": n_tokens}
         if cuda:
             row["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
@@ -317,6 +320,8 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
         bar.update(1)
         bar.set_postfix(loss=f"{row['loss']:.4f}")
         last = step
+        if on_step_end is not None:
+            on_step_end(row)
         if step % cfg.save_steps == 0 or step == cfg.max_steps or step == stop_at_step:
             _save_checkpoint(acc, out, step, cfg.save_total_limit)
         if step == stop_at_step:
@@ -374,6 +379,7 @@ def _save_final(cfg: Stage1Config, acc, model, tok, final: Path) -> Path:
         final.mkdir(parents=True, exist_ok=True)
         if cfg.finetune == "lora":
             unwrapped.save_pretrained(final / "adapter")
+            tok.save_pretrained(final / "adapter")
             merged = unwrapped.merge_and_unload()
             merged.save_pretrained(final, safe_serialization=True)
         else:

@@ -1,0 +1,85 @@
+"""Validation of accelerate launch configs (`configs/accelerate/*.yaml`).
+
+accelerate itself rejects unknown top-level keys (`ClusterConfig.from_yaml_file`) but passes
+`fsdp_config` through unchecked, so a misspelt FSDP key would be silently ignored at launch.
+This check also matches every `fsdp_config` key against `accelerate launch`'s own `--fsdp_*`
+options, checks the values accelerate would otherwise only reject on the GPU node, and that the
+layer class to wrap exists in transformers.
+
+    python -m training.accelerate_config configs/accelerate/fsdp-2xh200.yaml
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import yaml
+
+_CHOICES = {
+    "fsdp_version": (1, 2),
+    "fsdp_sharding_strategy": ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"),
+    "fsdp_auto_wrap_policy": ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"),
+    "fsdp_backward_prefetch": ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"),
+    "fsdp_state_dict_type": ("FULL_STATE_DICT", "SHARDED_STATE_DICT", "LOCAL_STATE_DICT"),
+}
+_BOOLS = ("fsdp_forward_prefetch", "fsdp_offload_params", "fsdp_use_orig_params", "fsdp_sync_module_states",
+          "fsdp_cpu_ram_efficient_loading", "fsdp_activation_checkpointing", "fsdp_reshard_after_forward")
+
+
+class AccelerateConfigError(ValueError):
+    def __init__(self, path: str, key: str, message: str):
+        super().__init__(f"{path}: key '{key}': {message}")
+
+
+def check_accelerate_config(path: str | Path) -> dict:
+    """Load and validate; returns the raw mapping. Raises AccelerateConfigError / ValueError."""
+    from accelerate.commands.config.config_args import ClusterConfig
+    from accelerate.commands.launch import launch_command_parser
+
+    src = str(path)
+    raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(raw, dict):
+        raise AccelerateConfigError(src, "<file>", "must hold a mapping")
+    cfg = ClusterConfig.from_yaml_file(yaml_file=src)        # unknown top-level keys raise here
+    if cfg.mixed_precision not in ("no", "fp16", "bf16", "fp8"):
+        raise AccelerateConfigError(src, "mixed_precision", f"unknown value {cfg.mixed_precision!r}")
+    if not isinstance(cfg.num_processes, int) or cfg.num_processes < 1:
+        raise AccelerateConfigError(src, "num_processes", "must be a positive integer")
+    fsdp = raw.get("fsdp_config") or {}
+    if str(cfg.distributed_type).endswith("FSDP") and not fsdp:
+        raise AccelerateConfigError(src, "fsdp_config", "is required when distributed_type is FSDP")
+    launch_opts = {a.dest for a in launch_command_parser()._actions}
+    for key, val in fsdp.items():
+        where = f"fsdp_config.{key}"
+        if key not in launch_opts:
+            raise AccelerateConfigError(src, where, "is not an `accelerate launch` FSDP option")
+        if key in _CHOICES and val not in _CHOICES[key]:
+            raise AccelerateConfigError(src, where, f"must be one of {_CHOICES[key]}, got {val!r}")
+        if key in _BOOLS and not isinstance(val, bool):
+            raise AccelerateConfigError(src, where, f"must be true or false, got {val!r}")
+    for cls in str(fsdp.get("fsdp_transformer_layer_cls_to_wrap") or "").split(","):
+        if cls.strip() and not _layer_class_exists(cls.strip()):
+            raise AccelerateConfigError(src, "fsdp_config.fsdp_transformer_layer_cls_to_wrap",
+                                        f"no transformers layer class named {cls.strip()!r}")
+    return raw
+
+
+def _layer_class_exists(name: str) -> bool:
+    """'Qwen2DecoderLayer' -> transformers.models.qwen2.modeling_qwen2.Qwen2DecoderLayer."""
+    import importlib
+
+    import transformers.models as tm
+
+    family = name.replace("DecoderLayer", "").replace("EncoderLayer", "").lower()
+    try:
+        mod = importlib.import_module(f"{tm.__name__}.{family}.modeling_{family}")
+    except ImportError:
+        return False
+    return hasattr(mod, name)
+
+
+if __name__ == "__main__":
+    for a in sys.argv[1:]:
+        check_accelerate_config(a)
+        print(f"ok: {a}")
