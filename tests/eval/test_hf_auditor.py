@@ -90,3 +90,25 @@ def test_peft_adapter_folder(tiny_model_dir, tmp_path, short_ww):
     assert (tmp_path / "adapter" / "adapter_config.json").exists()
     aud = get_auditor("hf", model=str(tmp_path / "adapter"), max_new_tokens=2)
     assert aud.audit(short_ww[0], 0).prompt_tokens > 0
+
+
+def test_bounded_view_recompiles_stay_exact(noisy_tiny, ww_trajs):
+    """Over the budget the fold's view summarises older steps in blocks; when it recompiles,
+    the stable part changes, the cache is cropped to the common prefix, and tokens still match."""
+    from aftraj.prompt import render_prompt
+
+    model, tok = noisy_tiny
+    traj = next(t for t in ww_trajs if t.meta["subset"] == "Hand-Crafted" and len(t.steps) >= 20)
+    reuse = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=3, budget=4000)
+    scratch = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=3, budget=4000,
+                          reuse_cache=False)
+    coverages, shrunk = set(), False
+    prev = None
+    for t in range(6):
+        coverages.add(render_prompt(traj, t, 4000, count_tokens=reuse.count_tokens).coverage)
+        r = reuse.audit(traj, t)
+        scratch.audit(traj, t)
+        assert reuse.last_generated == scratch.last_generated, t
+        shrunk |= prev is not None and r.cached_tokens < prev
+        prev = reuse.prompt_ids(traj, t)[1]
+    assert None in coverages and len(coverages) > 1 and shrunk
