@@ -163,7 +163,7 @@ def write_plots(metrics: dict, preds: list[dict], out: Path) -> list[Path]:
         ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt="o", color=f"C{i}", capsize=3,
                     label=f"{name} (n={g['n']})")
     ax.set(xlim=(-0.02, 1.02), ylim=(-0.02, 1.02), xlabel="FAR (false-alarm rate on safe runs)",
-           ylabel="Step-Acc", title=f"Deployable region — {title}")
+           ylabel="Step-Acc", title=f"Deployable region\n{title}")
     if no_far:
         ax.text(0.5, 0.02, "no safe trajectories: FAR not measurable", ha="center", fontsize=8)
     ax.legend(fontsize=7, loc="upper right")
@@ -187,7 +187,7 @@ def write_plots(metrics: dict, preds: list[dict], out: Path) -> list[Path]:
     ax.axvline(DEPLOYABLE_MAX_FAR, color="gray", ls=":", lw=1)
     ax.axhline(DEPLOYABLE_MIN_STEP_ACC, color="gray", ls=":", lw=1)
     ax.set(xlim=(-0.02, 1.02), ylim=(-0.02, 1.02), xlabel="FAR", ylabel="Step-Acc",
-           title=f"FAR – Step-Acc — {title}")
+           title=f"FAR – Step-Acc\n{title}")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
@@ -198,15 +198,17 @@ def write_plots(metrics: dict, preds: list[dict], out: Path) -> list[Path]:
     delays = [p["d"] - p["k_star"] for p in preds if p["gold"] == "UNSAFE" and p["alarmed"]]
     if delays:
         lo, hi = min(delays), max(delays)
-        bins = range(lo, hi + 2) if hi - lo <= 60 else 40
-        ax.hist(delays, bins=bins, align="left", color="tab:blue", edgecolor="white")
+        if hi - lo <= 60:  # one bar per integer delay
+            ax.hist(delays, bins=range(lo, hi + 2), align="left", color="tab:blue", edgecolor="white")
+        else:
+            ax.hist(delays, bins=40, color="tab:blue", edgecolor="white")
         ax.axvline(0, color="red", lw=1, label="alarm at the decisive step")
         ax.legend(fontsize=8)
     else:
         ax.text(0.5, 0.5, "no alarmed unsafe trajectory", ha="center", va="center")
     post = " (post-hoc: d = N-1)" if metrics.get("posthoc") else ""
     ax.set(xlabel="alarm delay d(τ) − k* (negative = premature)", ylabel="trajectories",
-           title=f"Alarm delay{post} — {title}")
+           title=f"Alarm delay{post}\n{title}")
     ax.grid(alpha=0.3)
     paths.append(_save(fig, out / "alarm_delay.png"))
     return paths

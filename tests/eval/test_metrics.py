@@ -152,3 +152,22 @@ def test_stratified_auc_and_sweep():
     p2["trace_complete"] = False
     assert threshold_sweep([p1, p2]) is None
     assert not math.isnan(auc["auc"])
+
+
+def test_cost_when_prices_given():
+    preds = [rec("UNSAFE", 1, "a", calls=2)]   # 200 prompt (100 cached), 20 completion tokens
+    m = summarize(preds, n_boot=0, prices={"prompt": 1.0, "cached": 0.1, "completion": 4.0})
+    assert m["cost_per_traj"] == pytest.approx((100 * 1.0 + 100 * 0.1 + 20 * 4.0) / 1e6)
+    assert "cost_per_traj" not in summarize(preds, n_boot=0)
+
+
+def test_recompute_from_predictions_file(tmp_path, capsys):
+    import json
+
+    from eval.metrics import _main
+
+    path = tmp_path / "predictions.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in hand_set()))
+    assert _main([str(path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["overall"]["exact_f1"] == pytest.approx(0.25) and out["metrics_version"] == METRICS_VERSION
