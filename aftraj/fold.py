@@ -11,6 +11,13 @@ is constant in the run's length: nothing rescans history. `state.snapshot()` is 
     aftraj fold run.jsonl --json
     from aftraj.fold import fold_trajectory
     tf = fold_trajectory(traj)          # tf.visible(t), tf.first_alarm(t), tf.state
+
+A live service (the gateway) keeps one `Folder` over a database ledger:
+
+    folder = Folder(policy, ledger=SqlLedger("sqlite:///runs/ledger.db"))
+    folder.catch_up()                   # after a restart: fold what the ledger already holds
+    folder.ingest(parse_event(record))  # False for an identical duplicate; LedgerError on conflict
+    observer_view(folder.states[run_id])  # state + findings with evidence and policy revision
 """
 
 from __future__ import annotations
@@ -106,7 +113,12 @@ class RunState:
 
     # ---- snapshot / restore
     def snapshot(self) -> dict:
-        """Plain JSON, deterministic (sets sorted). `restore` gives back an equal state."""
+        """Plain JSON, deterministic (sets sorted), a deep copy: later folding does not change
+        it. `restore` gives back an equal state."""
+        return orjson.loads(_dumps(self._view()))
+
+    def _view(self) -> dict:
+        """The snapshot's content, sharing the state's own containers (read it, don't keep it)."""
         return {
             "snapshot_version": SNAPSHOT_VERSION, "run_id": self.run_id,
             "category": self.category, "policy": self.policy.to_dict(),
@@ -150,7 +162,7 @@ class RunState:
         return s
 
     def state_hash(self) -> str:
-        return _sha256(_dumps(self.snapshot(), option=_SORT)).hexdigest()
+        return _sha256(_dumps(self._view(), option=_SORT)).hexdigest()
 
 
 # --------------------------------------------------------------------------- the fold
@@ -452,6 +464,21 @@ class Folder:
                 s.category = cat
         fold(s, ev)
         return True
+
+    def catch_up(self) -> int:
+        """Fold what a database ledger holds beyond each run's state (after a restart, or after
+        restoring snapshots into `self.states`): resumes every run from its last seq. Returns the
+        number of events folded."""
+        iter_run = getattr(self.ledger, "iter_run", None)
+        if iter_run is None:
+            raise TypeError(f"{type(self.ledger).__name__} cannot be replayed by run; use ingest_file")
+        n = 0
+        for run in self.ledger.runs():
+            s = self.state(run)
+            for ev in iter_run(run, s.last_seq):
+                fold(s, ev)
+                n += 1
+        return n
 
     def ingest_file(self, path, offset: int = 0, *, first_line: int = 1,
                     report: IngestReport | None = None) -> IngestReport:

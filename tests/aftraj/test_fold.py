@@ -211,3 +211,13 @@ def test_cli_fold_trajectories(ww_dir, capsys):
     assert cli_main(["fold", str(ww_dir), "--run", "whoandwhen/Hand-Crafted/1", "--json"]) == 0
     run = json.loads(capsys.readouterr().out)["runs"][0]
     assert run["run_id"] == "whoandwhen/Hand-Crafted/1" and run["termination"] == "completed"
+
+
+def test_snapshot_is_a_copy():
+    recs = gen_trace(8)
+    s = fold_records(recs[:40])
+    snap = s.snapshot()
+    frozen = json.dumps(snap, sort_keys=True)
+    for r in recs[40:]:
+        fold(s, parse_event(r))
+    assert json.dumps(snap, sort_keys=True) == frozen

@@ -109,6 +109,28 @@ def test_sql_ledger_resumes_from_a_sequence_number(tmp_path):
     assert resumed.state_hash() == head.state_hash()
 
 
+def test_folder_over_a_database_ledger_catches_up_after_restart(tmp_path):
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    live = Folder(ledger=SqlLedger(url))
+    for i in range(9):
+        assert live.ingest(parse_event(good(i)))
+    assert live.ingest(parse_event(good(8))) is False
+    snap = live.states["r"].snapshot()
+    for i in range(9, 12):
+        live.ingest(parse_event(good(i)))
+    # restart: a fresh process rebuilds everything from the database …
+    fresh = Folder(ledger=SqlLedger(url))
+    assert fresh.catch_up() == 12
+    assert fresh.states["r"].state_hash() == live.states["r"].state_hash()
+    # … or restores a snapshot and folds only what came after its seq
+    again = Folder(ledger=SqlLedger(url))
+    again.states["r"] = RunState.restore(snap)
+    assert again.catch_up() == 3
+    assert again.states["r"].state_hash() == live.states["r"].state_hash()
+    with pytest.raises(TypeError):
+        Folder().catch_up()
+
+
 # --------------------------------------------------------------------------- fuzz
 
 def _bad_records() -> list[tuple[str, bytes]]:
