@@ -29,6 +29,8 @@ import json
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 
+import orjson
+
 from aftraj.prompt import PromptBudgetError, escape
 
 BLOCK = 8                 # steps per block at the first aggregate level
@@ -47,7 +49,9 @@ SUMMARY_HEAD = ("Older steps, summarised deterministically (a line per block of 
 def observer_view(state, *, max_tool_calls: int | None = 50) -> dict:
     """A JSON-able picture of a RunState for people and the API (findings with evidence)."""
     calls = state.tool_calls if max_tool_calls is None else state.tool_calls[-max_tool_calls:]
-    return {
+    if max_tool_calls == 0:
+        calls = []
+    view = {
         "run_id": state.run_id, "category": state.category,
         "policy": {"name": state.policy.name, "revision": state.policy.revision},
         "events": state.n_events, "last_seq": state.last_seq,
@@ -75,6 +79,7 @@ def observer_view(state, *, max_tool_calls: int | None = 50) -> dict:
         "alarm": next((f.to_dict() for f in state.findings if f.alarm), None),
         "state_hash": state.state_hash(),
     }
+    return orjson.loads(orjson.dumps(view))   # plain JSON, detached from the live state
 
 
 # --------------------------------------------------------------------------- summary lines
