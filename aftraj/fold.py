@@ -22,6 +22,7 @@ A live service (the gateway) keeps one `Folder` over a database ledger:
 
 from __future__ import annotations
 
+import gc
 import hashlib
 from collections.abc import Iterable
 
@@ -483,7 +484,21 @@ class Folder:
     def ingest_file(self, path, offset: int = 0, *, first_line: int = 1,
                     report: IngestReport | None = None) -> IngestReport:
         """Read a JSONL ledger from byte `offset`, fold every valid record, report every bad one
-        (file, line, field). `report.next_offset` / `next_line` say where to resume."""
+        (file, line, field). `report.next_offset` / `next_line` say where to resume.
+
+        The cyclic garbage collector is paused while the file is read: the fold creates no
+        reference cycles (reference counting frees everything), and GC passes over the growing
+        run state cost about a fifth of the ingest time (benchmarks/fold_throughput.py)."""
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._ingest_file(path, offset, first_line, report)
+        finally:
+            if gc_was_enabled:
+                gc.enable()
+
+    def _ingest_file(self, path, offset: int, first_line: int,
+                     report: IngestReport | None) -> IngestReport:
         report = report if report is not None else IngestReport()
         src = str(path)
         report.source = src

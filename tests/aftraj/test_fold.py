@@ -221,3 +221,19 @@ def test_snapshot_is_a_copy():
     for r in recs[40:]:
         fold(s, parse_event(r))
     assert json.dumps(snap, sort_keys=True) == frozen
+
+
+def test_ingest_creates_no_reference_cycles(tmp_path):
+    """ingest_file pauses the cyclic GC; that is only sound if folding leaves no cycles behind."""
+    import gc
+
+    recs = gen_trace(9) + gen_trace(10, run="other")
+    p = tmp_path / "ev.jsonl"
+    p.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs) + b"{bad\n" + b'{"kind": 1}\n')
+    gc.collect()
+    assert gc.isenabled()
+    folder, rep = fold_file(p)
+    assert gc.isenabled() and rep.n_rejected == 2
+    observer = [s.snapshot() for s in folder.states.values()]
+    del folder, rep, observer
+    assert gc.collect() == 0
