@@ -11,7 +11,10 @@ with the new step's tokens in chunks, (4) runs the suffix and greedy decoding on
 then (5) crops the cache back to the stable part for the next prefix. Auditing all N prefixes
 then costs about one pass over the trajectory plus the suffixes and generated tokens, instead of
 N growing passes. Greedy decoding on the reused cache gives the same tokens as re-encoding each
-prefix from scratch (`reuse_cache=False`, or `model.generate` in benchmarks/walk_cost.py).
+prefix from scratch (`reuse_cache=False`, or `model.generate` in benchmarks/walk_cost.py);
+the tests assert it token for token in float32 on CPU. In bfloat16 on a GPU, chunked and
+one-shot prefill use different kernels, so logits can differ in the last bits and a near-tie
+may break the other way: compare on your hardware with benchmarks/walk_cost.py --model PATH.
 
 The folder may hold a full model (`config.json`) or a PEFT adapter (`adapter_config.json`, e.g.
 a stage-1 LoRA checkpoint), loaded on top of its base model. Nothing downloads. Confidence is

@@ -1,0 +1,25 @@
+"""benchmarks/walk_cost.py runs and its two walks agree token for token (marker `slow`: ~1 min)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_walk_cost_benchmark_small():
+    out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "walk_cost.py"), "--steps", "20",
+                          "--trajectories", "1", "--hidden-size", "64", "--max-new-tokens", "4"],
+                         capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    last = out.stdout.strip().splitlines()[-1]
+    m = re.fullmatch(r"walk_reencode_s=([\d.]+) walk_reuse_s=([\d.]+) ratio=([\d.]+) "
+                     r"verdicts_equal=(true|false)", last)
+    assert m, last
+    assert m.group(4) == "true"
