@@ -1,29 +1,52 @@
 """Stage-1 step time: our BPPO trainer vs a plain TRL 1.16 `DPOTrainer`, same tiny model, same
 preference pairs, batch size and sequence lengths, both on CPU in float32, full fine-tune with a
-live frozen reference (TRL's default), no gradient checkpointing, AdamW, grad-norm clipping 1.0.
+live frozen reference (TRL's default), no gradient checkpointing, AdamW, linear decay,
+grad-norm clipping 1.0, no checkpoint saving inside the timed steps.
 
-Other processes share the machine and its load swings by several times within minutes, so the
-two trainers run back to back in alternating rounds in this one process (ours first in even
-rounds, TRL first in odd ones). A step's time is the wall time between consecutive step ends
-(the first step of each run is dropped as warm-up). Each round gives the ratio of the two
-median step times; `ratio` is the median of the per-round ratios, which cancels load changes
-between rounds; the s/step figures are the medians over all steps of all rounds.
+Other processes share this machine and its load swings by several times within a minute, so
+the two trainers run *step-interleaved* in one process: each runs its own unmodified loop in its
+own thread, and a baton passed at every step end lets exactly one of them compute at a time
+(ours step 1, TRL step 1, ours step 2, …). A step's time runs from getting the baton to the
+step's end (data collation, forward, backward, optimizer and logging included; waiting for the
+baton excluded); the first step of each run, which overlaps the other's set-up, is dropped.
+`ratio` = median ours / median TRL over all rounds; per-round ratios are printed too.
 
-    python benchmarks/stage1_step.py [--rounds 5] [--steps 6] [--batch 4] [--hidden 256]
+    python benchmarks/stage1_step.py [--rounds 2] [--steps 10] [--batch 4] [--hidden 256]
 last line: ours_s_per_step=… trl_s_per_step=… ratio=…   (target ratio <= 1.10)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 os.environ.setdefault("TQDM_DISABLE", "1")
+
+
+class Baton:
+    """Exactly one holder at a time; `pass_to(name)` hands it over and wakes the other."""
+
+    def __init__(self, first: str):
+        self.turn, self.cv = first, threading.Condition()
+        # TRL's Trainer resets accelerate's process-wide state when built: build it first
+        self.trl_built = threading.Event()
+
+    def pass_to(self, name: str) -> None:
+        with self.cv:
+            self.turn = name
+            self.cv.notify_all()
+
+    def wait_for(self, name: str) -> float:
+        with self.cv:
+            self.cv.wait_for(lambda: self.turn == name)
+        return time.perf_counter()
 
 
 # --- data and model -----------------------------------------------------------------------
@@ -40,11 +63,7 @@ def build(root: Path, hidden: int, layers: int, n_traj: int):
     return model_dir, records
 
 
-# --- ours ---------------------------------------------------------------------------------
-
-def run_ours(model_dir: Path, records: list[dict], out: Path, steps: int, batch: int) -> tuple[list[float], float]:
-    import json
-
+def run_ours(model_dir, records, out: Path, steps: int, batch: int, baton: Baton, res: dict) -> None:
     from training.stage1.config import Stage1Config
     from training.stage1.trainer import train
 
@@ -56,25 +75,34 @@ def run_ours(model_dir: Path, records: list[dict], out: Path, steps: int, batch:
                        save_steps=10 ** 6, report_to=[], per_device_batch_size=batch, reference="live",
                        finetune="full", lr_scheduler="linear", learning_rate=1e-4, max_grad_norm=1.0,
                        max_completion_tokens=1024, max_prompt_tokens=8192)
-    ends, tokens = [], []
-    train(cfg, progress=False, on_step_end=lambda row: (ends.append(time.perf_counter()),
-                                                          tokens.append(row["tokens"])))
-    return [b - a for a, b in zip(ends, ends[1:])], statistics.mean(tokens)
+    times, tokens, start = [], [], [None]
+
+    def on_end(row):
+        times.append(time.perf_counter() - start[0])
+        tokens.append(row["tokens"])
+        baton.pass_to("trl")
+        start[0] = baton.wait_for("ours")   # also after the last step: our final save waits
+
+    baton.trl_built.wait()
+    start[0] = time.perf_counter()
+    train(cfg, progress=False, on_step_end=on_end)
+    res["ours"] = (times[1:], statistics.mean(tokens))
 
 
-# --- TRL ----------------------------------------------------------------------------------
-
-def run_trl(model_dir: Path, records: list[dict], out: Path, steps: int, batch: int) -> tuple[list[float], float]:
+def run_trl(model_dir, records, out: Path, steps: int, batch: int, baton: Baton, res: dict) -> None:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from transformers.trainer_callback import PrinterCallback
     from trl import DPOConfig, DPOTrainer
 
-    ends = []
+    times, start = [], [time.perf_counter()]
 
     class Clock(TrainerCallback):
         def on_step_end(self, args, state, control, **kw):
-            ends.append(time.perf_counter())
+            times.append(time.perf_counter() - start[0])
+            baton.pass_to("ours")
+            if state.global_step < steps:
+                start[0] = baton.wait_for("trl")
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
@@ -88,15 +116,40 @@ def run_trl(model_dir: Path, records: list[dict], out: Path, steps: int, batch: 
                      dataloader_num_workers=0)
     trainer = DPOTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, callbacks=[Clock()])
     trainer.remove_callback(PrinterCallback)   # no per-step log printing (ours prints none either)
+    baton.trl_built.set()
+    start[0] = baton.wait_for("trl")           # the timed steps start after our first step
     trainer.train()
     lens = [2 * len(x["prompt_ids"]) + len(x["chosen_ids"]) + len(x["rejected_ids"]) for x in trainer.train_dataset]
-    return [b - a for a, b in zip(ends, ends[1:])], statistics.mean(lens) * batch
+    res["trl"] = (times[1:], statistics.mean(lens) * batch)
+
+
+def one_round(model_dir, records, root: Path, steps: int, batch: int) -> dict:
+    baton, res, errors = Baton("ours"), {}, []
+
+    def guard(fn, *a):
+        try:
+            fn(*a)
+        except BaseException as e:   # surface a failure instead of leaving the other thread waiting
+            errors.append(e)
+            baton.trl_built.set()
+            baton.pass_to("ours" if fn is run_trl else "trl")
+            raise
+
+    threads = [threading.Thread(target=guard, args=(fn, model_dir, records, root / name, steps, batch, baton, res))
+               for name, fn in (("ours", run_ours), ("trl", run_trl))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return res
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--batch", type=int, default=4, help="preference pairs per step")
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
@@ -110,21 +163,17 @@ def main() -> None:
         model_dir, records = build(root, a.hidden, a.layers, a.trajectories)
         print(f"model: random Qwen2 hidden={a.hidden} layers={a.layers}; {len(records)} pairs; "
               f"batch={a.batch} pairs; steps/run={a.steps}; rounds={a.rounds}; torch threads={torch.get_num_threads()}")
-        ours, trl, ratios = [], [], []
+        ours, trl = [], []
         for r in range(a.rounds):
-            med = {}
-            order = (("ours", run_ours), ("trl", run_trl)) if r % 2 == 0 else (("trl", run_trl), ("ours", run_ours))
-            for name, fn in order:
-                times, tok = fn(model_dir, records, root / f"{name}-{r}", a.steps, a.batch)
-                (ours if name == "ours" else trl).extend(times)
-                med[name] = statistics.median(times)
-                print(f"round {r} {name:4s}: median {statistics.median(times):.3f} s/step "
-                      f"(n={len(times)}, ~{tok:.0f} tokens/step)", flush=True)
-            ratios.append(med["ours"] / med["trl"])
-            print(f"round {r} ratio ours/trl: {ratios[-1]:.3f}", flush=True)
-    o, t = statistics.median(ours), statistics.median(trl)
-    print(f"per-round ratios: {', '.join(f'{x:.3f}' for x in ratios)}")
-    print(f"ours_s_per_step={o:.4f} trl_s_per_step={t:.4f} ratio={statistics.median(ratios):.3f}")
+            res = one_round(model_dir, records, root / f"round-{r}", a.steps, a.batch)
+            (o, o_tok), (t, t_tok) = res["ours"], res["trl"]
+            ours += o
+            trl += t
+            print(f"round {r}: ours median {statistics.median(o):.3f} s/step (n={len(o)}, ~{o_tok:.0f} tokens/step); "
+                  f"trl median {statistics.median(t):.3f} s/step (n={len(t)}, ~{t_tok:.0f} tokens/step); "
+                  f"ratio {statistics.median(o) / statistics.median(t):.3f}", flush=True)
+    mo, mt = statistics.median(ours), statistics.median(trl)
+    print(f"ours_s_per_step={mo:.4f} trl_s_per_step={mt:.4f} ratio={mo / mt:.3f}")
 
 
 if __name__ == "__main__":

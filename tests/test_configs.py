@@ -45,7 +45,7 @@ def test_production_stage1_config_holds_the_issue_settings():
     from training.stage1.config import load_stage1_config
 
     cfg = load_stage1_config(CONFIGS / "stage1" / "qwen2.5-7b-2xh200.yaml")
-    assert (cfg.finetune, cfg.max_prompt_tokens, cfg.dtype, cfg.mixed_precision) == ("full", 8192, "bfloat16", "bf16")
+    assert (cfg.finetune, cfg.max_prompt_tokens, cfg.mixed_precision) == ("full", 8192, "bf16")
     assert (cfg.gradient_checkpointing, cfg.optimizer, cfg.lr_scheduler, cfg.warmup_steps) == \
         (True, "adamw_bnb_8bit", "cosine", 50)
     assert not cfg.model.startswith("builtin:") and "/" in cfg.model      # a local folder, never a hub id

@@ -1,5 +1,5 @@
 """GPU check of the production stage-1 settings: 5 steps of `configs/stage1/qwen2.5-7b-2xh200.yaml`
-(bf16, gradient checkpointing, adamw_bnb_8bit, cosine, 8192-token prompt budget, precomputed
+(bf16 mixed precision over fp32 master weights, gradient checkpointing, adamw_bnb_8bit, cosine, 8192-token prompt budget, precomputed
 reference, its batch and accumulation) on a randomly initialised Qwen2 of a few hundred million
 parameters (152k-row vocabulary like Qwen2.5's) on one GPU, with long synthetic trajectories.
 Reports per-step time and peak GPU memory; last line:
@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.tiny:
             over.update(gradient_accumulation_steps=2, max_prompt_tokens=4096)
             if not cuda:
-                over.update(dtype="float32", mixed_precision="no", optimizer="adamw_torch")
-        dtype = "float32" if (a.tiny and not cuda) else "bfloat16"
+                over.update(mixed_precision="no", optimizer="adamw_torch")
+        dtype = "float32"   # the production config's master-weight dtype; compute is bf16 on GPU
         model_dir, n_params = build_random_qwen2(root / "model", hidden=hidden, layers=layers, vocab=vocab, dtype=dtype)
         over["model"] = str(model_dir)
         write_jsonl(long_trajectories(n_traj, steps=n_steps, chars_per_step=chars), root / "long.jsonl")

@@ -189,6 +189,11 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
     from training.models import resolve_model_spec
 
     out = Path(cfg.output_dir)
+    if "wandb" in cfg.report_to:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise ImportError("report_to holds 'wandb' but wandb is not installed (pip install wandb)") from None
     acc = Accelerator(mixed_precision=cfg.mixed_precision, log_with=cfg.report_to or None,
                       project_dir=str(out / "tb"))
     if cfg.finetune == "lora" and acc.distributed_type == DistributedType.FSDP:
@@ -270,7 +275,8 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
         (out / "data_stats.json").write_text(json.dumps({**tok_stats, "n_pre": len(pre), "n_post": len(post),
                                                          "preferences": pref_stats}, indent=2) + "\n")
     if cfg.report_to:
-        acc.init_trackers("stage1", config=_flat_hparams(cfg))
+        acc.init_trackers(cfg.wandb_project or "stage1", config=_flat_hparams(cfg),
+                          init_kwargs={"wandb": {"name": out.name, "dir": str(out)}})
 
     # --- optimise
     history: list[dict] = []
