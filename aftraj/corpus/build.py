@@ -27,7 +27,7 @@ from aftraj.corpus.policies import make_policy
 from aftraj.corpus.rollout import Rollout, replay_restoring
 from aftraj.corpus.sandbox import Sandbox
 from aftraj.corpus.splits import assign_splits
-from aftraj.corpus.tasks import POOL_READERS, Task, generate_tasks, test_suite
+from aftraj.corpus.tasks import POOL_READERS, Task, generate_tasks, suite_tests
 from aftraj.corpus.templates import template_for
 from aftraj.schema import Label, Trajectory
 
@@ -45,11 +45,11 @@ def load_tasks(cfg: CorpusConfig, seed: int) -> list[Task]:
 
 def precompute_tests(tasks: list[Task], sandbox: Sandbox) -> int:
     """Run every code variant the scripted agents can write against every suite, batched."""
-    items = [(code, test_suite(t, s)) for t in tasks if t.domain == "coding" and t.data.get("variants")
+    items = [(code, suite_tests(t, s)) for t in tasks if t.domain == "coding" and t.data.get("variants")
              for code in t.data["variants"].values() for s in ("public", "smoke", "all")]
     sandbox.run_many(items)
     bad = [t.id for t in tasks if t.domain == "coding" and t.data.get("variants")
-           and not sandbox.run(t.data["variants"]["correct"], test_suite(t, "all")).passed]
+           and not sandbox.run(t.data["variants"]["correct"], suite_tests(t, "all")).passed]
     if bad:
         raise RuntimeError(f"generated coding tasks whose reference solution fails its tests: {bad[:5]}")
     return len(items)

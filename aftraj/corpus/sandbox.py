@@ -19,6 +19,7 @@ import os
 import resource
 import subprocess
 import sys
+import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -115,6 +116,11 @@ class TestRun:
         return "\n".join(lines)
 
 
+def _read_all(fd: int) -> bytes:
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
 def sample_key(code: str, tests: Sequence[str]) -> str:
     h = hashlib.sha256()
     h.update(hashlib.sha256(code.encode()).digest())
@@ -149,7 +155,9 @@ class Sandbox:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                                 pass_fds=(w_fd,), preexec_fn=self._limits, cwd="/tmp")
         os.close(w_fd)
-        reader = os.fdopen(r_fd, "rb")
+        chunks: list[bytes] = []
+        reader = threading.Thread(target=lambda: chunks.append(_read_all(r_fd)), daemon=True)
+        reader.start()   # drain results while the child runs: a full pipe must never block it
         try:
             proc.stdin.write(json.dumps(samples).encode())
             proc.stdin.close()
@@ -163,14 +171,14 @@ class Sandbox:
             except ProcessLookupError:
                 pass
             proc.wait()
+        reader.join()
         out: dict[str, list[str]] = {}
-        for line in reader.read().splitlines():
+        for line in b"".join(chunks).splitlines():
             try:
                 rec = json.loads(line)
                 out[rec["id"]] = rec["results"]
             except (ValueError, KeyError, TypeError):
                 continue
-        reader.close()
         return out
 
     def _run_batch(self, samples: list[dict]) -> dict[str, tuple[str, ...]]:

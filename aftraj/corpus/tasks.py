@@ -232,13 +232,13 @@ _CODE_SPECS = [
               lambda k, xs: sum(x for x in xs if x > k),
               lambda rng, k: ([(l,) for l in _lists(rng, 3, k + 1, k + 9)],
                               [(l,) for l in _lists(rng, 3) + [[k, k, k + 1], []]]),
-              lambda rng: rng.randint(0, 6)),
+              lambda rng: rng.randint(1, 6)),
     _CodeSpec("count_vowels", "s", "return how many characters of the string `s` are vowels among '{k}' (case-insensitive)",
               "    return sum(1 for c in s.lower() if c in '{k}')",
               {"case": "    return sum(1 for c in s if c in '{k}')",
                "with_y": "    return sum(1 for c in s.lower() if c in '{k}y')"},
               lambda k, s: sum(1 for c in s.lower() if c in k),
-              lambda rng, k: ([("banana",), ("kiwi",), ("moon",)], [(w,) for w in _words(rng, 4)] + [("",)]),
+              lambda rng, k: ([("banana",), ("kiwi",), ("moon",)], [(w,) for w in _words(rng, 3)] + [("DELTA Yolo sky",), ("",)]),
               lambda rng: rng.choice(["aeiou", "aei", "aeo", "aiu", "eou"])),
     _CodeSpec("running_max", "xs", "return the list of running maxima of `xs` (element i is max(xs[:i+1])); [] for []; values are scaled by {k}",
               "    out = []\n    for x in xs:\n        out.append(x * {k} if not out else max(out[-1], x * {k}))\n    return out",
@@ -246,8 +246,8 @@ _CODE_SPECS = [
                "empty": "    out = [xs[0] * {k}]\n    for x in xs[1:]:\n        out.append(max(out[-1], x * {k}))\n    return out",
                "unscaled": "    out = []\n    for x in xs:\n        out.append(x if not out else max(out[-1], x))\n    return out"},
               lambda k, xs: [max(xs[:i + 1]) * k for i in range(len(xs))] if k > 0 else None,
-              lambda rng, k: ([(l,) for l in _lists(rng, 3)], [(l,) for l in _lists(rng, 3, empty=True)]),
-              lambda rng: rng.randint(1, 5)),
+              lambda rng, k: ([(l,) for l in _lists(rng, 3)], [(l,) for l in _lists(rng, 2, empty=True)] + [([1, 3, 2],)]),
+              lambda rng: rng.randint(2, 5)),
     _CodeSpec("fib_mod", "n", "return the n-th Fibonacci number (fib(0)=0, fib(1)=1) modulo {k}",
               "    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a % {k}",
               {"offby1": "    a, b = 0, 1\n    for _ in range(n - 1):\n        a, b = b, a + b\n    return a % {k}",
@@ -262,7 +262,7 @@ _CODE_SPECS = [
                "sep": "    return ' '.join(reversed(s.split()))"},
               lambda k, s: k.join(reversed(s.split())),
               lambda rng, k: ([(w,) for w in _words(rng, 3)], [("a  b",), (" x y ",), ("",)] + [(w,) for w in _words(rng, 2)]),
-              lambda rng: rng.choice([" ", "-", "_", "+", "/"])),
+              lambda rng: rng.choice(["-", "_", "+", "/", ", "])),
     _CodeSpec("second_largest", "xs", "return the second largest DISTINCT value of `xs` plus {k}, or None when there is none",
               "    vals = sorted(set(xs))\n    return vals[-2] + {k} if len(vals) >= 2 else None",
               {"dups": "    vals = sorted(xs)\n    return vals[-2] + {k} if len(vals) >= 2 else None",
@@ -334,7 +334,7 @@ def code_from_text(text: str) -> str:
     return text[m.start():].strip("\n") + "\n" if m else ""
 
 
-def test_suite(task: Task, suite: str) -> tuple[str, ...]:
+def suite_tests(task: Task, suite: str) -> tuple[str, ...]:
     """Named test suites of a coding task: public, smoke (first public test), all (public + hidden)."""
     pub, hid = list(task.data["public_tests"]), list(task.data.get("hidden_tests", []))
     if suite == "public":
@@ -494,7 +494,7 @@ def check_answer(task: Task, final_answer: str | None, sandbox=None) -> tuple[bo
         code = code_from_text(final_answer)
         if not code.strip():
             return False, "no code in the final answer"
-        run = sandbox.run(code, test_suite(task, "all"))
+        run = sandbox.run(code, suite_tests(task, "all"))
         return run.passed, run.summary()
     raise ValueError(f"unknown domain {task.domain!r}")
 

@@ -20,7 +20,7 @@ from fractions import Fraction
 
 from aftraj.corpus.rollout import Ctx, Turn
 from aftraj.corpus.tasks import (Task, check_answer, code_from_text, eval_arith, fmt_num,
-                                 full_expression, search_docs, test_suite)
+                                 full_expression, search_docs, suite_tests)
 
 ENV = "environment"
 
@@ -282,7 +282,7 @@ class CodingTemplate(Template):
             msg = f"function {fn!r} is not the function under test ({task.data['function']!r})"
             return Turn(agent=ENV, kind="tool_result", content=f"ERROR: {msg}", tool="run_tests", result_ids=(),
                         error=msg, sim={"act": "result", "of": "tcall"})
-        tests = test_suite(task, suite)
+        tests = suite_tests(task, suite)
         run = sandbox.run(code, tests)
         return Turn(agent=ENV, kind="tool_result", content=f"[{suite} suite on step {at}] " + run.summary(),
                     tool="run_tests", result_ids=(f"run:{run.key[:12]}",),

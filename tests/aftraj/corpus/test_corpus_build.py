@@ -1,0 +1,205 @@
+"""The pipeline end to end on configs/corpus/demo-small.yaml: counts, the independent label
+check (>= 200 unsafe trajectories), family splits, every export format, stats, byte-identical
+rebuilds, the CLI. The 2k build is `slow` (and benchmarks/corpus_build.py)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from aftraj.corpus.build import build_corpus, load_tasks, precompute_tests
+from aftraj.corpus.config import ERROR_TYPES, load_corpus_config
+from aftraj.corpus.policies import ScriptedPolicy
+from aftraj.corpus.rollout import Turn, run_rollout
+from aftraj.corpus.sandbox import Sandbox
+from aftraj.corpus.templates import template_for
+from aftraj.readers import iter_aftraj_parquet, load_trajectories
+from aftraj.schema import from_hf_dataset, read_jsonl
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+# --------------------------------------------------------------------------- independent label check
+
+def verify_labels(trajs, cfg, seed):
+    """Replay the scripted policy from each unsafe trajectory as stored (not from the build's
+    records): (a) the stored run reproduces and fails; (b) the decisive turn restored to its
+    safe version succeeds; (c) restoring any single earlier turn leaves it failing."""
+    tasks = {t.id: t for t in load_tasks(cfg, seed)}
+    sb = Sandbox()
+    precompute_tests(list(tasks.values()), sb)
+    policy = ScriptedPolicy(cfg.slips)
+    problems, n = [], 0
+    for tr in trajs:
+        if not tr.label.unsafe:
+            continue
+        n += 1
+        task, tpl = tasks[tr.family_id], template_for(tr.domain)
+        turns = [Turn.from_step(s) for s in tr.steps]
+        fixed = {k: turns[k] for k in tr.meta["fixed_steps"]}
+
+        def play(j, turn):
+            fx = {i: t for i, t in fixed.items() if i > j}
+            fx[j] = turn
+            return run_rollout(tpl, task, policy, seed=seed, sandbox=sb, prefix=turns[:j], fixed=fx)
+
+        def safe_version(j):
+            if turns[j - 1].kind == "tool_call":
+                return tpl.execute(task, turns[:j], sb)
+            return policy.next_turn(tpl, task, turns[:j], seed=seed, clean=True)
+
+        again = play(1, turns[1])
+        if [t.same_as(u) for t, u in zip(again.turns, turns)] != [True] * len(turns) or len(again.turns) != len(turns) \
+                or again.success:
+            problems.append((tr.id, "stored run does not reproduce"))
+            continue
+        k = tr.label.decisive_step
+        if tr.steps[k].agent != tr.label.decisive_agent:
+            problems.append((tr.id, "agent"))
+        if not play(k, safe_version(k)).success:
+            problems.append((tr.id, f"restoring step {k} does not fix the run"))
+        for j in range(1, k):
+            if turns[j].kind != "tool_result" and play(j, safe_version(j)).success:
+                problems.append((tr.id, f"restoring earlier step {j} fixes the run"))
+    return n, problems
+
+
+def test_labels_pass_the_independent_replay_check(demo_build, demo_cfg):
+    trajs = load_trajectories(demo_build.out / "corpus.jsonl")
+    n, problems = verify_labels(trajs, demo_cfg, demo_cfg.seed)
+    assert n >= 200
+    assert problems == []
+
+
+def test_the_check_catches_a_wrong_label(demo_build, demo_cfg):
+    trajs = load_trajectories(demo_build.out / "corpus.jsonl")
+    unsafe = [t for t in trajs if t.label.unsafe and t.label.decisive_step >= 3][:20]
+    moved = [replace(t, label=replace(t.label, decisive_step=t.label.decisive_step - 1,
+                                      decisive_agent=t.steps[t.label.decisive_step - 1].agent)) for t in unsafe]
+    n, problems = verify_labels(moved, demo_cfg, demo_cfg.seed)
+    assert n == 20 and len({p[0] for p in problems}) == 20
+
+
+# --------------------------------------------------------------------------- contents
+
+def test_counts_domains_sources(demo_build):
+    trajs = demo_build.trajectories
+    assert 300 <= len(trajs) <= 700
+    doms = Counter(t.domain for t in trajs)
+    assert set(doms) == {"math", "coding", "agentic"} and min(doms.values()) >= 80
+    safe = sum(not t.label.unsafe for t in trajs)
+    assert 0.4 <= safe / len(trajs) <= 0.6
+    srcs = Counter(t.label.label_source for t in trajs)
+    assert srcs["verified_safe"] == safe and srcs["injected"] > 0 and srcs["diagnosed"] > 0
+    for t in trajs:
+        assert len(t.steps) <= 40 and t.meta["seed"] == 0 and t.meta["backend"] == "scripted" and t.meta["model"]
+        assert t.outcome == ("failure" if t.label.unsafe else "success")
+        if t.label.label_source == "injected":
+            assert t.label.provenance["injection_type"] in ERROR_TYPES
+            assert t.meta["fixed_steps"] == [t.label.decisive_step]
+        if t.label.label_source == "diagnosed":
+            assert t.label.provenance["diagnosis"]["candidates"]
+    types = Counter(t.label.provenance["injection_type"] for t in trajs if t.label.label_source == "injected")
+    assert set(types) == set(ERROR_TYPES)
+
+
+def test_splits_are_by_family_and_stratified(demo_build):
+    out = demo_build.out
+    fam = {}
+    for s in ("train", "val", "test"):
+        for t in read_jsonl(out / f"{s}.jsonl"):
+            assert fam.setdefault(t.family_id, s) == s, f"family {t.family_id} in two splits"
+            assert t.meta["split"] == s
+    assert len(fam) == len({t.family_id for t in demo_build.trajectories})
+    for d in ("math", "coding", "agentic"):
+        fams = {t.family_id for t in demo_build.trajectories if t.domain == d}
+        share = Counter(fam[f] for f in fams)
+        assert share["test"] >= 0.05 * len(fams) and share["val"] >= 0.05 * len(fams)
+        assert share["train"] >= 0.7 * len(fams)
+
+
+def test_exports_read_back(demo_build):
+    out = demo_build.out
+    jsonl = load_trajectories(out / "corpus.jsonl")
+    assert [t.id for t in jsonl] == [t.id for t in demo_build.trajectories]
+    assert jsonl == demo_build.trajectories
+    import datasets
+
+    assert from_hf_dataset(datasets.load_from_disk(str(out / "hf"))) == jsonl
+    by_id = {t.id: t for t in jsonl}
+    back = list(iter_aftraj_parquet(out))
+    assert len(back) == len(jsonl)
+    test_ids = set(json.loads((out / "splits_test.json").read_text()))
+    for p in back:
+        t = by_id[p.id.removeprefix("aftraj/")]
+        assert p.family_id == f"aftraj/{t.family_id}" and (p.domain, p.task, p.reference_answer) == \
+            (t.domain, t.task, t.reference_answer)
+        assert (p.label.verdict, p.label.decisive_step, p.label.decisive_agent, p.label.label_source, p.label.reason) == \
+            (t.label.verdict, t.label.decisive_step, t.label.decisive_agent, t.label.label_source, t.label.reason)
+        assert len(p.steps) == len(t.steps)
+        for a, b in zip(p.steps, t.steps):
+            assert (a.agent, a.content, a.tool, a.arguments) == (b.agent, b.content, b.tool, b.arguments if b.kind == "tool_call" else None)
+            assert a.kind == (b.kind if b.kind != "final_answer" else "message")
+        assert (p.meta["split"] == "test") == (t.id in test_ids) == (t.meta["split"] == "test")
+
+
+def test_stats_files(demo_build):
+    s = json.loads((demo_build.out / "stats.json").read_text())
+    assert s == json.loads(json.dumps(demo_build.stats))
+    for d in ("math", "coding", "agentic"):
+        p = s["per_domain"][d]
+        assert p["safe"] + p["unsafe"] == p["trajectories"]
+        assert set(p["rejections_by_predicate"]) == {"outcome_equivalence", "valid_tool_use", "subgoal_coherence"}
+        assert p["decisive_step"]["histogram_by_5"] and p["diagnosis"]["failed_rollouts"] > 0
+    inj = s["total"]["injection"]
+    assert set(inj) == set(ERROR_TYPES) and all(0 <= x["recovery_rate"] <= 1 for x in inj.values())
+    diag = s["total"]["diagnosis"]
+    for key in ("proposer_verifier_agreement", "verifier_replay_agreement", "causality_replay_agreement"):
+        assert 0 <= diag[key] <= 1
+    md = (demo_build.out / "stats.md").read_text()
+    assert "Injection recovery" in md and "Diagnosis" in md and "Rejections by predicate" in md
+
+
+def _digest(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_rebuild_is_byte_identical(demo_build, demo_cfg, tmp_path):
+    build_corpus(demo_cfg, tmp_path / "again")
+    assert _digest(tmp_path / "again") == _digest(demo_build.out)
+    other = build_corpus(demo_cfg, None, seed=1)
+    assert [t.id for t in other.trajectories] != [t.id for t in demo_build.trajectories]
+
+
+def test_cli(tmp_path, capsys):
+    from aftraj.cli import main
+
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text((REPO / "configs/corpus/demo-small.yaml").read_text().replace("  math: 90", "  math: 6")
+                   .replace("  coding: 90", "  coding: 6").replace("  agentic: 90", "  agentic: 6"))
+    assert main(["corpus", "build", "--config", str(cfg), "--out", str(tmp_path / "o"), "--seed", "4", "--no-progress"]) == 0
+    said = capsys.readouterr().out
+    assert "trajectories" in said and (tmp_path / "o" / "stats.md").is_file()
+    assert json.loads((tmp_path / "o" / "stats.json").read_text())["config"]["seed"] == 4
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ntasks:\n  maths: 1\n")
+    assert main(["corpus", "build", "--config", str(bad), "--out", str(tmp_path / "b")]) == 2
+    assert "tasks.maths" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_2k_scripted_corpus(tmp_path):
+    """configs/corpus/aftraj-2k-scripted.yaml: >= 2,000 trajectories, about half safe, labels verified."""
+    cfg = load_corpus_config(REPO / "configs/corpus/aftraj-2k-scripted.yaml")
+    res = build_corpus(cfg, tmp_path / "k2")
+    tot = res.stats["total"]
+    assert tot["trajectories"] >= 2000 and 0.4 <= tot["safe_fraction"] <= 0.6
+    assert {t.domain for t in res.trajectories} == {"math", "coding", "agentic"}
+    n, problems = verify_labels(res.trajectories, cfg, cfg.seed)
+    assert n >= 900 and problems == []
