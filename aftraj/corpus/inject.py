@@ -50,6 +50,10 @@ def targets(template, task, turns: list[Turn], etype: str) -> list[int]:
         a = _act(t)
         if i == 0 or t.kind == "tool_result":
             continue
+        if str(a).startswith("llm_"):
+            if _generic(template, turns, i, etype) is not None:
+                out.append(i)
+            continue
         ok = False
         if etype == "computation_slip":
             ok = (d == "math" and a == "claim") or (d == "coding" and a == "code" and t.sim.get("variant") == "correct") \
@@ -87,9 +91,46 @@ def _bump(v: str, salt: int) -> str:
 
 # --------------------------------------------------------------------------- corruptions
 
+_NUM = re.compile(r"-?\d+(?:\.\d+)?")
+_FLIPS = (("INCORRECT", "CORRECT"), ("REJECT", "APPROVE"))
+
+
+def _generic(template, turns: list[Turn], k: int, etype: str) -> Turn | None:
+    """Corruptions of free-form (openai-backend) turns, by text: the same six types where the
+    turn allows them (wrong_entity needs structure and is not attempted)."""
+    t = turns[k]
+    if etype == "computation_slip" and t.kind in ("message", "final_answer"):
+        nums = list(_NUM.finditer(t.content))
+        if nums:
+            m = nums[-1]
+            v = str(int(float(m.group())) + 1)
+            return replace(t, content=t.content[:m.start()] + v + t.content[m.end():], slip=None)
+    if etype == "verdict_misread" and t.kind == "message" and t.agent == template.partner:
+        for bad, good in _FLIPS:
+            if bad in t.content:
+                return replace(t, content=t.content.replace(bad, good, 1), slip=None)
+            if good in t.content:
+                return replace(t, content=t.content.replace(good, bad, 1), slip=None)
+    if etype == "fabricated_tool_result" and t.kind == "tool_call" and not t.error:
+        return Turn(agent=t.agent, kind="message", content=f"I ran {t.tool}; it returned 0.", sim={"act": "llm_message"})
+    if etype == "wrong_tool_argument" and t.kind == "tool_call" and not t.error and t.arguments:
+        key = sorted(t.arguments)[0]
+        val = t.arguments[key]
+        new = str(val) + "1" if isinstance(val, str) else val
+        if new != val:
+            return replace(t, arguments={**t.arguments, key: new}, slip=None)
+    if etype == "premature_termination" and t.agent == template.lead and t.kind in ("message", "tool_call"):
+        nums = _NUM.findall(t.content)
+        ans = nums[-1] if nums else "unknown"
+        return Turn(agent=t.agent, kind="final_answer", content=f"FINAL ANSWER: {ans}", sim={"act": "llm_final"})
+    return None
+
+
 def corrupt(template, task, turns: list[Turn], k: int, etype: str) -> Turn | None:
     """The corrupted version of turn k (None when this type cannot change it)."""
     t, d = turns[k], template.domain
+    if str(_act(t)).startswith("llm_"):
+        return _generic(template, turns, k, etype)
     salt = _h(task.id, etype, k)
     if etype == "computation_slip":
         if d == "math":

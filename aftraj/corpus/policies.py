@@ -107,7 +107,7 @@ def parse_agent_reply(template, agent: str, msg: dict) -> Turn:
             args = raw
         else:
             text = str(raw or "").strip()
-            j = text.find("{")
+            j = min((x for x in (text.find("{"), text.find("[")) if x >= 0), default=-1)
             try:
                 args, _ = json.JSONDecoder().raw_decode(text[j:]) if j >= 0 else (None, 0)
             except json.JSONDecodeError as e:

@@ -32,3 +32,26 @@ def sandbox():
     from aftraj.corpus.sandbox import Sandbox
 
     return Sandbox(timeout_s=2.0, memory_mb=1024)
+
+
+# The real vLLM CPU server fixture is owned by the evaluation tests (tests/eval/conftest.py);
+# reuse it here rather than starting vLLM a second way. Marker `vllm` only.
+def _load_eval_conftest():
+    import importlib.util
+
+    path = REPO / "tests" / "eval" / "conftest.py"
+    if not path.is_file():
+        return None
+    spec = importlib.util.spec_from_file_location("_corpus_eval_conftest", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_EVAL = _load_eval_conftest()
+if _EVAL is not None and hasattr(_EVAL, "vllm_server"):
+    vllm_server = _EVAL.vllm_server
+else:
+    @pytest.fixture(scope="session")
+    def vllm_server():
+        pytest.fail("tests/eval/conftest.py provides no vllm_server fixture")
