@@ -104,6 +104,9 @@ class SlipConfig:
     wrong_entity: float = 0.05
     wrong_tool_argument: float = 0.03
     premature_termination: float = 0.02
+    # harmless irregularities that curation must catch (the run can still succeed)
+    tool_misuse: float = 0.0        # a malformed call whose error is then ignored
+    redundant_turn: float = 0.0     # the plan said twice, verbatim
     catch_rate: float = 0.6
 
     def __post_init__(self) -> None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from aftraj.corpus.config import ERROR_TYPES
 from aftraj.corpus.rollout import Rollout, Turn, replay_with
 from aftraj.corpus.tasks import eval_arith, fmt_num, full_expression
+from aftraj.corpus.templates import PHRASE
 
 DESCRIPTIONS = {
     "computation_slip": "states a wrong value for a computation or fact it had correctly in hand",
@@ -205,7 +206,7 @@ def corrupt(template, task, turns: list[Turn], k: int, etype: str) -> Turn | Non
             return None
         v = wrong[salt % len(wrong)]
         did = t.arguments.get("doc_id")
-        return Turn(agent=t.agent, kind="message", content=f"lookup({did}) says the {rel} is {v}.",
+        return Turn(agent=t.agent, kind="message", content=f"lookup({did}) says the {PHRASE[rel]} is {v}.",
                     sim={"act": "claim", "hop": hop, "value": v, "doc_id": did})
     if etype == "wrong_tool_argument":
         if d == "math":

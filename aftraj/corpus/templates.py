@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from dataclasses import replace
 from fractions import Fraction
 
 from aftraj.corpus.rollout import Ctx, Turn
@@ -23,6 +24,9 @@ from aftraj.corpus.tasks import (Task, check_answer, code_from_text, eval_arith,
                                  full_expression, search_docs, suite_tests)
 
 ENV = "environment"
+# how the agents name a relation of the document store
+PHRASE = {"founder": "founder", "headquarters": "headquarters city", "founded": "founding year",
+          "birthplace": "birthplace", "employer": "employer", "born": "birth year"}
 
 
 def _rid(prefix: str, *parts) -> str:
@@ -91,6 +95,15 @@ class Template:
 
     def scripted_next(self, task: Task, turns: list[Turn], ctx: Ctx) -> Turn:
         raise NotImplementedError
+
+    @staticmethod
+    def _redundant(turns: list[Turn], ctx: Ctx) -> Turn | None:
+        """A harmless irregularity for curation to catch: the plan said twice, verbatim."""
+        last = turns[-1]
+        if last.sim.get("act") == "plan" and sum(t.sim.get("act") == "plan" for t in turns) == 1 \
+                and ctx.slip("redundant_turn", "redundant"):
+            return replace(last, sim={**last.sim, "noise": "redundant_turn"})
+        return None
 
     # ------------------------------------------------------------------ openai backend
     def speaker(self, turns: list[Turn]) -> str:
@@ -200,12 +213,23 @@ class MathTemplate(Template):
             return Turn(agent="Verifier", kind="message", content=f"CORRECT: the result {claimed} checks out.",
                         sim={"act": "verdict", "ok": True, "expected": claimed},
                         slip="verdict_misread" if r is not None else None)
+        if last.kind == "tool_result" and last.sim.get("of") == "call" and last.error:
+            caller = next(t for t in reversed(turns) if t.kind == "tool_call")
+            if caller.sim.get("noise") == "tool_misuse":   # works it out by hand, ignoring the error
+                sg = caller.sim["sg"]
+                v = fmt_num(eval_arith(caller.sim["expr"]))
+                desc = next(p["desc"] for p in plan if p["id"] == sg)
+                return Turn(agent="MathSolver", kind="message", content=f"By hand, then: the {desc} come to {v}.",
+                            sim={"act": "claim", "sg": sg, "value": v})
         if last.sim.get("act") == "verdict" or (st["verdict"] is not None and last.agent == "Verifier"):
             vd = st["verdict"]
             ans = vd["expected"] if not vd.get("ok") else st["claims"].get(ids[-1], vd.get("expected"))
             how = "as verified" if vd.get("ok") else "corrected after the Verifier's check"
             return Turn(agent="MathSolver", kind="final_answer", content=f"{_final_text(ans)} ({how})",
                         sim={"act": "final", "answer": ans})
+        again = self._redundant(turns, ctx)
+        if again is not None:
+            return again
         if not st["plan"]:
             lines = [f"{k + 1}) find the {sg['desc']}" for k, sg in enumerate(plan)]
             return Turn(agent="MathSolver", kind="message", content="Plan: " + "; ".join(lines) + ".",
@@ -235,6 +259,10 @@ class MathTemplate(Template):
                         args[refs[0]] = st["claims"][other]
                         slip = "wrong_entity"
             expr = sg["template"].format(*args)
+            if slip is None and attempt == 0 and ctx.slip("tool_misuse", "misuse", sg["id"]):
+                return Turn(agent="MathSolver", kind="tool_call", content=f"Computing the {sg['desc']}.",
+                            tool="compute", arguments={"expr": expr},
+                            sim={"act": "call", "sg": sg["id"], "noise": "tool_misuse", "expr": expr})
             return Turn(agent="MathSolver", kind="tool_call", content=f"Computing the {sg['desc']}.",
                         tool="compute", arguments={"expression": expr}, sim={"act": "call", "sg": sg["id"]},
                         slip=slip)
@@ -301,6 +329,9 @@ class CodingTemplate(Template):
         last = turns[-1]
         codes = [t for t in turns if t.sim.get("act") == "code"]
         attempt = len(codes)
+        again = self._redundant(turns, ctx)
+        if again is not None:
+            return again
         if not any(t.sim.get("act") == "plan" for t in turns):
             return Turn(agent="CodeWriter", kind="message", sim={"act": "plan"},
                         content=f"I'll implement `{task.data['function']}` directly, then ask CodeTester to run the public tests.")
@@ -438,8 +469,11 @@ class AgenticTemplate(Template):
         last = turns[-1]
         claims, attempts = self._claims(turns)
         n_checks = sum(1 for t in turns if t.sim.get("act") in ("redo", "confirm"))
+        again = self._redundant(turns, ctx)
+        if again is not None:
+            return again
         if not any(t.sim.get("act") == "plan" for t in turns):
-            parts = [f"hop {i + 1}: the {h['relation']} of " + ("'" + h["subject"] + "'" if i == 0 else "that")
+            parts = [f"hop {i + 1}: the {PHRASE[h['relation']]} of " + ("'" + h["subject"] + "'" if i == 0 else "that")
                      for i, h in enumerate(hops)]
             return Turn(agent="Manager", kind="message", sim={"act": "plan"},
                         content="search_agent, please find " + "; ".join(parts) + ". Cite document ids.")
@@ -473,7 +507,7 @@ class AgenticTemplate(Template):
             elif value.isdigit() and ctx.slip("computation_slip", "num", hop, att):
                 value, slip = str(int(value) + [1, -1, 10][ctx.pick(3, "numd", hop, att)]), "computation_slip"
             return Turn(agent="search_agent", kind="message",
-                        content=f"The {rel} of {subj} is {value} (source: {did}).",
+                        content=f"The {PHRASE[rel]} of {subj} is {value} (source: {did}).",
                         sim={"act": "claim", "hop": hop, "value": value, "doc_id": did}, slip=slip)
         if hop is not None:
             if last.sim.get("act") == "claim" and last.sim["hop"] < len(hops) - 1 and \
@@ -482,8 +516,8 @@ class AgenticTemplate(Template):
                 return Turn(agent="Manager", kind="final_answer", content=f"{_final_text(ans)} (enough evidence)",
                             sim={"act": "final", "answer": ans}, slip="premature_termination")
             subj = self._subject(task, claims, hop)
-            return Turn(agent="search_agent", kind="tool_call", content=f"Searching for the {hops[hop]['relation']} of {subj}.",
-                        tool="search", arguments={"query": f"{subj} {hops[hop]['relation']}"},
+            return Turn(agent="search_agent", kind="tool_call", content=f"Searching for the {PHRASE[hops[hop]['relation']]} of {subj}.",
+                        tool="search", arguments={"query": f"{subj} {PHRASE[hops[hop]['relation']]}"},
                         sim={"act": "search", "hop": hop})
         # every hop has a claim: the Manager checks the evidence chain
         bad = self._check_chain(task, turns, claims)
