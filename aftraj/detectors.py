@@ -341,7 +341,7 @@ class Detectors:
         if self.streak:
             self.streak = []
             self.streak_fired = False
-        entry = (call_eid, eid, call_pos, pos, None if ids is None else frozenset(ids))
+        fs = None if ids is None else frozenset(ids)
         # -- repeated-result loop
         chain = self.loop_chain
         if tool is None or tool != self.loop_tool or not chain:
@@ -351,7 +351,6 @@ class Detectors:
             link = None
         else:
             prev = chain[-1][4]
-            fs = entry[4]
             if prev is None or fs is None:
                 link = None            # unknown: neither a repeat nor a break
             elif not prev or not fs:
@@ -362,7 +361,7 @@ class Detectors:
                 chain.clear()
                 self.loop_fired = self.gap_fired = False
                 link = None
-        chain.append(entry + (link,))
+        chain.append((call_eid, eid, call_pos, pos, fs, link))
         if tool is not None and len(chain) >= self._n and not self.loop_fired:
             self._loop_check(tool)
         # -- state cycle
@@ -373,7 +372,7 @@ class Detectors:
         else:
             if n_new:
                 self.cycle_fired = False
-            win.append((tool, n_new, call_eid, eid, call_pos, pos, entry[4]))
+            win.append((tool, n_new, call_eid, eid, call_pos, pos, fs))
             if n_new == 0 and not self.cycle_fired and len(win) >= self._min_cycle:
                 self._cycle_check()
         # -- stall

@@ -331,15 +331,19 @@ def parse_event(d: Any) -> Event:
                 and (ts is None or type(ts) is float or type(ts) is int
                      or type(ts) is _STR and len(ts) <= 64)
                 and (meta is None or type(meta) is dict and _META_EVENT not in meta)
-                and d.keys() <= _TOP and _fast_payload(kind, payload)):
+                and d.keys() <= _TOP
+                and (type(c := payload.get("content")) is _STR and len(c) <= MAX_FIELD_CHARS
+                     and len(payload) == 1 if kind in _CONTENT_ONLY
+                     else _fast_payload(kind, payload))):
             if usage is not None:
                 # the common usage record: token counts, model, id; anything else: full check
-                if not (type(usage) is dict and usage.keys() <= _USAGE_FAST
-                        and type(usage.get("input_tokens", 0)) is int
-                        and type(usage.get("output_tokens", 0)) is int
-                        and usage.get("input_tokens", 0) >= 0 and usage.get("output_tokens", 0) >= 0
-                        and type(usage.get("model", "")) is _STR
-                        and type(usage.get("id", "")) is _STR):
+                if type(usage) is dict and usage.keys() <= _USAGE_FAST:
+                    ug = usage.get
+                    i, o = ug("input_tokens", 0), ug("output_tokens", 0)
+                    if not (type(i) is int and type(o) is int and i >= 0 and o >= 0
+                            and type(ug("model", "")) is _STR and type(ug("id", "")) is _STR):
+                        usage = _check_usage(usage)
+                else:
                     usage = _check_usage(usage)
             if meta is None:
                 meta = {}

@@ -34,6 +34,7 @@ from aftraj.ledger import IngestReport, Ledger, decode_line
 from aftraj.schema import Trajectory
 
 SNAPSHOT_VERSION = 1
+_NO_LIMIT = 1 << 62   # "no budget": compares like a number, costs no None check
 _dumps = orjson.dumps
 _SORT = orjson.OPT_SORT_KEYS
 _sha256 = hashlib.sha256
@@ -100,8 +101,9 @@ class RunState:
         self.result_ids_seen: set[str] = set()
         self.content_chars = 0
         self.last_ref: tuple | None = None  # (event_id, pos) of the last non-termination event
-        self.max_events = self.policy.budget.max_events
-        self.max_tokens = self.policy.budget.max_tokens
+        b = self.policy.budget
+        self.max_events = _NO_LIMIT if b.max_events is None else b.max_events
+        self.max_tokens = _NO_LIMIT if b.max_tokens is None else b.max_tokens
 
     # ---- read-only views
     @property
@@ -294,21 +296,22 @@ def _on_usage(s: RunState, ev: Event, pos: int) -> None:
     o = g("output_tokens") or 0
     s.input_tokens += i
     s.output_tokens += o
-    ct = g("cached_tokens")
-    if ct:
-        s.cached_tokens += ct
     model = g("model")
     if model is not None:
         tm = s.tokens_by_model
         tm[model] = tm.get(model, 0) + i + o
-    c = g("cost_usd")
-    if c:
-        s.cost_usd += c
-        b = s.policy.budget.max_cost_usd
-        if b is not None:
-            s.det.check_budget("cost_usd", round(s.cost_usd, 6), b, ev.event_id, pos)
+    if "cached_tokens" in u or "cost_usd" in u:      # the rarer fields
+        ct = g("cached_tokens")
+        if ct:
+            s.cached_tokens += ct
+        c = g("cost_usd")
+        if c:
+            s.cost_usd += c
+            b = s.policy.budget.max_cost_usd
+            if b is not None:
+                s.det.check_budget("cost_usd", round(s.cost_usd, 6), b, ev.event_id, pos)
     b = s.max_tokens
-    if b is not None and s.input_tokens + s.output_tokens > b:
+    if s.input_tokens + s.output_tokens > b:
         s.det.check_budget("tokens", s.input_tokens + s.output_tokens, b, ev.event_id, pos)
 
 
@@ -332,6 +335,9 @@ def fold(state: RunState, ev: Event) -> RunState:
     c = ev.payload.get("content")
     if c is not None:
         state.content_chars += len(c)
+    if ev.usage is not None:
+        _on_usage(state, ev, pos)
+    h = _HANDLERS.get(kind)
     if kind != "termination":
         agent = ev.agent
         ea = state.events_by_agent
@@ -340,16 +346,13 @@ def fold(state: RunState, ev: Event) -> RunState:
             ta = state.turns_by_agent
             ta[agent] = ta.get(agent, 0) + 1
             state.last_agent = agent
-    if ev.usage is not None:
-        _on_usage(state, ev, pos)
-    h = _HANDLERS.get(kind)
-    if h is not None:
-        h(state, ev, pos)
-    me = state.max_events
-    if me is not None and pos >= me:
-        state.det.check_budget("events", pos + 1, me, ev.event_id, pos)
-    if kind != "termination":
+        if h is not None:
+            h(state, ev, pos)
         state.last_ref = (ev.event_id, pos)
+    else:
+        h(state, ev, pos)
+    if pos >= state.max_events:
+        state.det.check_budget("events", pos + 1, state.max_events, ev.event_id, pos)
     return state
 
 
