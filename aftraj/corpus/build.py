@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from aftraj.corpus.config import CorpusConfig, config_to_dict
@@ -24,7 +24,7 @@ from aftraj.corpus.diagnose import CRITERIA, diagnose, make_judge
 from aftraj.corpus.export import export_corpus
 from aftraj.corpus.inject import inject, targets
 from aftraj.corpus.policies import make_policy
-from aftraj.corpus.rollout import Rollout, replay_restoring
+from aftraj.corpus.rollout import Rollout, replay_restoring, run_rollout
 from aftraj.corpus.sandbox import Sandbox
 from aftraj.corpus.splits import assign_splits
 from aftraj.corpus.tasks import POOL_READERS, Task, generate_tasks, suite_tests
@@ -146,14 +146,10 @@ def build_corpus(cfg: CorpusConfig, out: str | Path | None, *, seed: int | None 
 
 
 def _with_split(t: Trajectory, split: str) -> Trajectory:
-    from dataclasses import replace
-
     return replace(t, meta={**t.meta, "split": split})
 
 
 def _rollout(tpl, task, policy, seed, sandbox, cfg) -> Rollout:
-    from aftraj.corpus.rollout import run_rollout
-
     return run_rollout(tpl, task, policy, seed=seed, sandbox=sandbox, max_steps=cfg.max_steps)
 
 

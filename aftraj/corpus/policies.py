@@ -45,7 +45,11 @@ class ChatClient:
 
     def __init__(self, endpoint, client: httpx.Client | None = None):
         self.cfg = endpoint
-        key = os.environ.get(endpoint.api_key_env, "") if endpoint.api_key_env else ""
+        key = ""
+        if endpoint.api_key_env:
+            key = os.environ.get(endpoint.api_key_env, "")
+            if not key:
+                raise ValueError(f"api_key_env: the environment variable {endpoint.api_key_env} is not set")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.client = client or httpx.Client(base_url=endpoint.base_url.rstrip("/"), headers=headers,
                                              timeout=endpoint.timeout_s)

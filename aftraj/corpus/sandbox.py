@@ -31,7 +31,7 @@ _out = os.fdopen(int(sys.argv[1]), "w")
 _BLOCKED = ("socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo",
             "socket.sendto", "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn",
             "os.spawn", "os.fork", "os.forkpty", "ctypes.dlopen", "ctypes.cdata", "os.kill",
-            "os.killpg", "pty.spawn")
+            "os.killpg", "pty.spawn", "resource.setrlimit", "resource.prlimit")
 def _hook(event, args):
     if event in _BLOCKED:
         raise PermissionError(f"sandbox: {event} is not allowed")

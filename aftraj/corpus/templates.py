@@ -14,10 +14,8 @@ slots (`Ctx`), which is what makes natural failures and replays reproducible.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import replace
-from fractions import Fraction
 
 from aftraj.corpus.rollout import Ctx, Turn
 from aftraj.corpus.tasks import (Task, check_answer, code_from_text, eval_arith, fmt_num,
@@ -544,9 +542,3 @@ def template_for(domain: str) -> Template:
         raise ValueError(f"no template for domain {domain!r}")
     return TEMPLATES[domain]
 
-
-def dumps_args(args) -> str:
-    return json.dumps(args, sort_keys=True)
-
-
-__all__ = ["TEMPLATES", "Template", "template_for", "ENV", "Fraction"]

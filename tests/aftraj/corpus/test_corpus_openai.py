@@ -13,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from aftraj.corpus.build import build_corpus
-from aftraj.corpus.config import EndpointConfig, SlipConfig, config_from_dict
+from aftraj.corpus.config import EndpointConfig, config_from_dict
 from aftraj.corpus.diagnose import OpenAIJudge
 from aftraj.corpus.inject import corrupt, targets
 from aftraj.corpus.policies import OpenAIPolicy, parse_agent_reply

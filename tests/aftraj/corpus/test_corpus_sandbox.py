@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 import threading
 
+import pytest
+
 from aftraj.corpus.sandbox import Sandbox
 
 GOOD = ("def add(a, b):\n    return a + b\n", ("assert add(1, 2) == 3", "assert add(2, 2) == 5"))
@@ -73,3 +75,27 @@ def test_results_are_cached_by_code_and_tests():
     assert sb.n_subprocesses == n and again.results[0] == "pass"
     sb.run(GOOD[0], ("assert add(0, 0) == 0",))
     assert sb.n_subprocesses == n + 1
+
+
+@pytest.mark.parametrize("body, why", [
+    ("    while True:\n        pass\n", "timeout"),
+    ("    x = bytearray(10 * 1024 ** 3)\n    return len(x)\n", "MemoryError"),
+    ("    import socket\n    socket.create_connection(('127.0.0.1', 80))\n", "PermissionError"),
+])
+def test_a_bad_sample_is_a_failed_test_run_in_a_rollout(body, why):
+    """Through the CodeTester's run_tests tool: the run is recorded as failed, never raised."""
+    from aftraj.corpus.rollout import Turn
+    from aftraj.corpus.tasks import generate_tasks
+    from aftraj.corpus.templates import TEMPLATES
+
+    tpl, task = TEMPLATES["coding"], generate_tasks("coding", 1, 0)[0]
+    fn = task.data["function"]
+    params = task.prompt.split(f"`{fn}(", 1)[1].split(")`", 1)[0]
+    code = f"def {fn}({params}):\n{body}"
+    turns = [tpl.request_turn(task),
+             Turn(agent="CodeWriter", kind="message", content=f"```python\n{code}```", sim={"act": "code"}),
+             Turn(agent="CodeTester", kind="tool_call", content="Running.", tool="run_tests",
+                  arguments={"function": fn, "suite": "public"}, sim={"act": "tcall"})]
+    res = tpl.execute(task, turns, Sandbox(timeout_s=1, memory_mb=512))
+    assert res.kind == "tool_result" and res.sim["passed"] is False and res.error is None
+    assert why in res.content and "passed 0/" in res.content
