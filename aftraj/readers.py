@@ -272,10 +272,10 @@ def detect_format(path: str | Path) -> str:
     if p.is_dir():
         if any((p / s).is_dir() for s in WHO_AND_WHEN_SUBSETS):
             return "whoandwhen"
+        if (p / "corpus.jsonl").exists():  # a built corpus holds both: its lossless JSONL wins
+            return "jsonl"
         if (p / "aftraj_safe.parquet").exists() or (p / "aftraj_unsafe.parquet").exists():
             return "aftraj-parquet"
-        if (p / "corpus.jsonl").exists():
-            return "jsonl"
         raise SchemaError("cannot tell the format of this folder (Who&When subsets, AFTraj "
                           "parquet files or corpus.jsonl expected)", field="<folder>", source=str(p))
     return "jsonl"

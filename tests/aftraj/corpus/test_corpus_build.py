@@ -128,6 +128,7 @@ def test_exports_read_back(demo_build):
     jsonl = load_trajectories(out / "corpus.jsonl")
     assert [t.id for t in jsonl] == [t.id for t in demo_build.trajectories]
     assert jsonl == demo_build.trajectories
+    assert load_trajectories(out) == jsonl   # the folder reads as our JSONL, not the lossy parquet
     import datasets
 
     assert from_hf_dataset(datasets.load_from_disk(str(out / "hf"))) == jsonl
