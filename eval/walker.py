@@ -2,9 +2,10 @@
 
 For t = 0..N-1 the auditor gets prefix t only; the first ALARM ends the walk with d = t and the
 verdict's k̂, â; no ALARM gives d = None (∞). Many trajectories are in flight at once: each round
-the walker collects the next prefix of every live walk and hands them to `auditor.audit_batch`,
-so a concurrent backend (`openai`) overlaps them and a KV-cache backend (`hf`) keeps one cache
-per live trajectory.
+the walker collects the next prefix of every live walk and hands them to `auditor.audit_batch`
+(a KV-cache backend, `hf`, keeps one cache per live trajectory); an auditor with `submit`
+(`openai`) instead gets one call per live walk in flight at all times, each answer queueing
+that walk's next prefix at once.
 
 Query plans, chosen per trajectory:
 - "online": t = 0, 1, … until the first ALARM (with `all_prefixes` the walk goes on to N-1 to
@@ -165,8 +166,21 @@ def walk(auditor: Auditor, trajs: Iterable[Trajectory], cfg: WalkConfig = WalkCo
                 continue
             live[i] = w
 
+    def finish(i: int) -> None:
+        w = live.pop(i)
+        records[i] = w.record()
+        auditor.end(w.traj)
+        bar.update(1)
+
+    def check(w: _Walk, r: AuditResult) -> None:
+        if r.t != w.next_t:
+            raise RuntimeError(f"{auditor.label}: answered prefix {r.t} of {w.traj.id!r} "
+                               f"when asked for {w.next_t}")
+
     try:
         refill()
+        if auditor.submit is not None:
+            _walk_async(auditor, live, refill, finish, check)
         while live:
             order = sorted(live)
             requests: Sequence[tuple[Trajectory, int]] = [(live[i].traj, live[i].next_t) for i in order]
@@ -176,16 +190,42 @@ def walk(auditor: Auditor, trajs: Iterable[Trajectory], cfg: WalkConfig = WalkCo
                                    f"for {len(requests)} requests")
             for i, r in zip(order, results):
                 w = live[i]
-                if r.t != w.next_t:
-                    raise RuntimeError(f"{auditor.label}: answered prefix {r.t} of {w.traj.id!r} "
-                                       f"when asked for {w.next_t}")
+                check(w, r)
                 w.send(r)
                 if w.next_t is None:
-                    records[i] = w.record()
-                    auditor.end(w.traj)
-                    del live[i]
-                    bar.update(1)
+                    finish(i)
             refill()
     finally:
         bar.close()
     return [records[i] for i in range(len(trajs))]
+
+
+def _walk_async(auditor: Auditor, live: dict, refill, finish, check) -> None:
+    """Every live walk has one call in flight; each answer immediately queues that walk's next
+    prefix (or a new trajectory), so a slow call never holds up the others."""
+    from concurrent.futures import FIRST_COMPLETED, wait
+
+    futures = {}
+
+    def launch() -> None:
+        for i, w in live.items():
+            if i not in futures.values():
+                futures[auditor.submit(w.traj, w.next_t)] = i
+
+    try:
+        launch()
+        while futures:
+            done, _ = wait(list(futures), return_when=FIRST_COMPLETED)
+            for fut in done:
+                i = futures.pop(fut)
+                w = live[i]
+                r = fut.result()
+                check(w, r)
+                w.send(r)
+                if w.next_t is None:
+                    finish(i)
+            refill()
+            launch()
+    finally:
+        for fut in futures:  # an error ends the walk: drop the calls not yet started
+            fut.cancel()

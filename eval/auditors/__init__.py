@@ -24,7 +24,8 @@ Writing one (e.g. `eval/auditors/rules.py`, found automatically, no other file t
 The contract:
 - `audit(traj, t) -> AuditResult` (required). `audit_batch(requests)` answers a list of
   `(traj, t)` pairs in order; the default loops over `audit`; backends that can overlap calls
-  (`openai`) override it. `end(traj)` tells the auditor a walk is over (drop per-trajectory
+  (`openai`) override it, or implement `submit(traj, t) -> concurrent.futures.Future`, which
+  lets the walker keep every slot busy (no wait for the slowest call of a round). `end(traj)` tells the auditor a walk is over (drop per-trajectory
   state such as a KV cache); `close()` releases resources.
 - `strategy` says how the walker queries it: "online" (strict walk t = 0, 1, … until the first
   ALARM; the default), "posthoc" (one call with the whole trajectory, t = N-1, labelled
@@ -107,6 +108,8 @@ class Auditor:
 
     def audit_batch(self, requests: Sequence[tuple[Trajectory, int]]) -> list[AuditResult]:
         return [self.audit(traj, t) for traj, t in requests]
+
+    submit = None  # optional: submit(traj, t) -> Future[AuditResult] (see the module docstring)
 
     def end(self, traj: Trajectory) -> None:
         """The walk of `traj` is over."""

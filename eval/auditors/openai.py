@@ -159,6 +159,10 @@ class OpenAIAuditor(Auditor):
     def audit_batch(self, requests: Sequence[tuple]) -> list[AuditResult]:
         return list(self.pool.map(lambda req: self.audit(*req), requests))
 
+    def submit(self, traj, t):
+        """One call in the background; the walker refills a slot as soon as it answers."""
+        return self.pool.submit(self.audit, traj, t)
+
     def close(self) -> None:
         self.pool.shutdown(wait=True)
         self.client.close()

@@ -43,6 +43,18 @@ def make_traj():
 
 # --------------------------------------------------------------------------- tiny model
 
+@pytest.fixture
+def torch_one_thread():
+    """One torch thread for the duration of a test, restored after: on a shared 2-core machine
+    spinning OpenMP threads made the tiny-model tests 4x slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def noisy_tiny(tiny_model_dir):
     """(model, tokenizer): the tiny Qwen2 re-initialised with std 0.3 weights, so its greedy

@@ -84,7 +84,7 @@ def test_gold_dummy_on_jsonl_reference_protocol(tmp_path, make_traj):
     assert m["protocol"] == "reference" and m["overall"]["deployable"] is True
 
 
-def test_hf_backend_on_jsonl(tiny_model_dir, tmp_path, make_traj):
+def test_hf_backend_on_jsonl(tiny_model_dir, tmp_path, make_traj, torch_one_thread):
     data = tmp_path / "set.jsonl"
     write_jsonl([make_traj(i, n, k) for i, (n, k) in enumerate([(4, 2), (3, None)])], data)
     out = tmp_path / "hf"

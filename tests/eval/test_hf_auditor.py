@@ -9,6 +9,9 @@ from eval.auditors import get_auditor
 from eval.walker import WalkConfig, walk
 
 
+pytestmark = pytest.mark.usefixtures("torch_one_thread")
+
+
 @pytest.fixture(scope="module")
 def short_ww(ww_trajs):
     # Algorithm-Generated runs are short (<= 10 steps); take two of 6+ steps.

@@ -103,3 +103,18 @@ def test_methods(fake_openai, corpus, make_traj):
         get_auditor("openai:majority", endpoint=fake_openai.url)
     with pytest.raises(ValueError, match="needs --endpoint"):
         get_auditor("openai")
+
+
+def test_async_walk_matches_round_by_round(fake_openai, corpus):
+    """The `submit` path (a call per live walk always in flight) gives the same records as the
+    round-by-round `audit_batch` path."""
+    fake_openai.delay_s = 0.01
+    with auditor(fake_openai) as aud:
+        a = walk(aud, corpus, WalkConfig(max_in_flight=3), progress=False)
+    with auditor(fake_openai) as aud:
+        aud.submit = None                      # force the batch path
+        b = walk(aud, corpus, WalkConfig(max_in_flight=3), progress=False)
+    keys = ("id", "alarmed", "d", "k_hat", "a_hat", "calls", "parse_failures", "trace")
+    strip = [{k: p[k] for k in keys if k != "trace"} | {"ts": [e["t"] for e in p["trace"]]} for p in a]
+    assert strip == [{k: p[k] for k in keys if k != "trace"} | {"ts": [e["t"] for e in p["trace"]]}
+                     for p in b]
