@@ -57,13 +57,13 @@ def targets(template, task, turns: list[Turn], etype: str) -> list[int]:
             continue
         ok = False
         if etype == "computation_slip":
-            ok = (d == "math" and a == "claim") or (d == "coding" and a == "code" and t.sim.get("variant") == "correct") \
+            ok = (d == "math" and a == "claim") or (d == "coding" and a == "code" and _is_correct_code(task, t)) \
                 or (d == "agentic" and a == "claim" and str(t.sim.get("value", "")).isdigit())
         elif etype == "verdict_misread":
             ok = (d in ("math", "coding") and a == "verdict" and t.sim.get("ok")) or (d == "agentic" and a == "confirm")
         elif etype == "wrong_entity":
             ok = (d == "math" and a == "call" and _math_index(task, t.sim.get("sg")) >= 2) or \
-                 (d == "coding" and a == "code" and t.sim.get("variant") == "correct") or (d == "agentic" and a == "claim")
+                 (d == "coding" and a == "code" and _is_correct_code(task, t)) or (d == "agentic" and a == "claim")
         elif etype == "fabricated_tool_result":
             ok = (d == "math" and a == "call") or (d == "coding" and a == "tcall") or (d == "agentic" and a == "lookup")
         elif etype == "wrong_tool_argument":
@@ -74,6 +74,12 @@ def targets(template, task, turns: list[Turn], etype: str) -> list[int]:
         if ok:
             out.append(i)
     return out
+
+
+def _is_correct_code(task, t: Turn) -> bool:
+    from aftraj.corpus.tasks import code_from_text
+
+    return code_from_text(t.content) == task.data["variants"]["correct"]
 
 
 def _math_index(task, sg) -> int:

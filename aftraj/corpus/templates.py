@@ -100,7 +100,7 @@ class Template:
         last = turns[-1]
         if last.sim.get("act") == "plan" and sum(t.sim.get("act") == "plan" for t in turns) == 1 \
                 and ctx.slip("redundant_turn", "redundant"):
-            return replace(last, sim={**last.sim, "noise": "redundant_turn"})
+            return last
         return None
 
     # ------------------------------------------------------------------ openai backend
@@ -213,9 +213,10 @@ class MathTemplate(Template):
                         slip="verdict_misread" if r is not None else None)
         if last.kind == "tool_result" and last.sim.get("of") == "call" and last.error:
             caller = next(t for t in reversed(turns) if t.kind == "tool_call")
-            if caller.sim.get("noise") == "tool_misuse":   # works it out by hand, ignoring the error
+            expr = (caller.arguments or {}).get("expr")
+            if isinstance(expr, str):   # the misnamed argument: works it out by hand, ignoring the error
                 sg = caller.sim["sg"]
-                v = fmt_num(eval_arith(caller.sim["expr"]))
+                v = fmt_num(eval_arith(expr))
                 desc = next(p["desc"] for p in plan if p["id"] == sg)
                 return Turn(agent="MathSolver", kind="message", content=f"By hand, then: the {desc} come to {v}.",
                             sim={"act": "claim", "sg": sg, "value": v})
@@ -260,7 +261,7 @@ class MathTemplate(Template):
             if slip is None and attempt == 0 and ctx.slip("tool_misuse", "misuse", sg["id"]):
                 return Turn(agent="MathSolver", kind="tool_call", content=f"Computing the {sg['desc']}.",
                             tool="compute", arguments={"expr": expr},
-                            sim={"act": "call", "sg": sg["id"], "noise": "tool_misuse", "expr": expr})
+                            sim={"act": "call", "sg": sg["id"]})
             return Turn(agent="MathSolver", kind="tool_call", content=f"Computing the {sg['desc']}.",
                         tool="compute", arguments={"expression": expr}, sim={"act": "call", "sg": sg["id"]},
                         slip=slip)
@@ -319,7 +320,7 @@ class CodingTemplate(Template):
     def _code_turn(code: str, variant: str, attempt: int, slip: str | None) -> Turn:
         lead = "Here is my implementation:" if attempt == 0 else "Revised implementation:"
         return Turn(agent="CodeWriter", kind="message", content=f"{lead}\n```python\n{code}```",
-                    sim={"act": "code", "variant": variant, "attempt": attempt}, slip=slip)
+                    sim={"act": "code", "attempt": attempt}, slip=slip)
 
     def scripted_next(self, task, turns, ctx):
         V = task.data["variants"]
