@@ -41,23 +41,35 @@ _sha256 = hashlib.sha256
 
 
 class ToolCall:
-    """A tool call and, once it arrives, its result."""
+    """A tool call and, once it arrives, its result. `args_hash` (sha256 of the canonical
+    arguments, 16 hex digits) is computed when first read, not on the fold's hot path."""
 
-    __slots__ = ("event_id", "pos", "agent", "tool", "args_hash", "outcome", "result_ids",
-                 "error", "result_event_id", "result_pos")
+    __slots__ = ("event_id", "pos", "agent", "tool", "_args", "_args_hash", "outcome",
+                 "result_ids", "error", "result_event_id", "result_pos")
+    FIELDS = ("event_id", "pos", "agent", "tool", "args_hash", "outcome", "result_ids", "error",
+              "result_event_id", "result_pos")
 
-    def __init__(self, event_id, pos, agent, tool, args_hash, outcome="open", result_ids=None,
-                 error=None, result_event_id=None, result_pos=None):
+    def __init__(self, event_id, pos, agent, tool, args_hash=None, outcome="open",
+                 result_ids=None, error=None, result_event_id=None, result_pos=None, *,
+                 arguments=None):
         self.event_id, self.pos, self.agent, self.tool = event_id, pos, agent, tool
-        self.args_hash, self.outcome, self.result_ids, self.error = args_hash, outcome, result_ids, error
+        self._args, self._args_hash = arguments, args_hash
+        self.outcome, self.result_ids, self.error = outcome, result_ids, error
         self.result_event_id, self.result_pos = result_event_id, result_pos
+
+    @property
+    def args_hash(self) -> str | None:
+        if self._args_hash is None and self._args is not None:
+            self._args_hash = _args_hash(self._args)
+            self._args = None
+        return self._args_hash
 
     def to_list(self) -> list:
         return [self.event_id, self.pos, self.agent, self.tool, self.args_hash, self.outcome,
                 self.result_ids, self.error, self.result_event_id, self.result_pos]
 
     def to_dict(self) -> dict:
-        return dict(zip(ToolCall.__slots__, self.to_list()))
+        return dict(zip(ToolCall.FIELDS, self.to_list()))
 
 
 class RunState:
@@ -179,7 +191,7 @@ def _args_hash(args: dict | None) -> str | None:
 def _on_tool_call(s: RunState, ev: Event, pos: int) -> None:
     p = ev.payload
     tool = p["tool"]
-    call = ToolCall(ev.event_id, pos, ev.agent, tool, _args_hash(p.get("arguments")))
+    call = ToolCall(ev.event_id, pos, ev.agent, tool, arguments=p.get("arguments"))
     s.tool_calls.append(call)
     s.open_calls[ev.event_id] = call
     s.calls_by_tool[tool] = s.calls_by_tool.get(tool, 0) + 1

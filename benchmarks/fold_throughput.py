@@ -57,7 +57,8 @@ def _body(rng: random.Random, n: int = 2048) -> str:
 
 def generate_run(path_or_file, run_id: str, target_bytes: int, seed: int) -> tuple[int, int]:
     """Append one run's events (message, tool_call, tool_result, some handoffs/thinking/errors)
-    until the run holds `target_bytes`. Returns (bytes, events)."""
+    until the run holds `target_bytes`. Every message, thinking, tool-call and tool-result body
+    is ~2 KB (the issue's "2 KB bodies"); handoffs and errors are short. Returns (bytes, events)."""
     rng = random.Random(seed)
     f = path_or_file
     size = n = seq = 0
@@ -90,7 +91,7 @@ def generate_run(path_or_file, run_id: str, target_bytes: int, seed: int) -> tup
         else:
             put("message", agent, {"content": _body(rng, 2048)}, usage=usage)
         tool = rng.choice(("search", "read_document", "rank"))
-        call = put("tool_call", agent, {"content": _body(rng, 200), "tool": tool,
+        call = put("tool_call", agent, {"content": _body(rng, 2048), "tool": tool,
                                         "arguments": {"query": _body(rng, 60), "k": 5}})
         if rng.random() < 0.03:
             put("tool_result", "env", {"content": "upstream timeout", "tool": tool,
