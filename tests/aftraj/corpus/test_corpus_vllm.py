@@ -30,7 +30,10 @@ def test_one_rollout_per_template_on_vllm(domain, vllm_server, sandbox):
     tpl, task = TEMPLATES[domain], generate_tasks(domain, 1, 0)[0]
     policy = OpenAIPolicy(ep)
     r = run_rollout(tpl, task, policy, seed=0, sandbox=sandbox, max_steps=8)
+    print(f"\n[{domain}] termination={r.termination} steps={len(r.turns)} calls={policy.chat.n_calls} "
+          f"check={r.check_reason[:80]!r} notes={r.notes[:3]} first_reply={r.turns[1].content[:80]!r}")
     assert r.model == name and r.backend == "openai" and len(r.turns) >= 2
+    assert r.termination != "cancelled", r.notes   # the server answered every call
     steps = [t.to_step(i, "x") for i, t in enumerate(r.turns)]
     Trajectory(id="x", family_id="f", domain=domain, source="t", task="q", steps=steps,
                label=Label("SAFE", "verified_safe"))
@@ -46,6 +49,8 @@ def test_build_with_vllm_policy_and_judge(vllm_server, tmp_path):
     cfg = config_from_dict({"name": "vllm-tiny", "max_steps": 8, "tasks": {"math": 1, "coding": 1, "agentic": 1},
                             "policy": ep, "judge": ep})
     res = build_corpus(cfg, tmp_path / "out")
+    print(f"\n[build] rejections={[(x['task'], x['predicate'], x['reason'][:60]) for x in res.records['rejections']]} "
+          f"diagnoses={[(d['accepted'], d['reason'][:80]) for d in res.records['diagnoses']]}")
     assert len(res.records["rejections"]) + res.stats["total"]["trajectories"] >= 3
     assert all(x["reason"] for x in res.records["rejections"])
     assert (tmp_path / "out" / "stats.md").is_file()
