@@ -1,7 +1,9 @@
 """`aftraj corpus build --config configs/corpus/<name>.yaml --out DIR [--seed N] [--no-progress]`
+`aftraj corpus verify --config configs/corpus/<name>.yaml --corpus DIR [--seed N]`
 
-Builds the corpus (rollouts, curation, injection, diagnosis, splits) and writes corpus.jsonl,
-train/val/test.jsonl, hf/, the AFTraj parquet layout, stats.json and stats.md into DIR."""
+build: the corpus (rollouts, curation, injection, diagnosis, splits) into DIR: corpus.jsonl,
+train/val/test.jsonl, hf/, the AFTraj parquet layout, stats.json and stats.md.
+verify: replay every unsafe trajectory of a scripted corpus and check its decisive step."""
 
 from __future__ import annotations
 
@@ -21,6 +23,11 @@ def register(sub) -> None:
     b.add_argument("--seed", type=int, default=None, help="override the config's seed")
     b.add_argument("--no-progress", action="store_true", help="no progress bars")
     b.set_defaults(func=run_build)
+    v = csub.add_parser("verify", help="re-verify the labels of a built scripted corpus by replay")
+    v.add_argument("--config", required=True, help="the config the corpus was built with")
+    v.add_argument("--corpus", required=True, help="the corpus folder (or its corpus.jsonl)")
+    v.add_argument("--seed", type=int, default=None, help="the seed it was built with (default: the config's)")
+    v.set_defaults(func=run_verify)
 
 
 def run_build(args) -> int:
@@ -36,3 +43,24 @@ def run_build(args) -> int:
     print(f"built {tot['trajectories']} trajectories ({tot['safe']} safe, {tot['unsafe']} unsafe) from "
           f"{tot['families']} families into {args.out} in {secs:.1f} s; stats in {args.out}/stats.md")
     return 0
+
+
+def run_verify(args) -> int:
+    from pathlib import Path
+
+    from aftraj.corpus.verify import verify_corpus
+    from aftraj.readers import load_trajectories
+
+    try:
+        cfg = load_corpus_config(args.config)
+    except ConfigError as e:
+        print(f"aftraj corpus verify: {e}", file=sys.stderr)
+        return 2
+    path = Path(args.corpus)
+    trajs = load_trajectories(path / "corpus.jsonl" if path.is_dir() else path, "jsonl")
+    t0 = time.perf_counter()
+    rep = verify_corpus(trajs, cfg, args.seed)
+    for tid, why in rep.problems[:20]:
+        print(f"  {tid}: {why}")
+    print(f"{rep.summary()} seconds={time.perf_counter() - t0:.1f}")
+    return 0 if rep.ok else 1

@@ -204,3 +204,21 @@ def test_the_2k_scripted_corpus(tmp_path):
     assert {t.domain for t in res.trajectories} == {"math", "coding", "agentic"}
     n, problems = verify_labels(res.trajectories, cfg, cfg.seed)
     assert n >= 900 and problems == []
+
+
+def test_verify_command(demo_build, tmp_path, capsys):
+    """`aftraj corpus verify` agrees with the independent check: clean on the build, and it fails
+    (exit 1) on a corpus whose labels were moved one step earlier."""
+    from aftraj.cli import main
+    from aftraj.schema import write_jsonl
+
+    cfg = str(REPO / "configs/corpus/demo-small.yaml")
+    assert main(["corpus", "verify", "--config", cfg, "--corpus", str(demo_build.out)]) == 0
+    said = capsys.readouterr().out
+    assert "problems=0" in said and "unsafe=" in said
+    unsafe = [t for t in demo_build.trajectories if t.label.unsafe and t.label.decisive_step >= 3][:10]
+    moved = [replace(t, label=replace(t.label, decisive_step=t.label.decisive_step - 1,
+                                      decisive_agent=t.steps[t.label.decisive_step - 1].agent)) for t in unsafe]
+    write_jsonl(moved, tmp_path / "corpus.jsonl")
+    assert main(["corpus", "verify", "--config", cfg, "--corpus", str(tmp_path)]) == 1
+    assert "problems=10" in capsys.readouterr().out
