@@ -64,12 +64,12 @@ def main(argv=None) -> int:
     from training.models import build_tiny_model
 
     torch.set_num_threads(args.threads)
-    path = args.model
-    if path is None:
-        path = build_tiny_model(Path(tempfile.mkdtemp(prefix="walkcost-")), hidden_size=args.hidden_size,
-                                num_layers=args.layers)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(path)
+    with tempfile.TemporaryDirectory(prefix="walkcost-") as tmp:
+        path = args.model or build_tiny_model(Path(tmp), hidden_size=args.hidden_size,
+                                              num_layers=args.layers)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        tok = AutoTokenizer.from_pretrained(path)
+    path = args.model or "tiny Qwen2 (built locally)"
     if args.model is None and args.init_std > 0:
         g = torch.Generator().manual_seed(0)
         with torch.no_grad():
