@@ -131,3 +131,30 @@ def test_cli_train_stage1_with_jsonl_file_and_samples(tiny_model_dir, handmade_c
     assert stats["samples_per_prompt"] == 2 and stats["n_samples"] == 2 * 9
     assert main(["train", "stage1", "--config", str(TINY), "--set", "beta=-1"]) == 2
     assert "beta" in capsys.readouterr().err
+
+
+def test_two_process_data_parallel_on_cpu(tiny_model_dir, handmade_corpus, tmp_path):
+    """torchrun, 2 ranks (gloo): rank-sharded batches, gathered reference log-probs, reduced
+    metrics, one writer. Loss starts at ln 2 (up to padding-width float noise) and moves."""
+    import os
+    import subprocess
+    import sys
+
+    import socket
+
+    with socket.socket() as sock:                      # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    out = tmp_path / "ddp"
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
+           "-m", "training.stage1", "--config", str(TINY), "--out", str(out), "--data", str(handmade_corpus),
+           "--model", str(tiny_model_dir), "--max-steps", "2", "--no-progress", "--set", "report_to=[]",
+           "--set", "samples_per_prompt=0", "--set", "per_device_batch_size=2"]
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((out / "run.json").read_text())["world_size"] == 2
+    m = _metrics(out)
+    assert sorted(m) == [1, 2]                         # one writer, one row a step
+    assert m[1]["loss"] == pytest.approx(math.log(2), abs=1e-4) and m[2]["loss"] < m[1]["loss"]
+    assert (out / "final" / "model.safetensors").is_file()

@@ -65,7 +65,7 @@ class Stage1Config:
     # --- data
     # A corpus folder (train.jsonl, else corpus.jsonl), a JSONL file, or `builtin:synthetic`.
     data: str = "builtin:synthetic"
-    max_trajectories: int | None = None
+    max_trajectories: int | None = None   # read only the first N trajectories (safe ones included)
     synthetic_trajectories: int = 24   # size of `builtin:synthetic`
     max_prompt_tokens: int = 8192      # render() budget, counted with the model's tokenizer
     max_completion_tokens: int = 512   # longer completions are cut at the end (counted in stats)

@@ -18,7 +18,7 @@ Safe trajectories have no boundary and contribute nothing to stage 1 (stage 2 us
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from aftraj.prompt import Verdict, approx_tokens, gold_verdict, render
 from aftraj.schema import Trajectory
@@ -47,7 +47,6 @@ class BoundaryStats:
     k0_post_only: int = 0
     n_pre: int = 0
     n_post: int = 0
-    skipped: list[str] = field(default_factory=list)   # "id: reason" for refusals
 
 
 def boundary_pair(traj: Trajectory, *, budget: int | None = None,

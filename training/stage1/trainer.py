@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import platform
 import re
 import shutil
@@ -196,6 +197,10 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
             raise ImportError("report_to holds 'wandb' but wandb is not installed (pip install wandb)") from None
     acc = Accelerator(mixed_precision=cfg.mixed_precision, log_with=cfg.report_to or None,
                       project_dir=str(out / "tb"))
+    world_env = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_env != acc.num_processes:
+        raise RuntimeError(f"launched with WORLD_SIZE={world_env} but accelerate sees {acc.num_processes} "
+                           f"process(es); on CPU set ACCELERATE_USE_CPU=1 (torchrun) so ranks form one group")
     if cfg.finetune == "lora" and acc.distributed_type == DistributedType.FSDP:
         raise ValueError("LoRA under FSDP is not supported by this trainer; use finetune: full with "
                          "FSDP, or LoRA on one device / DDP")
