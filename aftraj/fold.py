@@ -361,10 +361,12 @@ def fold(state: RunState, ev: Event) -> RunState:
         if h is not None:
             h(state, ev, pos)
         state.last_ref = (ev.event_id, pos)
+        if pos >= state.max_events:
+            state.det.check_budget("events", pos + 1, state.max_events, ev.event_id, pos)
     else:
+        # the run's end is not activity: it never trips the events budget (a trajectory's
+        # synthetic termination sits one past the last step, so such a finding would blame none)
         h(state, ev, pos)
-    if pos >= state.max_events:
-        state.det.check_budget("events", pos + 1, state.max_events, ev.event_id, pos)
     return state
 
 
@@ -499,7 +501,9 @@ class Folder:
     def ingest_file(self, path, offset: int = 0, *, first_line: int = 1,
                     report: IngestReport | None = None) -> IngestReport:
         """Read a JSONL ledger from byte `offset`, fold every valid record, report every bad one
-        (file, line, field). `report.next_offset` / `next_line` say where to resume.
+        (file, line, field). `report.next_offset` / `next_line` say where to resume; an
+        unfinished last line (no newline, not valid JSON) is left for that later read
+        (`report.pending_bytes`), never rejected in halves.
 
         The cyclic garbage collector is paused while the file is read: the fold creates no
         reference cycles (reference counting frees everything), and GC passes over the growing
@@ -522,7 +526,7 @@ class Folder:
         append = ledger.admit if type(ledger) is Ledger else ledger.append
         states = self.states
         loads, JSONError = orjson.loads, orjson.JSONDecodeError
-        n_rec = n_app = n_dup = n_filt = 0
+        n_rec = n_app = n_dup = n_filt = pending = 0
         line = first_line - 1
         with open(path, "rb") as fh:
             fh.seek(offset)
@@ -537,6 +541,12 @@ class Folder:
                         if not raw.strip():     # a blank line is not a record
                             n_rec -= 1
                             continue
+                        if not raw.endswith(b"\n"):   # torn: a writer is mid-append
+                            n_rec -= 1
+                            line -= 1
+                            offset -= len(raw)
+                            pending = len(raw)
+                            break
                         decode_line(raw)   # raises the EventError that names the problem
                         raise
                     if run is not None and ev.run_id != run:
@@ -560,7 +570,7 @@ class Folder:
         report.n_appended += n_app
         report.n_duplicates += n_dup
         report.n_filtered += n_filt
-        report.next_offset, report.next_line = offset, line + 1
+        report.next_offset, report.next_line, report.pending_bytes = offset, line + 1, pending
         return report
 
 

@@ -59,6 +59,9 @@ class IngestReport:
     rejected_by_field: Counter = field(default_factory=Counter)
     next_offset: int = 0
     next_line: int = 1
+    # bytes of an incomplete last line (no newline, not yet valid JSON: a writer is mid-append)
+    # left unread; `next_offset` points at its start, so a later read picks up the whole record
+    pending_bytes: int = 0
 
     def reject(self, err: EventError) -> None:
         self.n_rejected += 1
@@ -70,7 +73,7 @@ class IngestReport:
         return {"source": self.source, "records": self.n_records, "appended": self.n_appended,
                 "duplicates": self.n_duplicates, "rejected": self.n_rejected,
                 "filtered": self.n_filtered, "next_offset": self.next_offset,
-                "next_line": self.next_line,
+                "next_line": self.next_line, "pending_bytes": self.pending_bytes,
                 "rejected_by_field": dict(sorted(self.rejected_by_field.items())),
                 "errors": [str(e) for e in self.errors[:100]]}
 
@@ -173,25 +176,43 @@ def read_events(path: str | Path, offset: int = 0, *, first_line: int = 1,
     """Yield `(line, next_offset, Event or EventError)` from byte `offset` of a JSONL ledger.
 
     `next_offset` is where a later read resumes (it always points at a record boundary). A
-    trailing line without newline is read as a record only at end of file."""
+    last line without newline is a record if it decodes as JSON; otherwise it is a record still
+    being written: it is left unread (`report.pending_bytes`) and `next_offset` stays before it,
+    so resuming later reads it whole instead of rejecting its two halves."""
     src = str(path)
-    if report is not None:
-        report.source = src
+    pending = 0
     with open(path, "rb") as f:
         f.seek(offset)
         line = first_line - 1
         for raw in f:
-            line += 1
-            offset += len(raw)
             try:
                 item: Event | EventError = decode_line(raw)
             except EventError as e:
                 if not raw.strip():             # a blank line is not a record
+                    line += 1
+                    offset += len(raw)
                     continue
-                item = e.located(src, line)
+                if is_torn(raw):
+                    pending = len(raw)
+                    break
+                item = e.located(src, line + 1)
+            line += 1
+            offset += len(raw)
             yield line, offset, item
     if report is not None:
-        report.next_offset, report.next_line = offset, line + 1
+        report.source = src
+        report.next_offset, report.next_line, report.pending_bytes = offset, line + 1, pending
+
+
+def is_torn(raw: bytes) -> bool:
+    """A last line with no newline that is not valid JSON: a record a writer has not finished."""
+    if raw.endswith(b"\n"):
+        return False
+    try:
+        _loads(raw)
+    except _JSONError:
+        return True
+    return False
 
 
 class JsonlLedger(Ledger):
@@ -202,7 +223,7 @@ class JsonlLedger(Ledger):
         self.path = Path(path)
         self.report = IngestReport(source=str(self.path))
         if self.path.exists():
-            for _, _, item in read_events(self.path, report=self.report):
+            for line, _, item in read_events(self.path, report=self.report):
                 self.report.n_records += 1
                 if isinstance(item, EventError):
                     self.report.reject(item)
@@ -213,9 +234,14 @@ class JsonlLedger(Ledger):
                     else:
                         self.report.n_duplicates += 1
                 except LedgerError as e:
-                    self.report.reject(e.located(str(self.path), None))
+                    self.report.reject(e.located(str(self.path), line))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "ab")
+        if self.report.pending_bytes:
+            # a torn last line (a crash mid-append): end it, so new records start on their own
+            # line instead of being glued onto it (the torn bytes are rejected on the next open)
+            self._f.write(b"\n")
+            self._f.flush()
 
     def append(self, ev: Event) -> bool:
         if not self.admit(ev):

@@ -73,6 +73,10 @@ def run(args) -> int:
         print(f"rejected: {e}", file=sys.stderr)
     if report.n_rejected > 50:
         print(f"… and {report.n_rejected - 50} more rejected records", file=sys.stderr)
+    if report.pending_bytes:
+        print(f"not read: an unfinished last line ({report.pending_bytes} bytes, no newline) at line "
+              f"{report.next_line}; resume with --offset {report.next_offset} once it is complete",
+              file=sys.stderr)
     if args.json:
         print(json.dumps({"ingest": report.to_dict(), "runs": [observer_view(s) for s in states]},
                          ensure_ascii=False, indent=2))

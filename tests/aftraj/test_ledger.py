@@ -228,3 +228,50 @@ def test_ingest_report_is_json(tmp_path):
     d = rep.to_dict()
     assert d["rejected"] == 1 and d["appended"] == 1 and d["rejected_by_field"] == {"a": 1}
     assert isinstance(rep, IngestReport) and isinstance(f.states["r"], RunState)
+
+
+# --------------------------------------------------------------------------- a torn last line
+
+def test_resume_reads_a_record_torn_mid_append_whole(tmp_path):
+    """A writer mid-append leaves a last line without newline: it is left for the next read
+    (next_offset before it), not rejected in two halves and lost."""
+    data = b"".join(orjson.dumps(good(i)) + b"\n" for i in range(6))
+    cut = len(data) - 25
+    p = tmp_path / "l.jsonl"
+    p.write_bytes(data[:cut])
+    folder = Folder()
+    rep = folder.ingest_file(p)
+    assert rep.n_rejected == 0 and rep.n_appended == 5 and rep.pending_bytes > 0
+    items = list(read_events(p, report=(rr := IngestReport())))
+    assert len(items) == 5 and rr.next_offset == rep.next_offset and rr.pending_bytes == rep.pending_bytes
+    with open(p, "ab") as f:
+        f.write(data[cut:])
+    rep2 = folder.ingest_file(p, rep.next_offset, first_line=rep.next_line)
+    assert rep2.n_rejected == 0 and rep2.n_appended == 1 and rep2.pending_bytes == 0
+    assert folder.states["r"].state_hash() == fold_events(parse_event(good(i)) for i in range(6)).state_hash()
+    rest = list(read_events(p, rr.next_offset, first_line=rr.next_line))
+    assert [(x[0], x[2].event_id) for x in rest] == [(6, "r/5")]
+    # a complete last record without newline is read; a bad complete line is still rejected
+    p.write_bytes(data[:-1])
+    assert fold_file(p)[1].n_appended == 6
+    p.write_bytes(data + b'{"kind": 1}')
+    assert fold_file(p)[1].n_rejected == 1
+
+
+def test_jsonl_ledger_appends_after_a_torn_line_on_a_line_of_its_own(tmp_path):
+    p = tmp_path / "l.jsonl"
+    p.write_bytes(orjson.dumps(good(0)) + b"\n" + orjson.dumps(good(1))[:20])   # crash mid-append
+    with JsonlLedger(p) as led:
+        assert len(led) == 1 and led.report.pending_bytes == 20
+        led.append(parse_event(good(2)))
+    with JsonlLedger(p) as led:
+        assert "r/2" in led and led.report.n_rejected == 1 and led.report.errors[0].line == 2
+
+
+def test_jsonl_ledger_names_the_line_of_a_conflicting_record(tmp_path):
+    p = tmp_path / "l.jsonl"
+    p.write_bytes(orjson.dumps(good(0)) + b"\n" + orjson.dumps(good(1)) + b"\n"
+                  + orjson.dumps(good(0, payload={"content": "changed"})) + b"\n")
+    with JsonlLedger(p) as led:
+        (err,) = led.report.errors
+    assert err.code == "conflict" and err.line == 3 and err.source == str(p)

@@ -71,3 +71,19 @@ def test_policy_argument_and_walker():
     recs = walk(get_auditor("rules"), [looping(), looping(n_loops=1)], progress=False)
     assert [x["alarmed"] for x in recs] == [True, False]
     assert recs[0]["d"] == 6 and recs[0]["k_hat"] == 1 and recs[0]["a_hat"] == "Searcher"
+
+
+def test_a_run_exactly_at_the_events_budget_is_not_blamed_on_its_end():
+    """The synthetic termination (one past the last step) never trips the events budget: a
+    finding with no real step as evidence would crash the auditor."""
+    path = REPO / "configs" / "policies" / "templates.yaml"      # budget.max_events: 160
+    steps = [Step(index=i, agent="A", kind="message", content=f"m{i}") for i in range(160)]
+    traj = Trajectory(id="at-budget", family_id="f", domain="agentic", source="test", task="t",
+                      steps=steps, label=Label(verdict="SAFE", label_source="external"),
+                      termination="completed", final_answer="x")
+    assert not get_auditor(f"rules:{path}").audit(traj, 159).alarm
+    over = Trajectory(id="over", family_id="f", domain="agentic", source="test", task="t",
+                      steps=[*steps, Step(index=160, agent="B", kind="message", content="m")],
+                      label=Label(verdict="SAFE", label_source="external"))
+    r = get_auditor(f"rules:{path}").audit(over, 160)
+    assert r.alarm and r.verdict.step == 160 and r.verdict.agent == "B" and "events" in r.verdict.reason
