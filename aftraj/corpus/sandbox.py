@@ -1,5 +1,6 @@
 """Run candidate code against unit tests in a subprocess sandbox: time limit, memory limit
-(RLIMIT_AS), no network (an audit hook in the child refuses sockets, subprocesses and ctypes).
+(RLIMIT_AS), no network (an audit hook in the child refuses sockets, subprocesses, ctypes and
+the raw _posixsubprocess/_ctypes modules; a sample cannot rebind or reach the hook).
 
 Many samples run in one child (each with its own per-sample timer); a child that dies or
 overruns is retried sample by sample, so one bad sample fails only itself. Results are cached
@@ -28,16 +29,26 @@ from dataclasses import dataclass
 _HARNESS = r'''
 import sys, os, json, io, signal, traceback
 _out = os.fdopen(int(sys.argv[1]), "w")
-_BLOCKED = ("socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo",
+def _install_hook():
+    # Everything the hook needs is bound here (defaults), not looked up in globals a sample can
+    # rebind (`import __main__; __main__._BLOCKED = ()` used to switch it off). gc walks are
+    # refused so a sample cannot find the hook function; imports of _posixsubprocess (fork_exec
+    # spawns a process without any audit event) and _ctypes (raw foreign calls) are refused.
+    def hook(event, args, _blocked=frozenset((
+            "socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo",
             "socket.sendto", "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn",
-            "os.spawn", "os.fork", "os.forkpty", "ctypes.dlopen", "ctypes.cdata", "os.kill",
-            "os.killpg", "pty.spawn", "resource.setrlimit", "resource.prlimit")
-def _hook(event, args):
-    if event in _BLOCKED:
-        raise PermissionError(f"sandbox: {event} is not allowed")
+            "os.spawn", "os.fork", "os.forkpty", "ctypes.dlopen", "ctypes.cdata",
+            "ctypes.call_function", "os.kill", "os.killpg", "pty.spawn", "resource.setrlimit",
+            "resource.prlimit", "gc.get_objects", "gc.get_referrers", "gc.get_referents")),
+            _modules=frozenset(("_posixsubprocess", "_ctypes")), _deny=PermissionError, _str=str):
+        if event in _blocked or (event == "import" and args and _str(args[0]) in _modules):
+            what = "import " + _str(args[0]) if event == "import" else _str(event)
+            raise _deny("sandbox: " + what + " is not allowed")
+    return hook
 samples = json.loads(sys.stdin.read())
 sys.stdin = io.StringIO("")
-sys.addaudithook(_hook)
+sys.addaudithook(_install_hook())
+del _install_hook
 class _Timeout(BaseException):
     pass
 def _alarm(signum, frame):

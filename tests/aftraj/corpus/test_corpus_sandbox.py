@@ -99,3 +99,19 @@ def test_a_bad_sample_is_a_failed_test_run_in_a_rollout(body, why):
     res = tpl.execute(task, turns, Sandbox(timeout_s=1, memory_mb=512))
     assert res.kind == "tool_result" and res.sim["passed"] is False and res.error is None
     assert why in res.content and "passed 0/" in res.content
+
+
+@pytest.mark.parametrize("code", [
+    # rebinding the harness's globals must not switch the hook off
+    "import __main__, sys\nfor k in list(vars(__main__)):\n    if 'BLOCK' in k.upper() or 'HOOK' in k.upper():\n"
+    "        setattr(__main__, k, ())\nimport socket\ns = socket.socket()\nR = 'escaped'\n",
+    # _posixsubprocess.fork_exec spawns a process without raising any audit event
+    "import _posixsubprocess\nR = 'escaped'\n",
+    "import subprocess\nR = 'escaped'\n",
+    # a gc walk would find the hook function (and its block list)
+    "import gc\nR = 'escaped' if gc.get_objects() else ''\n",
+    "import _ctypes\nR = 'escaped'\n",
+], ids=["rebind-globals", "posixsubprocess", "subprocess-import", "gc-walk", "raw-ctypes"])
+def test_sandbox_escapes_are_refused(code):
+    run = Sandbox(timeout_s=2, memory_mb=512).run(code, ("assert R == 'escaped'",))
+    assert not run.passed and "PermissionError" in run.results[0] and "sandbox" in run.results[0], run.results
