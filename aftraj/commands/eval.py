@@ -55,6 +55,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    from aftraj.prompt import PromptBudgetError
     from aftraj.readers import load_trajectories
     from eval.auditors import available_auditors, get_auditor, parse_spec
     from eval.auditors.openai import AuditorError
@@ -66,7 +67,17 @@ def run(args) -> int:
         print(f"aftraj eval: unknown auditor {name!r}; available: {', '.join(available_auditors())}",
               file=sys.stderr)
         return 2
-    trajs = load_trajectories(args.data)
+    try:
+        cfg = WalkConfig(protocol=args.protocol, max_in_flight=args.max_in_flight,
+                         all_prefixes=args.all_prefixes)
+    except ValueError as e:
+        print(f"aftraj eval: {e}", file=sys.stderr)
+        return 2
+    try:
+        trajs = load_trajectories(args.data)
+    except OSError as e:  # a missing or unreadable --data path (bad records raise SchemaError)
+        print(f"aftraj eval: --data {args.data}: {e.strerror or e}", file=sys.stderr)
+        return 2
     if args.limit is not None:
         trajs = trajs[: args.limit]
     if not trajs:
@@ -81,13 +92,11 @@ def run(args) -> int:
     except (ValueError, FileNotFoundError, AuditorError) as e:
         print(f"aftraj eval: {args.auditor}: {e}", file=sys.stderr)
         return 2
-    cfg = WalkConfig(protocol=args.protocol, max_in_flight=args.max_in_flight,
-                     all_prefixes=args.all_prefixes)
     t0 = time.perf_counter()
     with auditor:
         try:
             preds = walk(auditor, trajs, cfg, progress=not args.no_progress)
-        except AuditorError as e:
+        except (AuditorError, PromptBudgetError) as e:
             print(f"aftraj eval: the auditor failed, no report written: {e}", file=sys.stderr)
             return 3
         expectation = None

@@ -112,3 +112,20 @@ def test_auditor_failure_exits_3(tmp_path, make_traj, fake_openai):
     assert main(["eval", "--auditor", "openai", "--endpoint", fake_openai.url, "--retries", "0",
                  "--data", str(data), "--out", str(tmp_path / "o"), "--no-progress"]) == 3
     assert not (tmp_path / "o" / "metrics.json").exists()
+
+
+def test_bad_arguments_are_named_not_tracebacks(tmp_path, make_traj, capsys):
+    data = tmp_path / "set.jsonl"
+    write_jsonl([make_traj(0, 3, 1)], data)
+    missing = tmp_path / "missing.jsonl"
+    assert main(["eval", "--auditor", "dummy", "--data", str(missing), "--out", str(tmp_path / "o")]) == 2
+    assert str(missing) in capsys.readouterr().err
+    assert main(["eval", "--auditor", "dummy", "--data", str(data), "--out", str(tmp_path / "o"),
+                 "--max-in-flight", "0"]) == 2
+    assert "max_in_flight" in capsys.readouterr().err
+    # a prefix that cannot fit the prompt budget ends the run with a message, no report
+    assert main(["eval", "--auditor", "openai", "--endpoint", "http://127.0.0.1:9/v1",
+                 "--api-model", "m", "--budget", "10", "--data", str(data),
+                 "--out", str(tmp_path / "o"), "--no-progress"]) == 3
+    assert "budget" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "metrics.json").exists()
