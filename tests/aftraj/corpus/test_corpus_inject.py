@@ -42,6 +42,9 @@ def test_each_type_changes_the_turn_and_names_itself(etype, safe_runs, sandbox):
                 n_applied += 1
                 domains.add(d)
                 assert res.corrupted is not None and not res.corrupted.same_as(r.turns[k])
+                # changed as the auditor sees it, not only in the simulator's reading (`sim`)
+                seen = lambda t: (t.agent, t.kind, t.content, t.tool, t.arguments)  # noqa: E731
+                assert seen(res.corrupted) != seen(r.turns[k])
                 assert res.rollout.turns[:k] == r.turns[:k] and res.rollout.turns[k].same_as(res.corrupted)
                 prov = res.provenance()
                 assert prov["injection_type"] == etype and prov["step"] == k
