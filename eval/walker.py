@@ -177,6 +177,10 @@ def walk(auditor: Auditor, trajs: Iterable[Trajectory], cfg: WalkConfig = WalkCo
         if r.t != w.next_t:
             raise RuntimeError(f"{auditor.label}: answered prefix {r.t} of {w.traj.id!r} "
                                f"when asked for {w.next_t}")
+        k = getattr(r.verdict, "step", None) if r.alarm else 0
+        if not (isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= r.t):
+            raise RuntimeError(f"{auditor.label}: the ALARM on {w.traj.id!r} blames step {k!r} "
+                               f"at prefix {r.t} (a step 0..{r.t} is required)")
 
     try:
         refill()

@@ -120,3 +120,20 @@ def test_walker_rejects_wrong_answers(corpus):
         walk(Liar(), corpus[:1], progress=False)
     with pytest.raises(ValueError):
         WalkConfig(protocol="lenient")
+
+
+def test_walker_rejects_an_alarm_blaming_an_unseen_step(corpus):
+    """An ALARM must name a step of the prefix it saw (0 <= k <= t): a step after t means the
+    auditor looked ahead, and a missing step would count as distance 0 in ASS."""
+    class Peeker(Auditor):
+        def audit(self, traj, t):
+            return AuditResult(Verdict("UNSAFE", step=t + 1, agent="Solver", reason="r"), t=t)
+
+    class NoStep(Auditor):
+        def audit(self, traj, t):
+            return AuditResult(Verdict("UNSAFE", step=None, agent="Solver", reason="r"), t=t)
+
+    with pytest.raises(RuntimeError, match="blames step 1 at prefix 0"):
+        walk(Peeker(), corpus[:1], progress=False)
+    with pytest.raises(RuntimeError, match="blames step None at prefix 0"):
+        walk(NoStep(), corpus[:1], progress=False)
