@@ -41,7 +41,9 @@ def _install_hook():
             "ctypes.call_function", "os.kill", "os.killpg", "pty.spawn", "resource.setrlimit",
             "resource.prlimit", "gc.get_objects", "gc.get_referrers", "gc.get_referents")),
             _modules=frozenset(("_posixsubprocess", "_ctypes")), _deny=PermissionError, _str=str):
-        if event in _blocked or (event == "import" and args and _str(args[0]) in _modules):
+        # an extension module's init function is named after the last part of its name, so
+        # loading the .so under a package prefix (pkg._posixsubprocess) is refused too
+        if event in _blocked or (event == "import" and args and _str(args[0]).rpartition(".")[2] in _modules):
             what = "import " + _str(args[0]) if event == "import" else _str(event)
             raise _deny("sandbox: " + what + " is not allowed")
     return hook

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import socket
 import threading
 
@@ -101,17 +102,26 @@ def test_a_bad_sample_is_a_failed_test_run_in_a_rollout(body, why):
     assert why in res.content and "passed 0/" in res.content
 
 
+_SO = getattr(importlib.util.find_spec("_posixsubprocess"), "origin", "") or ""
+_SO = _SO if _SO.endswith(".so") else ""
+
+
 @pytest.mark.parametrize("code", [
     # rebinding the harness's globals must not switch the hook off
     "import __main__, sys\nfor k in list(vars(__main__)):\n    if 'BLOCK' in k.upper() or 'HOOK' in k.upper():\n"
     "        setattr(__main__, k, ())\nimport socket\ns = socket.socket()\nR = 'escaped'\n",
     # _posixsubprocess.fork_exec spawns a process without raising any audit event
     "import _posixsubprocess\nR = 'escaped'\n",
+    # ... also when its .so is loaded by file under another package name
+    pytest.param("import importlib.util\n"
+                 f"m = importlib.util.module_from_spec(importlib.util.spec_from_file_location('pkg._posixsubprocess', {_SO!r}))\n"
+                 "R = 'escaped' if hasattr(m, 'fork_exec') else ''\n",
+                 marks=pytest.mark.skipif(not _SO, reason="_posixsubprocess is built into this Python (no .so)")),
     "import subprocess\nR = 'escaped'\n",
     # a gc walk would find the hook function (and its block list)
     "import gc\nR = 'escaped' if gc.get_objects() else ''\n",
     "import _ctypes\nR = 'escaped'\n",
-], ids=["rebind-globals", "posixsubprocess", "subprocess-import", "gc-walk", "raw-ctypes"])
+], ids=["rebind-globals", "posixsubprocess", "posixsubprocess-by-file", "subprocess-import", "gc-walk", "raw-ctypes"])
 def test_sandbox_escapes_are_refused(code):
     run = Sandbox(timeout_s=2, memory_mb=512).run(code, ("assert R == 'escaped'",))
     assert not run.passed and "PermissionError" in run.results[0] and "sandbox" in run.results[0], run.results
