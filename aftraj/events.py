@@ -129,7 +129,12 @@ class Event:
         return d
 
     def dumps(self) -> bytes:
-        return _dumps(self.to_record())
+        """The wire form as one JSON line (without newline); EventError if it cannot be
+        written (a payload or meta nested deeper than orjson writes)."""
+        try:
+            return _dumps(self.to_record())
+        except TypeError as e:
+            raise EventError(f"cannot be written as JSON: {e}", field="<record>") from None
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Event) and self.to_record() == other.to_record()
@@ -347,20 +352,30 @@ def parse_event(d: Any) -> Event:
                     usage = _check_usage(usage)
             if meta is None:
                 meta = {}
-            fp = _sha256(_dumps(payload, option=_SORT)).hexdigest()
+            try:
+                fp = _sha256(_dumps(payload, option=_SORT)).hexdigest()
+            except TypeError as e:      # orjson.JSONEncodeError: nested too deep to write
+                _bad_deep(e)
             given = g("fingerprint")
             if given is not None and given != fp:
                 _bad_fp(given, fp)
             return Event(eid, seq, run, kind, agent, parent, ts, payload, usage, meta, fp)
     payload = _diagnose(d)
     meta = d.get("meta")
-    fp = _sha256(_dumps(payload, option=_SORT)).hexdigest()
+    try:
+        fp = _sha256(_dumps(payload, option=_SORT)).hexdigest()
+    except TypeError as e:
+        _bad_deep(e)
     given = d.get("fingerprint")
     if given is not None and given != fp:
         _bad_fp(given, fp)
     return Event(d["event_id"], d.get("seq"), d["run_id"], d["kind"], d["agent"],
                  d.get("parent_id"), d.get("ts"), payload, _check_usage(d.get("usage")),
                  {} if meta is None else meta, fp)
+
+
+def _bad_deep(e: Exception):
+    _bad("payload", f"cannot be written back as JSON ({e}: nested deeper than orjson writes)")
 
 
 def _bad_fp(given: Any, fp: str):

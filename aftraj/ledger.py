@@ -244,9 +244,13 @@ class JsonlLedger(Ledger):
             self._f.flush()
 
     def append(self, ev: Event) -> bool:
+        had_seq = ev.seq is not None
+        line = ev.dumps()                   # before admit: an unwritable event is not indexed
         if not self.admit(ev):
             return False
-        self._f.write(ev.dumps() + b"\n")
+        if not had_seq:                     # admit assigned the seq
+            line = ev.dumps()
+        self._f.write(line + b"\n")
         self._f.flush()
         return True
 
@@ -292,6 +296,7 @@ class SqlLedger(Ledger):
         self.n_appended = 0
 
     def append(self, ev: Event) -> bool:
+        ev.dumps()                          # before admit: an unwritable event is not indexed
         if not self.admit(ev):
             return False
         with self.engine.begin() as conn:

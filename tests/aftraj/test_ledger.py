@@ -8,7 +8,7 @@ import random
 import orjson
 import pytest
 
-from aftraj.events import parse_event
+from aftraj.events import EventError, parse_event
 from aftraj.fold import Folder, RunState, fold_events, fold_file
 from aftraj.ledger import (IngestReport, JsonlLedger, Ledger, LedgerError, LineSplitter,
                            SqlLedger, read_events)
@@ -275,3 +275,28 @@ def test_jsonl_ledger_names_the_line_of_a_conflicting_record(tmp_path):
     with JsonlLedger(p) as led:
         (err,) = led.report.errors
     assert err.code == "conflict" and err.line == 3 and err.source == str(p)
+
+
+def _nested(depth: int):
+    x = 1
+    for _ in range(depth):
+        x = {"a": x}
+    return x
+
+
+def test_too_deeply_nested_payload_is_a_rejected_record_not_a_crash(tmp_path):
+    """orjson reads 1024 levels but writes only 254: a payload it cannot write back (for the
+    fingerprint, or as a ledger line) is a rejected record naming the field, not a crash."""
+    deep = (b'{"event_id":"r/1","seq":1,"run_id":"r","kind":"tool_call","agent":"A","payload":'
+            b'{"content":"","tool":"t","arguments":' + b'{"a":' * 300 + b"1" + b"}" * 300 + b"}}")
+    p = tmp_path / "l.jsonl"
+    p.write_bytes(orjson.dumps(good(0)) + b"\n" + deep + b"\n" + orjson.dumps(good(2)) + b"\n")
+    folder, rep = fold_file(p)
+    assert rep.n_appended == 2 and rep.n_rejected == 1
+    assert rep.errors[0].field == "payload" and rep.errors[0].line == 2
+    # at the edge the payload writes but the whole record does not: refused before indexing
+    edge = good(1, kind="tool_call", payload={"content": "", "tool": "t", "arguments": _nested(253)})
+    with JsonlLedger(tmp_path / "j.jsonl") as led:
+        with pytest.raises(EventError) as e:
+            led.append(parse_event(edge))
+        assert "r/1" not in led and e.value.field == "<record>"
