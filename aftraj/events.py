@@ -70,6 +70,7 @@ _META_GENERATED = "aftraj_generated_id"  # on an event: the step had no event_id
 _META_SYNTHETIC = "aftraj_synthetic"  # on an event: made from trajectory fields, not a step
 
 _MAX_SEQ = 1 << 63
+_MAX_TOKENS = 10**12   # per usage record; run totals then stay far inside JSON's 64-bit integers
 _TOP = frozenset(RECORD_FIELDS)
 _CONTENT_ONLY = frozenset({"message", "thinking", "final_answer"})
 _RESULT_KEYS = PAYLOAD_KEYS["tool_result"][1]
@@ -207,8 +208,8 @@ def _check_usage(u: Any) -> dict | None:
         _bad(f"usage.{extra[0]}", f"is not a usage field (allowed: {', '.join(USAGE_FIELDS)})")
     for k in ("input_tokens", "output_tokens", "cached_tokens"):
         v = u.get(k)
-        if v is not None and (type(v) is not int or v < 0):
-            _bad(f"usage.{k}", f"must be a non-negative integer, got {v!r}")
+        if v is not None and (type(v) is not int or not 0 <= v < _MAX_TOKENS):
+            _bad(f"usage.{k}", f"must be a non-negative integer below {_MAX_TOKENS:.0e}, got {_r(v)}")
     v = u.get("cost_usd")
     if v is not None and (type(v) not in (int, float) or not 0 <= v < 1e12):
         _bad("usage.cost_usd", f"must be a non-negative number, got {v!r}")
@@ -345,7 +346,8 @@ def parse_event(d: Any) -> Event:
                 if type(usage) is dict and usage.keys() <= _USAGE_FAST:
                     ug = usage.get
                     i, o = ug("input_tokens", 0), ug("output_tokens", 0)
-                    if not (type(i) is int and type(o) is int and i >= 0 and o >= 0
+                    if not (type(i) is int and type(o) is int and 0 <= i < _MAX_TOKENS
+                            and 0 <= o < _MAX_TOKENS
                             and type(ug("model", "")) is _STR and type(ug("id", "")) is _STR):
                         usage = _check_usage(usage)
                 else:

@@ -68,6 +68,10 @@ def test_fingerprint_given_must_match():
     (rec(meta=[1]), "meta"),
     (rec(meta={"aftraj_event": {}}), "meta.aftraj_event"),
     (rec(seq=1 << 63), "seq"),
+    # token counts a run total could push past JSON's 64-bit integers (snapshot/hash would crash)
+    (rec(usage={"input_tokens": 1 << 63, "model": "m"}), "usage.input_tokens"),
+    (rec(usage={"output_tokens": 10**12}), "usage.output_tokens"),
+    (rec(usage={"cached_tokens": 1 << 63}), "usage.cached_tokens"),
 ])
 def test_bad_records_name_the_field(bad, field):
     with pytest.raises(EventError) as e:
