@@ -182,19 +182,23 @@ def _handler(fake: FakeOpenAI):
                 stall = not fail and fake.stall_next > 0
                 fake.stall_next -= stall
                 status, fake.status_next = fake.status_next, None
+            # The call leaves `in_flight` before its answer is written: once the client has the
+            # answer it may send its next request, which must not be counted as overlapping.
             try:
                 if status is not None:
-                    return self._send(status, {"error": {"message": "scripted error"}})
-                if fail:
-                    return self._send(503, {"error": {"message": "overloaded"}}, {"Retry-After": "0"})
-                if stall:
-                    time.sleep(fake.stall_s)
-                if fake.delay_s:
-                    time.sleep(fake.delay_s)
-                self._send(200, fake.completion(body))
+                    reply = (status, {"error": {"message": "scripted error"}})
+                elif fail:
+                    reply = (503, {"error": {"message": "overloaded"}}, {"Retry-After": "0"})
+                else:
+                    if stall:
+                        time.sleep(fake.stall_s)
+                    if fake.delay_s:
+                        time.sleep(fake.delay_s)
+                    reply = (200, fake.completion(body))
             finally:
                 with fake.lock:
                     fake.in_flight -= 1
+            self._send(*reply)
 
     return H
 

@@ -26,6 +26,7 @@ def auditor(fake, spec="openai", **kw):
 
 
 def test_walk_through_http(fake_openai, corpus):
+    fake_openai.delay_s = 0.01                        # calls take a while: they must overlap
     with auditor(fake_openai) as aud:
         assert aud.api_model == "fake-auditor"       # discovered from GET /models
         preds = walk(aud, corpus, WalkConfig(max_in_flight=8), progress=False)
