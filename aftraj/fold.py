@@ -477,9 +477,7 @@ class Folder:
         if s is None:
             s = self.state(run)
         if s.category is None:
-            cat = ev.meta.get("category")
-            if isinstance(cat, str):
-                s.category = cat
+            _take_category(s, ev)
         fold(s, ev)
         return True
 
@@ -494,6 +492,8 @@ class Folder:
         for run in self.ledger.runs():
             s = self.state(run)
             for ev in iter_run(run, s.last_seq):
+                if s.category is None:
+                    _take_category(s, ev)
                 fold(s, ev)
                 n += 1
         return n
@@ -561,8 +561,9 @@ class Folder:
                 s = states.get(ev.run_id)
                 if s is None:
                     s = self.state(ev.run_id)
+                if s.category is None:      # _take_category, inlined on the hot path
                     cat = ev.meta.get("category")
-                    if s.category is None and isinstance(cat, str):
+                    if type(cat) is str:
                         s.category = cat
                 fold(s, ev)
                 n_app += 1
@@ -572,6 +573,14 @@ class Folder:
         report.n_filtered += n_filt
         report.next_offset, report.next_line, report.pending_bytes = offset, line + 1, pending
         return report
+
+
+def _take_category(s: RunState, ev: Event) -> None:
+    """A run without a category (none given to the Folder) takes the first `meta.category` one
+    of its events carries: the same rule for live ingest, file ingest and database catch-up."""
+    cat = ev.meta.get("category")
+    if isinstance(cat, str):
+        s.category = cat
 
 
 def fold_file(path, *, run: str | None = None, policy: Policy | None = None,

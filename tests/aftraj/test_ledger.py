@@ -300,3 +300,27 @@ def test_too_deeply_nested_payload_is_a_rejected_record_not_a_crash(tmp_path):
         with pytest.raises(EventError) as e:
             led.append(parse_event(edge))
         assert "r/1" not in led and e.value.field == "<record>"
+
+
+def test_category_from_event_meta_is_the_same_live_from_a_file_and_after_restart(tmp_path):
+    """The run's category (for the tool contract) comes from the first event carrying
+    meta.category, whichever path folds the run."""
+    from aftraj.detectors import Policy
+
+    pol = Policy(permitted_tools={"agentic": ["search"]})
+    recs = [good(0), good(1, payload={"content": "", "tool": "shell"}, meta={"category": "agentic"}),
+            good(2, kind="tool_call", agent="A", parent_id=None, payload={"content": "", "tool": "shell"})]
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    live = Folder(pol, ledger=SqlLedger(url))
+    for r in recs:
+        live.ingest(parse_event(r))
+    fresh = Folder(pol, ledger=SqlLedger(url))
+    fresh.catch_up()
+    p = tmp_path / "l.jsonl"
+    p.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    from_file = Folder(pol)
+    from_file.ingest_file(p)
+    states = [f.states["r"] for f in (live, fresh, from_file)]
+    assert [s.category for s in states] == ["agentic"] * 3
+    assert [[f.kind for f in s.findings] for s in states] == [["tool_not_permitted"] * 2] * 3
+    assert len({s.state_hash() for s in states}) == 1
