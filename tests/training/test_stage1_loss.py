@@ -25,7 +25,7 @@ def test_bppo_loss_matches_formula_by_hand():
     # Δ = (pc - rc) - (pr - rr): [0.5 - (-0.5), 0 - (-0.5), 0.5 - (-1.0)] = [1.0, 0.5, 1.5]
     pre = (_ls(0.5 * 1.0) + _ls(0.5 * 0.5)) / 2
     post = _ls(0.5 * 1.5)
-    expected = (w_pre * pre + w_post * post) / (w_pre + w_post)
+    expected = w_pre * pre + w_post * post          # DESIGN §5: Σ_s w_s · mean over D_s, unnormalised
     loss, m = bppo_loss(pc, pr, rc, rr, is_pre, beta=beta, weight_pre=w_pre, weight_post=w_post)
     assert loss.item() == pytest.approx(expected, abs=1e-6)
     assert m["dpo_pre"].item() == pytest.approx(pre, abs=1e-6)
@@ -36,8 +36,10 @@ def test_bppo_loss_matches_formula_by_hand():
 def test_weights_shift_the_loss_and_policy_equal_reference_gives_ln2():
     z = torch.zeros(4)
     is_pre = torch.tensor([True, False, True, False])
+    loss, _ = bppo_loss(z, z, z, z, is_pre, beta=0.1, weight_pre=0.75, weight_post=0.25)
+    assert loss.item() == pytest.approx(math.log(2), abs=1e-7)        # weights summing to 1: ln 2
     loss, _ = bppo_loss(z, z, z, z, is_pre, beta=0.1, weight_pre=3.0, weight_post=1.0)
-    assert loss.item() == pytest.approx(math.log(2), abs=1e-7)
+    assert loss.item() == pytest.approx(4 * math.log(2), abs=1e-6)    # the weights are not normalised
     pc = torch.tensor([0.0, 2.0, 0.0, 2.0])   # post pairs better than pre pairs
     a, _ = bppo_loss(pc, z, z, z, is_pre, beta=1.0, weight_pre=1.0, weight_post=0.0)
     b, _ = bppo_loss(pc, z, z, z, is_pre, beta=1.0, weight_pre=0.0, weight_post=1.0)
@@ -49,7 +51,7 @@ def test_nll_term_is_mean_chosen_token_nll():
     z = torch.zeros(2)
     tok = torch.tensor([[-1.0, -3.0, 0.0], [-2.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    loss, m = bppo_loss(z, z, z, z, torch.tensor([True, False]), beta=0.1, weight_pre=1, weight_post=1,
+    loss, m = bppo_loss(z, z, z, z, torch.tensor([True, False]), beta=0.1, weight_pre=0.5, weight_post=0.5,
                         chosen_token_logps=tok, chosen_mask=mask, nll_coef=0.5)
     assert m["nll"].item() == pytest.approx(2.0)
     assert loss.item() == pytest.approx(math.log(2) + 1.0, abs=1e-6)

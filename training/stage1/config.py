@@ -84,8 +84,8 @@ class Stage1Config:
 
     # --- loss (DESIGN §5)
     beta: float = 0.1
-    weight_pre: float = 1.0            # per-subset weights, normalised over the subsets in a batch
-    weight_post: float = 1.0
+    weight_pre: float = 0.5            # per-subset weights w_s of DESIGN §5, not normalised: summing
+    weight_post: float = 0.5           # to 1 keeps the loss on DPO's scale (ln 2 at the start)
     nll_coef: float = 0.0              # optional NLL on the chosen completion
     reference: str = "precomputed"     # ref log-probs computed once before step 1, or live each step
 

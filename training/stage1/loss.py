@@ -3,13 +3,14 @@
     L = Σ_s w_s · E_(x,y+,y-)∈D_s [ -log σ( β((log πθ(y+|x) - log πref(y+|x))
                                            - (log πθ(y-|x) - log πref(y-|x))) ) ]  + λ · NLL(y+)
 
-over s ∈ {pre, post}. The weights are normalised over the subsets present in the batch
-(Σ w_s = 1), so the loss is on DPO's scale: ln 2 when the policy equals the reference, and with
-a single subset it is exactly TRL's `sigmoid` DPO loss. NLL(y+) is the mean negative
+over s ∈ {pre, post}, exactly as written: the weights are not normalised. With weights summing
+to 1 (the configs use 0.5 and 0.5) the loss is on DPO's scale, ln 2 when the policy equals the
+reference; one subset with weight 1 is exactly TRL's `sigmoid` DPO loss. A subset absent from
+the batch adds nothing (the trainer puts both in every batch). NLL(y+) is the mean negative
 log-likelihood per chosen-completion token (TRL's `sft` term).
 
     from training.stage1.loss import bppo_loss
-    loss, metrics = bppo_loss(pc, pr, rc, rr, is_pre, beta=0.1, weight_pre=1.0, weight_post=1.0)
+    loss, metrics = bppo_loss(pc, pr, rc, rr, is_pre, beta=0.1, weight_pre=0.5, weight_post=0.5)
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def bppo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_ch
     """The dual-subset DPO loss; returns (loss, detached metrics)."""
     per_pair = dpo_losses(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)
     is_pre = is_pre.to(torch.bool)
-    total_w = per_pair.new_zeros(())
+    total_w = 0.0
     loss = per_pair.new_zeros(())
     metrics: dict[str, torch.Tensor] = {}
     chosen_r = beta * (policy_chosen - ref_chosen).detach()
@@ -66,9 +67,8 @@ def bppo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_ch
             metrics[f"dpo_{name}"] = sub.detach()
             metrics[f"reward_acc_{name}"] = (chosen_r[sel] > rejected_r[sel]).float().mean()
             metrics[f"margin_{name}"] = (chosen_r[sel] - rejected_r[sel]).mean()
-    if total_w.item() == 0:
+    if total_w <= 0:
         raise ValueError("the batch holds no subset with a positive weight")
-    loss = loss / total_w
     metrics["dpo"] = loss.detach()
     if nll_coef > 0:
         if chosen_token_logps is None or chosen_mask is None:
