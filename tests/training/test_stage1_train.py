@@ -158,3 +158,22 @@ def test_two_process_data_parallel_on_cpu(tiny_model_dir, handmade_corpus, tmp_p
     assert sorted(m) == [1, 2]                         # one writer, one row a step
     assert m[1]["loss"] == pytest.approx(math.log(2), abs=1e-4) and m[2]["loss"] < m[1]["loss"]
     assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_optimizer_holds_the_prepared_models_parameters(tiny_model_dir, handmade_corpus, tmp_path, monkeypatch):
+    """FSDP1 (the production launch config) replaces a module's parameters when it wraps it, so an
+    optimizer built before `prepare` would step parameters that get no gradient and the run would
+    silently not train. Simulate that wrapping on CPU: prepare_model returns a deep copy."""
+    import copy
+
+    from accelerate import Accelerator
+    from safetensors.torch import load_file
+
+    orig = Accelerator.prepare_model
+    monkeypatch.setattr(Accelerator, "prepare_model",
+                        lambda self, model, *a, **kw: orig(self, copy.deepcopy(model), *a, **kw))
+    res = train(_cfg(tiny_model_dir, handmade_corpus, tmp_path / "wrapped", max_steps=2, save_steps=2,
+                     report_to=[]), progress=False)
+    base = load_file(str(tiny_model_dir / "model.safetensors"))
+    final = load_file(str(res.final_dir / "model.safetensors"))
+    assert [k for k in base if torch.equal(base[k], final[k])] == []

@@ -246,10 +246,17 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
     model = _wrap_trainable(cfg, model)
     model.train()
 
+    # The optimizer is built over the *prepared* model's parameters: FSDP1 (the production launch
+    # config) replaces them with flat shards when it wraps the model, and accelerate does not remap
+    # an optimizer built before (it does so for FSDP2 only).
+    model = acc.prepare(model)
+    if cfg.weight_decay > 0 and any(n.endswith("_flat_param") for n, _ in model.named_parameters()):
+        raise ValueError("weight_decay > 0 under FSDP with flat parameters (fsdp_use_orig_params: false): "
+                         "1-D flat shards cannot be split into decay / no-decay groups; set weight_decay: 0")
     optimizer = _optimizer(cfg, model)
     scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=cfg.warmup_steps,
                               num_training_steps=cfg.max_steps)
-    model, optimizer = acc.prepare(model, optimizer)
+    optimizer = acc.prepare(optimizer)
     if ref_model is not None:
         ref_model = acc.prepare_model(ref_model, evaluation_mode=True)
     acc.register_for_checkpointing(scheduler)
