@@ -65,7 +65,7 @@ def run(args) -> int:
             report.n_appended += len(tf.events)
     else:
         folder = Folder(policy, category=args.category, run=args.run)
-        report = folder.ingest_file(path, args.offset)
+        report = folder.ingest_file(path, args.offset, first_line=_line_at(path, args.offset))
         states = list(folder.states.values())
     if args.run is not None and not states:
         raise SchemaError(f"no run with id {args.run!r}", field="run_id", source=str(path))
@@ -89,6 +89,21 @@ def run(args) -> int:
     for s in states:
         _print_state(s)
     return 0
+
+
+def _line_at(path: Path, offset: int) -> int:
+    """The line number at byte `offset`, so errors after a resume name the file's real lines."""
+    size = path.stat().st_size
+    if not 0 <= offset <= size:
+        raise SchemaError(f"offset {offset} is outside the file (0..{size} bytes)", field="--offset",
+                          source=str(path))
+    line, left = 1, offset
+    with open(path, "rb") as f:
+        while left:
+            chunk = f.read(min(left, 1 << 20))
+            line += chunk.count(b"\n")
+            left -= len(chunk)
+    return line
 
 
 def _with_domain(traj, category: str):

@@ -237,3 +237,16 @@ def test_ingest_creates_no_reference_cycles(tmp_path):
     observer = [s.snapshot() for s in folder.states.values()]
     del folder, rep, observer
     assert gc.collect() == 0
+
+
+def test_cli_resumed_read_names_the_real_line(tmp_path, capsys):
+    recs = gen_trace(6)
+    p = tmp_path / "ev.jsonl"
+    data = write(p, recs[:10])
+    with open(p, "ab") as f:
+        f.write(b"{bad\n" + b"".join(orjson.dumps(r) + b"\n" for r in recs[10:12]))
+    assert cli_main(["fold", str(p), "--offset", str(len(data)), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ingest"]["appended"] == 2 and len(out["ingest"]["errors"]) == 1
+    assert out["ingest"]["errors"][0].startswith(f"{p}:11: ")     # not line 1 of the resumed read
+    assert out["ingest"]["next_line"] == 14
