@@ -47,6 +47,9 @@ class Task:
 
 # =========================================================================== math
 
+_MAX_POW_BITS = 100_000
+
+
 def eval_arith(expr: str) -> Fraction:
     """Exact arithmetic over + - * / // % ** and parentheses (the `compute` tool). Raises ValueError."""
     if len(expr) > 500:
@@ -81,6 +84,9 @@ def eval_arith(expr: str) -> Fraction:
             if isinstance(n.op, ast.Pow):
                 if b.denominator != 1 or abs(b) > 64:
                     raise ValueError("exponent must be a small integer")
+                # nested powers grow fast ((((9**64)**64)**64)**64 takes a minute): bound the result
+                if max(a.numerator.bit_length(), a.denominator.bit_length()) * abs(int(b)) > _MAX_POW_BITS:
+                    raise ValueError("the result is too large")
                 return a ** int(b)
         raise ValueError(f"unsupported syntax: {type(n).__name__}")
 
@@ -120,13 +126,31 @@ def math_equal(answer: str | None, reference: str) -> bool:
     if len(a) > 200 or len(r) > 200:
         return False
     try:
+        ea, er = _sympy_expr(a), _sympy_expr(r)
         import sympy
-        from sympy.parsing.sympy_parser import parse_expr
 
-        ea, er = parse_expr(a, evaluate=True), parse_expr(r, evaluate=True)
         return bool(sympy.simplify(ea - er) == 0)
     except Exception:  # noqa: BLE001 - any parse failure means "not equal"
         return False
+
+
+# sympy's parse_expr evals its input with builtins in scope, and answers are untrusted (model
+# output, pool files): only arithmetic, one-letter symbols and these functions reach it.
+_SYMPY_TEXT = re.compile(r"[0-9A-Za-z+\-*/().,\s]*")
+_SYMPY_FUNCS = ("sqrt", "pi", "exp", "log", "ln", "sin", "cos", "tan", "oo")
+
+
+def _sympy_expr(s: str):
+    import sympy
+    from sympy.parsing.sympy_parser import parse_expr
+
+    names = set(re.findall(r"[A-Za-z]+", s))
+    if not _SYMPY_TEXT.fullmatch(s) or any(len(n) > 1 and n not in _SYMPY_FUNCS for n in names):
+        raise ValueError(f"not a plain math expression: {s[:80]!r}")
+    scope = {"__builtins__": {}, "Integer": sympy.Integer, "Float": sympy.Float, "Rational": sympy.Rational,
+             "Symbol": sympy.Symbol, "Function": sympy.Function, "ln": sympy.log, "E": sympy.E, "I": sympy.I,
+             **{f: getattr(sympy, f) for f in _SYMPY_FUNCS if f != "ln"}}
+    return parse_expr(s, global_dict=scope, evaluate=True)
 
 
 _NAMES = ["Ava", "Ben", "Chloe", "Dev", "Elif", "Farah", "Goran", "Hana", "Ivo", "Jun", "Kira",

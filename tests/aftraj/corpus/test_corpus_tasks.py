@@ -32,6 +32,23 @@ def test_math_checker(a, r, ok):
     assert math_equal(a, r) is ok
 
 
+@pytest.mark.parametrize("answer", ["__import__('os').system('touch {probe}')",
+                                    "exec(bytes((105,109,112,111,114,116,32,111,115)))",
+                                    "open('{probe}', 'w')"])
+def test_math_checker_never_evaluates_an_answer_as_code(answer, tmp_path):
+    """Answers are untrusted (model output): sympy's parse_expr must never eval them as Python."""
+    probe = tmp_path / "probe"
+    assert math_equal(answer.format(probe=probe), "3") is False
+    assert not probe.exists()
+    assert math_equal("sqrt(2)/2", "1/sqrt(2)") and math_equal("2*pi", "pi+pi") and not math_equal("x+1", "x")
+
+
+def test_compute_refuses_a_result_too_large_to_compute_quickly():
+    with pytest.raises(ValueError, match="too large"):
+        eval_arith("(((9**64)**64)**64)**64")   # 53 million bits: about a minute without the bound
+    assert eval_arith("(2**64)**2") == 2**128
+
+
 def test_coding_reference_passes_and_bugs_fail(sandbox):
     tasks = generate_tasks("coding", 40, 0)
     items = [(code, suite_tests(t, s)) for t in tasks for code in t.data["variants"].values() for s in ("public", "all")]
