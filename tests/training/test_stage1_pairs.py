@@ -131,3 +131,19 @@ def test_openai_sampler_posts_chat_completions():
                         transport=httpx.MockTransport(lambda r: httpx.Response(500, text="boom")))
     with pytest.raises(RuntimeError, match="500"):
         bad.sample([[{"role": "user", "content": "a"}]], 1)
+
+
+def test_training_data_never_holds_val_or_test_families(handmade, tmp_path):
+    """A corpus folder exported without per-split files holds only corpus.jsonl, whose records
+    carry meta.split: stage 1 must read the train split of it, never the held-out families."""
+    from dataclasses import replace
+
+    from aftraj.schema import write_jsonl
+    from training.stage1.data import load_training_trajectories
+
+    splits = ["train", "test", "train", "val", "train", "train"]
+    write_jsonl([replace(t, meta={**t.meta, "split": s}) for t, s in zip(handmade, splits)], tmp_path / "corpus.jsonl")
+    for spec in (tmp_path, tmp_path / "corpus.jsonl"):
+        trajs, src = load_training_trajectories(str(spec))
+        assert [t.id for t in trajs] == ["hand-0", "hand-2", "hand-4", "hand-5"]
+        assert "2 val/test" in src

@@ -3,7 +3,8 @@
 
 - `load_training_trajectories(spec)`: a corpus folder (train.jsonl if present, else
   corpus.jsonl), a JSONL file, or `builtin:synthetic` (seeded hand-made unsafe runs with known
-  k*, a*, for the CPU demo until a corpus is built), read with `aftraj.readers`.
+  k*, a*, for the CPU demo until a corpus is built), read with `aftraj.readers`. Records whose
+  `meta.split` is val or test (corpus.jsonl holds every split) are left out, and counted.
 - `tokenize_record`: prompt ids exactly as the auditor sees them at inference (the chat
   template with the generation prompt opened), completion ids tokenised on their own and closed
   with the EOS token, so the trained sequence is byte for byte what is served.
@@ -48,6 +49,10 @@ def load_training_trajectories(spec: str, *, max_trajectories: int | None = None
     else:
         path = resolve_data_path(spec)
         trajs, src = load_trajectories(path, "jsonl"), str(path)
+        held_out = [t for t in trajs if t.meta.get("split") in ("val", "test")]
+        if held_out:   # corpus.jsonl holds every split: train on the train families only
+            trajs = [t for t in trajs if t.meta.get("split") not in ("val", "test")]
+            src += f" (excluded {len(held_out)} val/test trajectories by meta.split)"
     if max_trajectories is not None:
         trajs = trajs[:max_trajectories]
     return trajs, src
