@@ -166,7 +166,8 @@ class SandboxConfig:
     workers: int = 2
 
     def __post_init__(self) -> None:
-        _need(isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0, "sandbox.timeout_s", "must be > 0")
+        _need(isinstance(self.timeout_s, (int, float)) and not isinstance(self.timeout_s, bool) and self.timeout_s > 0,
+              "sandbox.timeout_s", f"must be a number > 0, got {self.timeout_s!r}")
         _posint(self.memory_mb, "sandbox.memory_mb", 64)
         _posint(self.batch_size, "sandbox.batch_size")
         _posint(self.workers, "sandbox.workers")
@@ -177,6 +178,10 @@ class ExportConfig:
     jsonl: bool = True
     hf: bool = True
     parquet: bool = True
+
+    def __post_init__(self) -> None:
+        for k in ("jsonl", "hf", "parquet"):   # `hf: no` in quotes is a string, and truthy
+            _need(isinstance(getattr(self, k), bool), f"export.{k}", f"must be true or false, got {getattr(self, k)!r}")
 
 
 @dataclass(frozen=True)

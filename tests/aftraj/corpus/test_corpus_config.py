@@ -31,6 +31,8 @@ def test_shipped_configs_load():
     ({"name": "x", "public_pools": [{"kind": "math500", "path": "m.jsonl"}]}, "public_pools"),
     ({"seed": 1}, "name"),
     ({"name": "x", "colour": 1}, "colour"),
+    ({"name": "x", "export": {"hf": "no"}}, "export.hf"),
+    ({"name": "x", "sandbox": {"timeout_s": True}}, "sandbox.timeout_s"),
 ])
 def test_bad_values_name_the_key(raw, key):
     with pytest.raises(ConfigError) as e:
