@@ -83,6 +83,8 @@ def test_run_folder_records_and_refuses_to_clobber(runs, tiny_model_dir, handmad
     assert "train.jsonl" in stats["data"]
     with pytest.raises(FileExistsError, match="--resume"):
         train(_cfg(tiny_model_dir, handmade_corpus, out), progress=False)
+    with pytest.raises(ValueError, match="differ from the run's .*: beta, learning_rate"):
+        train(_cfg(tiny_model_dir, handmade_corpus, out, learning_rate=2e-3, beta=0.2), resume=True, progress=False)
 
 
 def test_final_folder_loads_with_plain_transformers_and_generates(runs, handmade):

@@ -49,6 +49,9 @@ from training.stage1.pairs import boundary_prompts
 from training.stage1.preferences import build_preferences, make_sampler
 
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
+# settings a resumed run may change: they do not touch the data, the model or the optimisation
+_RESUMABLE = frozenset({"output_dir", "logging_steps", "save_steps", "save_total_limit", "report_to",
+                        "wandb_project"})
 
 
 @dataclass
@@ -212,6 +215,12 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
             and yaml.safe_load((out / "config.yaml").read_text()) != cfg.to_dict()):
         raise FileExistsError(f"{out} holds a run with another config (see {out / 'config.yaml'}); "
                               f"choose another --out, or delete it")
+    if resume and latest is not None and (out / "config.yaml").exists():
+        was, now = yaml.safe_load((out / "config.yaml").read_text()), cfg.to_dict()
+        changed = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k) and k not in _RESUMABLE)
+        if changed:   # the cached preferences, reference log-probs and schedule belong to the old config
+            raise ValueError(f"{out}: --resume with settings that differ from the run's "
+                             f"{out / 'config.yaml'}: {', '.join(changed)}; resume with the same config")
     out.mkdir(parents=True, exist_ok=True)
     set_seed(cfg.seed)
 
