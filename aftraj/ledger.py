@@ -134,6 +134,18 @@ class Ledger:
     def append(self, ev: Event) -> bool:
         return self.admit(ev)
 
+    def _forget(self, ev: Event, had_seq: bool, last: int | None) -> None:
+        """Undo `admit(ev)` when storing it failed, so a retry is appended, not ignored as a
+        duplicate of an event that was never stored. `last`: the run's last seq before."""
+        del self._index[ev.event_id]
+        if last is None:
+            del self._last_seq[ev.run_id]
+        else:
+            self._last_seq[ev.run_id] = last
+        self.n_appended -= 1
+        if not had_seq:
+            ev.seq = None
+
 
 # --------------------------------------------------------------------------- JSON Lines
 
@@ -244,14 +256,18 @@ class JsonlLedger(Ledger):
             self._f.flush()
 
     def append(self, ev: Event) -> bool:
-        had_seq = ev.seq is not None
+        had_seq, last = ev.seq is not None, self._last_seq.get(ev.run_id)
         line = ev.dumps()                   # before admit: an unwritable event is not indexed
         if not self.admit(ev):
             return False
         if not had_seq:                     # admit assigned the seq
             line = ev.dumps()
-        self._f.write(line + b"\n")
-        self._f.flush()
+        try:
+            self._f.write(line + b"\n")
+            self._f.flush()
+        except BaseException:
+            self._forget(ev, had_seq, last)
+            raise
         return True
 
     def close(self) -> None:
@@ -297,12 +313,17 @@ class SqlLedger(Ledger):
 
     def append(self, ev: Event) -> bool:
         ev.dumps()                          # before admit: an unwritable event is not indexed
+        had_seq, last = ev.seq is not None, self._last_seq.get(ev.run_id)
         if not self.admit(ev):
             return False
-        with self.engine.begin() as conn:
-            conn.execute(self.table.insert().values(
-                event_id=ev.event_id, run_id=ev.run_id, seq=ev.seq, fingerprint=ev.fingerprint,
-                record=ev.dumps()))
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(self.table.insert().values(
+                    event_id=ev.event_id, run_id=ev.run_id, seq=ev.seq,
+                    fingerprint=ev.fingerprint, record=ev.dumps()))
+        except BaseException:
+            self._forget(ev, had_seq, last)
+            raise
         return True
 
     def iter_run(self, run_id: str, after_seq: int = -1) -> Iterator[Event]:

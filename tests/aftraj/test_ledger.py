@@ -324,3 +324,23 @@ def test_category_from_event_meta_is_the_same_live_from_a_file_and_after_restart
     assert [s.category for s in states] == ["agentic"] * 3
     assert [[f.kind for f in s.findings] for s in states] == [["tool_not_permitted"] * 2] * 3
     assert len({s.state_hash() for s in states}) == 1
+
+
+def test_sql_ledger_failed_write_is_not_remembered(tmp_path, monkeypatch):
+    """A database error while storing an event leaves the index as it was: the retry is
+    appended, not ignored as a duplicate of an event that was never stored."""
+    led = SqlLedger(f"sqlite:///{tmp_path / 'ledger.db'}")
+    led.append(parse_event(good(0)))
+    real_begin = led.engine.begin
+
+    def broken():
+        raise RuntimeError("database is locked")
+
+    monkeypatch.setattr(led.engine, "begin", broken)
+    ev = parse_event(good(1, seq=None))
+    with pytest.raises(RuntimeError):
+        led.append(ev)
+    assert "r/1" not in led and led.last_seq("r") == 0 and len(led) == 1 and ev.seq is None
+    monkeypatch.setattr(led.engine, "begin", real_begin)
+    assert led.append(ev) is True and ev.seq == 1
+    assert [e.event_id for e in led.iter_run("r")] == ["r/0", "r/1"]
