@@ -33,7 +33,7 @@ from eval.auditors import AuditResult, Auditor, register_auditor
 from eval.confidence import p_unsafe
 
 METHODS = {"step-by-step": "online", "all-at-once": "posthoc", "binary-search": "bisect"}
-RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+RETRY_STATUS = frozenset({408, 409, 429})  # and every 5xx (gateways and proxies answer 520-529 too)
 
 
 class AuditorError(RuntimeError):
@@ -103,7 +103,7 @@ class OpenAIAuditor(Auditor):
                         raise AuditorError(f"{self.endpoint}{path}: response is not JSON: "
                                            f"{resp.text[:200]!r}") from None
                 last = f"HTTP {resp.status_code}: {resp.text[:300]}"
-                if resp.status_code not in RETRY_STATUS:
+                if resp.status_code not in RETRY_STATUS and not 500 <= resp.status_code < 600:
                     raise AuditorError(f"{self.endpoint}{path}: {last}")
                 ra = resp.headers.get("retry-after")
                 if ra:

@@ -119,3 +119,12 @@ def test_async_walk_matches_round_by_round(fake_openai, corpus):
     strip = [{k: p[k] for k in keys if k != "trace"} | {"ts": [e["t"] for e in p["trace"]]} for p in a]
     assert strip == [{k: p[k] for k in keys if k != "trace"} | {"ts": [e["t"] for e in p["trace"]]}
                      for p in b]
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 520])
+def test_retryable_statuses_are_retried(fake_openai, corpus, status):
+    """The module docstring's promise: 408/409/429 and 5xx are retried (proxies answer 520-529)."""
+    with auditor(fake_openai) as aud:
+        fake_openai.status_next = status
+        r = aud.audit(corpus[0], 3)
+        assert r.alarm and aud.n_retries == 1
