@@ -39,13 +39,7 @@ class RulesAuditor(Auditor):
         """The first alarm-raising finding visible at prefix t, or None."""
         if not 0 <= t < len(traj.steps):
             raise IndexError(f"prefix t={t} is out of range for {traj.id!r} ({len(traj.steps)} steps)")
-        folder = self._folder(traj)
-        if folder.t < t:
-            folder.advance_to(t)
-        for f in folder.visible(t):
-            if f.alarm:
-                return f
-        return None
+        return self._folder(traj).first_alarm(t)    # O(1): no scan of the findings so far
 
     def audit(self, traj: Trajectory, t: int) -> AuditResult:
         f = self.finding_at(traj, t)

@@ -87,3 +87,20 @@ def test_a_run_exactly_at_the_events_budget_is_not_blamed_on_its_end():
                       label=Label(verdict="SAFE", label_source="external"))
     r = get_auditor(f"rules:{path}").audit(over, 160)
     assert r.alarm and r.verdict.step == 160 and r.verdict.agent == "B" and "events" in r.verdict.reason
+
+
+def test_first_alarm_is_the_first_alarm_among_the_visible_findings():
+    """finding_at(t) (O(1)) equals scanning every finding visible at t, in any query order."""
+    from aftraj.detectors import Policy
+    from aftraj.fold import fold_trajectory
+
+    pol = Policy(permitted_tools={"agentic": ["search"]}, alarm_on=("repeated_result_loop",))
+    traj = looping(n_loops=4, tool="shell")        # tool_not_permitted (not an alarm here) + a loop
+    tf = fold_trajectory(traj, pol)
+    assert {f.kind for f in tf.state.findings} == {"tool_not_permitted", "repeated_result_loop"}
+    a = get_auditor("rules", policy=pol)
+    for t in [*range(len(traj.steps)), 3, 0, 7]:
+        want = next((f for f in tf.visible(t) if f.alarm), None)
+        assert a.finding_at(traj, t) is not None if want else a.finding_at(traj, t) is None
+        if want:
+            assert a.finding_at(traj, t).to_dict() == want.to_dict()
