@@ -13,6 +13,7 @@ weights of std --init-std so its greedy output depends on the context (the defau
 produces one repeated token, which would make the comparison vacuous).
 
     .venv/bin/python benchmarks/walk_cost.py            # 2 runs x 30 steps, ~3 min on 2 cores
+    .venv/bin/python benchmarks/walk_cost.py --model PATH --device cuda --dtype bfloat16
 Last line: walk_reencode_s=… walk_reuse_s=… ratio=… verdicts_equal=true|false
 """
 
@@ -49,6 +50,9 @@ def main(argv=None) -> int:
     ap.add_argument("--hidden-size", type=int, default=256)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--init-std", type=float, default=0.3)
+    ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                    help="model dtype (bfloat16 on a GPU: near-ties may break differently)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1 keeps the ratio stable on a shared machine)")
     args = ap.parse_args(argv)
@@ -67,7 +71,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="walkcost-") as tmp:
         path = args.model or build_tiny_model(Path(tmp), hidden_size=args.hidden_size,
                                               num_layers=args.layers)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, args.dtype))
+        model = model.to(args.device).eval()
         tok = AutoTokenizer.from_pretrained(path)
     path = args.model or "tiny Qwen2 (built locally)"
     if args.model is None and args.init_std > 0:
@@ -75,7 +80,7 @@ def main(argv=None) -> int:
         with torch.no_grad():
             for p in model.parameters():
                 if p.dim() >= 2:
-                    p.copy_(torch.randn(p.shape, generator=g) * args.init_std)
+                    p.copy_((torch.randn(p.shape, generator=g) * args.init_std).to(p))
     # The shortest (in characters) runs with at least --steps steps: bounded memory, real text.
     long_enough = [cut(t, args.steps) for t in load_trajectories(args.data, "whoandwhen")
                    if len(t.steps) >= args.steps]
@@ -94,7 +99,7 @@ def main(argv=None) -> int:
             for t in range(len(traj.steps)):
                 ids, _ = reuse.prompt_ids(traj, t)
                 prompt_tokens += len(ids)
-                x = torch.tensor([ids])
+                x = torch.tensor([ids], device=model.device)
                 out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
                                      max_new_tokens=args.max_new_tokens)
                 ref[traj.id, t] = out[0, len(ids):].tolist()
@@ -113,7 +118,8 @@ def main(argv=None) -> int:
     # --- report
     equal = all(got[k] == ref[k] for k in ref)
     mismatches = [k for k in ref if got[k] != ref[k]]
-    print(f"model={path} hidden={model.config.hidden_size} layers={model.config.num_hidden_layers}")
+    print(f"model={path} hidden={model.config.hidden_size} layers={model.config.num_hidden_layers} "
+          f"device={model.device} dtype={args.dtype}")
     print(f"trajectories={len(trajs)} steps={args.steps} prefixes={n_prefix} "
           f"prompt_tokens_total={prompt_tokens} max_new_tokens={args.max_new_tokens}")
     if mismatches:
