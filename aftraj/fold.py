@@ -260,7 +260,11 @@ def _on_error(s: RunState, ev: Event, pos: int) -> None:
     if ev.parent_id is not None:
         call = s.open_calls.pop(ev.parent_id, None)
         if call is not None:
-            call.outcome, call.error = "error", p["error"]
+            retry = p.get("retryable")
+            if retry is None:
+                retry = s.det.retryable(p["error"])
+            call.outcome = "retryable_error" if retry else "error"   # as for an errored result
+            call.error = p["error"]
             call.result_event_id, call.result_pos = ev.event_id, pos
     s.det.on_failure(ev.event_id, pos, ev.agent, p["error"])
     s.det.cycle_win.clear()

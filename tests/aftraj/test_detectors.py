@@ -286,3 +286,14 @@ def test_redo_with_a_different_choice_is_not_a_cycle():
     r.tool("search", ids(3, 5, 1))
     r.tool("lookup", ids(3))                     # now search, lookup(d3) has recurred
     assert r.kinds() == ["state_cycle"]
+
+
+def test_error_event_outcome_is_retryable_like_an_errored_result():
+    r = Run()
+    c1 = r.call("search")
+    r.add("error", "env", {"content": "", "error": "boom", "retryable": True}, parent=c1)
+    c2 = r.call("search")
+    r.add("error", "env", {"content": "", "error": "upstream timeout"}, parent=c2)
+    c3 = r.call("search")
+    r.add("error", "env", {"content": "", "error": "upstream timeout", "retryable": False}, parent=c3)
+    assert [c.outcome for c in r.state.tool_calls] == ["retryable_error", "retryable_error", "error"]
