@@ -104,3 +104,27 @@ def test_first_alarm_is_the_first_alarm_among_the_visible_findings():
         assert a.finding_at(traj, t) is not None if want else a.finding_at(traj, t) is None
         if want:
             assert a.finding_at(traj, t).to_dict() == want.to_dict()
+
+
+def test_never_looks_past_t():
+    """Strict protocol: the verdict at prefix t is the same when the steps after t+1 are cut off
+    (a run cut at t+2 steps folds its termination at t+1, after the prefix asked for)."""
+    import dataclasses
+
+    def key(v):  # the think text names event ids, which carry the trajectory id
+        return v.decision, v.step, v.agent, v.reason
+
+    a = get_auditor("rules")
+    compared_alarms = 0
+    for traj in (looping(), looping(n_loops=4, tool="shell"), looping(n_loops=5)):
+        n = len(traj.steps)
+        full = [key(a.audit(traj, t).verdict) for t in range(n)]
+        assert any(v[0] == "UNSAFE" for v in full)
+        for t in range(n - 2):
+            cut = dataclasses.replace(traj, id=f"{traj.id}[:{t + 2}]", steps=traj.steps[: t + 2],
+                                      label=dataclasses.replace(traj.label, decisive_step=0,
+                                                                decisive_agent="user"))
+            assert key(a.audit(cut, t).verdict) == full[t], (traj.id, t)
+            a.end(cut)
+            compared_alarms += full[t][0] == "UNSAFE"
+    assert compared_alarms >= 4   # the comparison covers alarmed prefixes, not only quiet ones
