@@ -147,3 +147,15 @@ def test_training_data_never_holds_val_or_test_families(handmade, tmp_path):
         trajs, src = load_training_trajectories(str(spec))
         assert [t.id for t in trajs] == ["hand-0", "hand-2", "hand-4", "hand-5"]
         assert "2 val/test" in src
+
+
+def test_canonical_premature_alarm_blames_the_last_shown_steps_agent(handmade):
+    """Agents user, Manager, search_agent, Manager, search_agent; k* = 4: the pre prompt shows
+    steps 0..3 and its canonical wrong verdict is an alarm at step 3, whose agent is Manager."""
+    from dataclasses import replace
+
+    traj = handmade[2]
+    traj = replace(traj, label=replace(traj.label, decisive_step=4, decisive_agent="search_agent"))
+    pre, _ = boundary_pair(traj)
+    wrong = canonical_wrong(pre)
+    assert (wrong.step, wrong.agent) == (3, traj.steps[3].agent) == (3, "Manager")

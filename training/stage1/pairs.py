@@ -36,7 +36,7 @@ class BoundaryPrompt:
     t: int                 # last step shown
     messages: list[dict]   # system + user, from aftraj.prompt.render
     gold: Verdict
-    agents: tuple[str, ...]  # agents seen in steps 0..t (for a canonical wrong verdict)
+    agents: tuple[str, ...]  # agents seen in steps 0..t, the last one step t's (for a canonical wrong verdict)
 
 
 @dataclass
@@ -64,7 +64,7 @@ def boundary_pair(traj: Trajectory, *, budget: int | None = None,
             traj_id=traj.id, subset=subset, t=t,
             messages=render(traj, t, budget, count_tokens=count_tokens),
             gold=gold_verdict(traj, t),
-            agents=tuple(dict.fromkeys(s.agent for s in traj.steps[: t + 1]))))
+            agents=tuple(reversed(dict.fromkeys(s.agent for s in reversed(traj.steps[: t + 1]))))))
     return out
 
 
