@@ -133,7 +133,9 @@ class PromptBudgetError(ValueError):
 
 @dataclass(frozen=True)
 class Rendered:
-    """A prompt split where caching cares: `stable` is shared by every later prefix."""
+    """A prompt split where caching cares. Without a bounded view, `stable` for t is a prefix of
+    `stable` for every later t; with one, it is shared until the view compiles its next block of
+    older steps into the summary (DESIGN §3), so caching still covers almost all of it."""
 
     messages: list[dict]
     stable: str          # the user message up to and including step t
@@ -170,12 +172,8 @@ def render(traj: Trajectory, t: int, budget: int | None = None, **kw) -> list[di
 
 def _bounded_body(traj, t, budget, count_tokens, header, suffix) -> tuple[str, str]:
     """Over budget: the fold's bounded auditor view (older steps summarised, a coverage stamp)."""
-    try:
-        from aftraj.views import auditor_view  # the fold issue's compiled view
-    except ImportError:
-        raise PromptBudgetError(
-            f"prefix t={t} of {traj.id!r} needs more than {budget} tokens and no bounded view is "
-            f"available; raise the budget (prompts are never truncated silently)") from None
+    from aftraj.views import auditor_view  # imported here: views builds on this module
+
     fixed = count_tokens(SYSTEM_PROMPT) + count_tokens(header + suffix)
     return auditor_view(traj, t, budget - fixed, count_tokens=count_tokens, render_step=render_step)
 
@@ -199,7 +197,8 @@ def _parse_attrs(s: str) -> dict:
 
 
 def split_rendered(user_content: str) -> list[dict]:
-    """Recover the steps from a rendered user message (used by tests and `aftraj inspect`)."""
+    """Recover the verbatim steps from a rendered user message (tests, tooling). A bounded view's
+    <summary> and <coverage> blocks are skipped: read `Rendered.coverage` for what was summarised."""
     start = user_content.index("<trajectory>\n") + len("<trajectory>\n")
     end = user_content.rindex("</trajectory>\n")
     body, steps, pos = user_content[start:end], [], 0
