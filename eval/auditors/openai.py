@@ -139,7 +139,13 @@ class OpenAIAuditor(Auditor):
         latency = time.perf_counter() - t0
         try:
             choice = data["choices"][0]
-            text = choice["message"].get("content") or ""
+            msg = choice["message"]
+            text = msg.get("content") or ""
+            # A server with a reasoning parser (vLLM --reasoning-parser) moves the <think> block
+            # out of `content`; put it back so the strict parser sees the trained format.
+            reasoning = msg.get("reasoning_content") or msg.get("reasoning")
+            if reasoning and "<think>" not in text:
+                text = f"<think>{reasoning}</think>{text}"
         except (KeyError, IndexError, TypeError, AttributeError):
             raise AuditorError(f"{self.endpoint}: malformed chat completion: {str(data)[:300]}") from None
         usage = data.get("usage") or {}

@@ -94,6 +94,7 @@ class FakeOpenAI:
         self.stall_s = 2.0
         self.delay_s = 0.0
         self.status_next: int | None = None
+        self.reasoning_split = False  # answer like vLLM with --reasoning-parser
         self.prompts: list[str] = []
         self.bodies: list[dict] = []
         self.server: ThreadingHTTPServer | None = None
@@ -127,8 +128,12 @@ class FakeOpenAI:
         with self.lock:
             cached = max((_lcp(prompt, q) for q in self.prompts), default=0) // 4
             self.prompts.append(prompt)
+        message = {"role": "assistant", "content": text}
+        if self.reasoning_split:
+            message = {"role": "assistant", "reasoning_content": "checked",
+                       "content": text.split("</think>", 1)[1]}
         return {"id": "fake", "object": "chat.completion", "model": body["model"],
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                "choices": [{"index": 0, "message": message,
                              "logprobs": {"content": content} if body.get("logprobs") else None,
                              "finish_reason": "stop"}],
                 "usage": {"prompt_tokens": len(prompt) // 4, "completion_tokens": len(pieces),

@@ -47,6 +47,15 @@ def test_walk_through_http(fake_openai, corpus):
     assert fake_openai.max_in_flight > 1                # calls overlapped across trajectories
 
 
+def test_reasoning_parser_split_is_reassembled(fake_openai, corpus):
+    """vLLM with --reasoning-parser returns <think> text as reasoning_content: still parsed."""
+    fake_openai.reasoning_split = True
+    with auditor(fake_openai) as aud:
+        preds = walk(aud, corpus, WalkConfig(max_in_flight=4), progress=False)
+    m = summarize(preds, n_boot=0)
+    assert m["parse_failure_rate"] == 0.0 and m["exact_f1"] == 1.0
+
+
 def test_concurrency_limit(fake_openai, corpus):
     fake_openai.delay_s = 0.05
     with auditor(fake_openai, concurrency=2) as aud:
