@@ -64,7 +64,9 @@ def load_model(path: str | Path, *, dtype: str = "auto", device: str | None = No
     elif (p / "adapter_config.json").exists():
         from peft import AutoPeftModelForCausalLM
 
-        model = AutoPeftModelForCausalLM.from_pretrained(p, dtype=torch_dtype).merge_and_unload()
+        # local_files_only: an adapter whose base is a hub id must not trigger a download.
+        model = AutoPeftModelForCausalLM.from_pretrained(p, dtype=torch_dtype,
+                                                         local_files_only=True).merge_and_unload()
     else:
         raise FileNotFoundError(f"hf auditor: {p} holds neither config.json (a model) nor "
                                 f"adapter_config.json (a PEFT adapter)")
@@ -74,7 +76,7 @@ def load_model(path: str | Path, *, dtype: str = "auto", device: str | None = No
         base = getattr(getattr(model, "config", None), "_name_or_path", None)
         if not base:
             raise
-        tok = AutoTokenizer.from_pretrained(base)
+        tok = AutoTokenizer.from_pretrained(base, local_files_only=True)
     if tok.chat_template is None:
         raise ValueError(f"hf auditor: the tokenizer in {p} has no chat template")
     model.to(device).eval()
