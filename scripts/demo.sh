@@ -47,6 +47,7 @@ sed -n '1,30p' "$OUT/eval/ww-uniform-random/report.md"
 
 banner "5. Stage 1 (BPPO) on SmolLM2-135M-Instruct, LoRA, a few steps on the corpus's train split"
 aftraj models prepare smollm2-135m
+rm -rf "$OUT/stage1-smollm2"   # a re-run trains afresh (a run folder with checkpoints needs --resume)
 aftraj train stage1 --config configs/stage1/smollm2-135m-cpu.yaml --data "$OUT/corpus" \
   --set max_trajectories=24 --out "$OUT/stage1-smollm2" --no-progress
 
