@@ -21,11 +21,14 @@ def test_gpu_check_code_path_on_cpu_tiny():
     assert main(["--tiny", "--steps", "3"]) == 0
 
 
-def test_gpu_check_refuses_without_cuda():
+def _has_cuda() -> bool:
     import torch
 
-    if torch.cuda.is_available():
-        pytest.skip("this machine has CUDA")
+    return torch.cuda.is_available()
+
+
+@pytest.mark.skipif(_has_cuda(), reason="checks the refusal on a machine without CUDA")
+def test_gpu_check_refuses_without_cuda():
     from training.stage1.gpu_check import main
 
     with pytest.raises(SystemExit, match="no CUDA"):
