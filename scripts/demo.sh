@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job, end to end on a CPU (about 6-8 minutes on 2 cores; set-up adds ~1 minute the
+# The main job, end to end on a CPU (about 9 minutes on 2 cores; set-up adds ~1.5 minutes the
 # first time). Everything lands under out/demo/ (OUT=... to change):
 #   1. Who&When -> our schema, summary per subset
 #   2. build a small AFTraj-style corpus (scripted multi-agent rollouts, curation, injection, diagnosis)
