@@ -249,15 +249,14 @@ def _diag_stats(diag: list[dict]) -> dict:
     cands = [c for d in diag for c in d.get("candidates", [])]
     verified = [c for c in cands if all(c["verifier"].values())]
     replayed = [c for c in cands if "replay" in c]
-    both = [c for c in cands if "replay" in c]
     tops = [d["candidates"][0] for d in diag if d.get("candidates")]
     return {
         "failed_rollouts": len(diag), "with_candidates": sum(1 for d in diag if d.get("candidates")),
         "accepted": sum(d["accepted"] for d in diag), "acceptance_rate": _rate(sum(d["accepted"] for d in diag), len(diag)),
         "candidates": len(cands),
         "proposer_verifier_agreement": _rate(len(verified), len(cands)),
-        "verifier_replay_agreement": _rate(sum(all(c["verifier"].values()) == c["replay"]["flipped"] for c in both), len(both)),
-        "causality_replay_agreement": _rate(sum(c["verifier"]["decisive_causality"] == c["replay"]["flipped"] for c in both), len(both)),
+        "verifier_replay_agreement": _rate(sum(all(c["verifier"].values()) == c["replay"]["flipped"] for c in replayed), len(replayed)),
+        "causality_replay_agreement": _rate(sum(c["verifier"]["decisive_causality"] == c["replay"]["flipped"] for c in replayed), len(replayed)),
         "proposer_top1_replay_flip": _rate(sum(c.get("replay", {}).get("flipped", False) for c in tops), len(tops)),
         "replays_flipped": sum(c["replay"]["flipped"] for c in replayed),
         "verifier_criteria_true": {k: sum(c["verifier"][k] for c in cands) for k in CRITERIA},
