@@ -1,7 +1,7 @@
 """The `aftraj` console script: one entry point, subcommands discovered in `aftraj.commands`.
 
     aftraj --help
-    python -m aftraj.cli convert --from whoandwhen ../shared/data/who_and_when --out ww.jsonl
+    python -m aftraj.cli convert --from whoandwhen who_and_when --out ww.jsonl
 """
 
 from __future__ import annotations

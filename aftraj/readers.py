@@ -1,9 +1,13 @@
 """Readers that map external layouts onto the one schema: Who&When, the released AFTraj-2K
 parquet files, and our own JSON Lines (`aftraj.schema.iter_jsonl`).
 
-    aftraj convert --from whoandwhen ../shared/data/who_and_when --out ww.jsonl
+    aftraj convert --from whoandwhen who_and_when --out ww.jsonl     # the built-in copy
     from aftraj.readers import load_trajectories
-    trajs = load_trajectories("../shared/data/who_and_when")      # format detected from the path
+    trajs = load_trajectories("who_and_when")      # built-in name, or any path; format detected
+
+Built-in data sets (`BUILTIN_DATA`) ship inside the repository and the package
+(`eval/data/`), so a fresh clone needs nothing beside itself: a path that does not exist but
+names one of them resolves to it (`resolve_data_path`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,20 @@ from aftraj.schema import Label, ReadReport, SchemaError, Step, Trajectory, iter
 
 FORMATS = ("whoandwhen", "aftraj-parquet", "jsonl")
 WHO_AND_WHEN_SUBSETS = ("Algorithm-Generated", "Hand-Crafted")
+
+# Data sets shipped with the package (evaluation only: see eval/data/who_and_when/README.md).
+DATA_DIR = Path(__file__).resolve().parents[1] / "eval" / "data"
+WHO_AND_WHEN_DIR = DATA_DIR / "who_and_when"
+BUILTIN_DATA = {"who_and_when": WHO_AND_WHEN_DIR, "whoandwhen": WHO_AND_WHEN_DIR}
+
+
+def resolve_data_path(path: str | Path) -> Path:
+    """`path` as given when it exists; else a built-in data set's folder when `path` is one of
+    its names (`who_and_when`); else `path` unchanged (the reader then names what is missing)."""
+    p = Path(path)
+    if not p.exists() and str(path) in BUILTIN_DATA:
+        return BUILTIN_DATA[str(path)]
+    return p
 
 # --------------------------------------------------------------------------- Who&When
 
@@ -97,7 +115,7 @@ def read_who_and_when_file(path: Path, subset: str) -> Trajectory:
 
 def iter_who_and_when(root: str | Path, *, subsets: tuple[str, ...] = WHO_AND_WHEN_SUBSETS,
                       skip_invalid: bool = False, report: ReadReport | None = None) -> Iterator[Trajectory]:
-    root = Path(root)
+    root = resolve_data_path(root)
     report = report if report is not None else ReadReport()
     report.source = str(root)
     found = False
@@ -268,7 +286,7 @@ def iter_aftraj_parquet(root: str | Path, *, skip_invalid: bool = False,
 # --------------------------------------------------------------------------- any of them
 
 def detect_format(path: str | Path) -> str:
-    p = Path(path)
+    p = resolve_data_path(path)
     if p.is_dir():
         if any((p / s).is_dir() for s in WHO_AND_WHEN_SUBSETS):
             return "whoandwhen"
@@ -283,6 +301,7 @@ def detect_format(path: str | Path) -> str:
 
 def iter_trajectories(path: str | Path, fmt: str = "auto", *, skip_invalid: bool = False,
                       report: ReadReport | None = None) -> Iterator[Trajectory]:
+    path = resolve_data_path(path)
     fmt = detect_format(path) if fmt == "auto" else fmt
     if fmt == "whoandwhen":
         return iter_who_and_when(path, skip_invalid=skip_invalid, report=report)

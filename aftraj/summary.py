@@ -1,7 +1,7 @@
 """A dataset summary per subset: trajectories, steps, agents, approximate prompt tokens, label
 mix and the decisive-step distribution. Used by `aftraj summary` and the demo.
 
-    aftraj summary ../shared/data/who_and_when
+    aftraj summary who_and_when
 """
 
 from __future__ import annotations

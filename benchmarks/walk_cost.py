@@ -42,7 +42,7 @@ def cut(traj, n):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "who_and_when"))
+    ap.add_argument("--data", default=str(REPO / "eval" / "data" / "who_and_when"))
     ap.add_argument("--steps", type=int, default=30, help="steps per trajectory (>= 20)")
     ap.add_argument("--trajectories", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=16)

@@ -8,5 +8,5 @@ interface, versioned metrics with bootstrap intervals, and reports.
 - `eval.confidence`: P(UNSAFE) from verdict-token log-probabilities.
 - `eval.report`: metrics.json, predictions.jsonl, report.md and the PNG plots.
 
-    aftraj eval --auditor heuristic:uniform-random --data ../shared/data/who_and_when --out runs/ww-random
+    aftraj eval --auditor heuristic:uniform-random --data who_and_when --out runs/ww-random
 """

@@ -1,6 +1,6 @@
 """Reports for one evaluation run: metrics.json, predictions.jsonl, report.md and PNG plots.
 
-    aftraj eval --auditor heuristic:last-step --data ../shared/data/who_and_when --out runs/ww-last
+    aftraj eval --auditor heuristic:last-step --data who_and_when --out runs/ww-last
     # runs/ww-last/{metrics.json, predictions.jsonl, report.md, deployable.png, far_step_acc.png,
     #               alarm_delay.png}
 

@@ -15,7 +15,7 @@ cd "$ROOT"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PATH="$ROOT/.venv/bin:$PATH"
 OUT="${OUT:-out/demo}"
-WW="${WHO_AND_WHEN:-$ROOT/../shared/data/who_and_when}"
+WW="${WHO_AND_WHEN:-$ROOT/eval/data/who_and_when}"
 mkdir -p "$OUT"
 banner() { printf '\n######## %s\n' "$*"; }
 

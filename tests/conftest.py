@@ -1,4 +1,5 @@
-"""Shared fixtures. Tests run on CPU with no network; data from ../shared is read-only."""
+"""Shared fixtures. Tests run on CPU with no network; Who&When is the repository's own copy
+(eval/data/who_and_when), read-only."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-WHO_AND_WHEN = REPO.parent / "shared" / "data" / "who_and_when"
+WHO_AND_WHEN = REPO / "eval" / "data" / "who_and_when"
 
 
 @pytest.fixture(scope="session")
 def ww_dir() -> Path:
-    assert WHO_AND_WHEN.is_dir(), f"Who&When is expected at {WHO_AND_WHEN} (../shared/data)"
+    assert WHO_AND_WHEN.is_dir(), f"Who&When is expected at {WHO_AND_WHEN}"
     return WHO_AND_WHEN
 
 

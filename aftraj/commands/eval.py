@@ -5,10 +5,10 @@ Walk every trajectory of PATH (a JSONL file, a Who&When folder or an AFTraj parq
 with the auditor (strict online walk unless the auditor is post-hoc), then write metrics.json,
 predictions.jsonl, report.md and the plots into DIR.
 
-    aftraj eval --auditor heuristic:uniform-random --data ../shared/data/who_and_when --out runs/ww-random
+    aftraj eval --auditor heuristic:uniform-random --data who_and_when --out runs/ww-random
     aftraj eval --auditor hf --model runs/stage1/final --data heldout.jsonl --out runs/eval-hf
     aftraj eval --auditor openai --endpoint http://127.0.0.1:8000/v1 --api-model auditor \
-        --data ../shared/data/who_and_when --out runs/ww-vllm
+        --data who_and_when --out runs/ww-vllm
 """
 
 from __future__ import annotations

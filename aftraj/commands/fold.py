@@ -6,7 +6,7 @@ JSONL corpus, Who&When, AFTraj parquet): each trajectory is converted to events 
 records are reported (file, line, field) on stderr and never stop the others.
 
     aftraj fold runs/ledger.jsonl --run r1
-    aftraj fold ../shared/data/who_and_when --run whoandwhen/Hand-Crafted/30 --json
+    aftraj fold who_and_when --run whoandwhen/Hand-Crafted/30 --json
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Post-hoc heuristic baselines (Who&When's), each seeing the whole trajectory once.
 
-    aftraj eval --auditor heuristic:uniform-random --data ../shared/data/who_and_when --out runs/ww-random
+    aftraj eval --auditor heuristic:uniform-random --data who_and_when --out runs/ww-random
 
 - `uniform-random[,seed=S]`: k̂ uniform over steps 0..N-1 and â uniform over the trajectory's
   agents, independently, seeded per (seed, trajectory id) so results do not depend on order.

@@ -2,7 +2,7 @@
 
     aftraj eval --auditor openai --endpoint http://127.0.0.1:8000/v1 --data ww.jsonl --out runs/ww
     aftraj eval --auditor openai:binary-search --endpoint https://api.example.com/v1 \
-        --api-model judge-large --reference-answer --data ../shared/data/who_and_when --out runs/ww-bs
+        --api-model judge-large --reference-answer --data who_and_when --out runs/ww-bs
 
 Methods (`openai:METHOD`), Who&When's prompting methods over the one prompt builder:
 - `step-by-step` (default): the strict online walk, prefix by prefix, first ALARM ends it.
