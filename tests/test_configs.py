@@ -17,6 +17,7 @@ LOADERS = {
     "accelerate": ("training.accelerate_config", "check_accelerate_config"),
     "policies": ("aftraj.detectors", "load_policy"),
     "corpus": ("aftraj.corpus.config", "load_corpus_config"),
+    "structural": ("aftraj.structural.config", "load_structural_config"),
 }
 
 ALL_YAML = sorted(p for ext in ("*.yaml", "*.yml") for p in CONFIGS.rglob(ext))
