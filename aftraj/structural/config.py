@@ -48,8 +48,8 @@ class StructuralConfig:
     embed_batch: int = 64
     embed_max_tokens: int = 32        # the embedder reads the head of each text (who/what/tool, first words)
     # --- vocabulary: k-means over actions, over observations, then over the (action, observation) pairs
-    k_action: int = 32
-    k_observation: int = 16
+    k_action: int = 48
+    k_observation: int = 24
     n_tokens: int = 56
     kmeans_iters: int = 60
     seed: int = 0
@@ -63,7 +63,7 @@ class StructuralConfig:
     edit_window: int = 8              # tokens compared at the end of the two prefixes
     edit_shift: int = 2               # the candidate's window may end this many tokens earlier or later
     edit_weight: float = 0.5          # similarity = (1 - w) * Jaccard + w * windowed edit similarity
-    neighbour_label: str = "outcome"  # outcome: neighbour's run failed; verdict: neighbour prefix is at/after k*
+    neighbour_label: str = "verdict"  # verdict: the neighbour prefix is at/after its run's k*; outcome: its run failed
     # --- tuning grid (on the tune split only)
     top_k: tuple[int, ...] = (5, 10, 20, 40)
     aggregations: tuple[str, ...] = AGGREGATIONS

@@ -1,7 +1,8 @@
 """Tuning of the structural monitor on a tune split only: for each method (structural,
 baseline), k and the aggregation maximise the per-step stratified AUC (eval.metrics), then the
-ALARM threshold maximises Exact-F1 on the threshold sweep (eval.metrics.threshold_sweep; ties:
-lower FAR, then the higher threshold). Every figure comes from walking the tune split with the
+ALARM threshold maximises Exact-F1 on the threshold sweep (eval.metrics.threshold_sweep) among
+the thresholds whose FAR stays within the deployable bound (FAR <= 20 %; all thresholds when
+none does); ties: lower FAR, then the higher threshold. Every figure comes from walking the tune split with the
 auditor itself (eval.walker, every prefix scored).
 
     from aftraj.structural.tune import tune
@@ -29,7 +30,7 @@ def walk_scores(monitor, trajs: Sequence[Trajectory], method: str, k: int, aggre
 
 
 def tune(monitor, trajs: Sequence[Trajectory], *, log=None) -> dict:
-    from eval.metrics import stratified_auc, threshold_sweep
+    from eval.metrics import DEPLOYABLE_MAX_FAR, stratified_auc, threshold_sweep
 
     log = log or (lambda *_: None)
     cfg = monitor.cfg
@@ -50,6 +51,10 @@ def tune(monitor, trajs: Sequence[Trajectory], *, log=None) -> dict:
         auc, k, agg, preds = best
         sweep = threshold_sweep(preds) or []
         rows = [r for r in sweep if r["exact_f1"] is not None]
+        # within the deployable FAR bound when some threshold reaches it (an Exact-F1 optimum at
+        # FAR 85 % is no alarm policy); otherwise the plain optimum
+        bounded = [r for r in rows if r["far"] is None or r["far"] <= DEPLOYABLE_MAX_FAR]
+        rows = bounded or rows
         pick = max(rows, key=lambda r: (r["exact_f1"], -(r["far"] or 0.0), r["threshold"])) if rows else None
         out[method] = {"k": k, "aggregation": agg,
                        "threshold": pick["threshold"] if pick else None,
