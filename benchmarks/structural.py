@@ -8,13 +8,19 @@ the embedding baseline, plus the cost of tagging one unseen step (two texts thro
 
 Queries are prefixes of the fitted runs; retrieval excludes the query's own family, so each
 query sees only other tasks, as a held-out run would. Last line:
-fit_s=… query_p50_ms=… query_p99_ms=… (structural method, raw score, cold per-prefix cache).
+fit_s=… query_p50_ms=… query_p99_ms=… (wall clock; structural method, raw score, cold
+per-prefix cache). CPU times are printed above it: on a shared machine they say what one core
+does, the wall clock what the load left.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+
+# One BLAS thread: the machine is shared, and CPU time per query then means one core's work.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 import random
 import sys
 import tempfile
@@ -68,9 +74,9 @@ def main() -> int:
         # --- fit, cold cache (embedding included), then warm
         emb = make_embedder(cfg.embedder, threads=cfg.embed_threads, batch_size=cfg.embed_batch,
                             max_tokens=cfg.embed_max_tokens)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         mon = StructuralMonitor.fit(trajs, cfg, cache=EmbeddingCache(emb, tmp / "e.npz"), log=print)
-        fit_s = time.perf_counter() - t0
+        fit_s, fit_cpu_s = time.perf_counter() - t0, time.process_time() - c0
         mon.cache.save()
         t0 = time.perf_counter()
         StructuralMonitor.fit(trajs, cfg, cache=EmbeddingCache(emb, tmp / "e.npz"))
@@ -84,14 +90,16 @@ def main() -> int:
         lat = {}
         for method in ("structural", "baseline"):
             mon._raw.clear()
-            times = []
+            times, cpu = [], []
             for tr, t in sample:
-                a = time.perf_counter()
+                a, b = time.perf_counter(), time.thread_time()
                 mon.score(tr, t, method, k, "raw")
                 times.append(time.perf_counter() - a)
+                cpu.append(time.thread_time() - b)
             lat[method] = np.array(times) * 1e3
             print(f"{method:<10} query p50 {np.percentile(lat[method], 50):.2f} ms  p99 "
-                  f"{np.percentile(lat[method], 99):.2f} ms  ({len(times)} prefixes, k={k})")
+                  f"{np.percentile(lat[method], 99):.2f} ms wall; CPU p50 {np.percentile(cpu, 50) * 1e3:.2f} ms "
+                  f"p99 {np.percentile(cpu, 99) * 1e3:.2f} ms  ({len(times)} prefixes, k={k})")
 
         # --- tagging an unseen step: two new texts through the embedder, nearest centroids
         tag = []
@@ -103,6 +111,7 @@ def main() -> int:
             tag.append(time.perf_counter() - a)
         tag_ms = float(np.percentile(tag, 50) * 1e3)
     info = mon.info
+    print(f"fit CPU time {fit_cpu_s:.1f} s (wall {fit_s:.1f} s; the gap is other processes on the machine)")
     print(f"fit: {info['n_action_texts']} action + {info['n_observation_texts']} observation texts embedded in "
           f"{info['embed_s']:.1f} s; vocabulary {info['vocab_size']} tokens; {info['n_entries']} distinct "
           f"prefixes of {info['n_prefixes']}; refit with a warm cache {fit_warm_s:.1f} s; "

@@ -58,7 +58,7 @@ class StructuralConfig:
     num_perm: int = 512
     lsh_threshold: float = 0.3        # MinHashLSH prefilter threshold
     min_similarity: float = 0.3       # neighbours below this similarity are ignored
-    max_candidates: int = 256         # LSH candidates kept for the rerank (highest Jaccard first)
+    max_candidates: int = 64          # LSH candidates kept for the rerank (highest Jaccard first)
     edit_rerank: bool = True          # shift-aware windowed edit-distance rerank (rapidfuzz)
     edit_window: int = 8              # tokens compared at the end of the two prefixes
     edit_shift: int = 2               # the candidate's window may end this many tokens earlier or later

@@ -13,6 +13,7 @@ whose members are the runs (family, failed?, at/after k*?, next token) that pass
 
 from __future__ import annotations
 
+import heapq
 import struct
 from dataclasses import dataclass
 
@@ -31,7 +32,7 @@ def windowed_edit_similarity(q, c, window: int, shift: int) -> float:
     """Normalised Levenshtein similarity of the query's last `window` tokens against the
     candidate's window ending at len(c) - s for s = 0..shift (the best one): two prefixes that
     end the same way score high even when one has a few more or fewer steps."""
-    from rapidfuzz.distance import Levenshtein
+    from rapidfuzz.distance.Levenshtein import normalized_similarity
 
     w = min(window, len(q))
     qw = list(q[-w:])
@@ -40,7 +41,7 @@ def windowed_edit_similarity(q, c, window: int, shift: int) -> float:
         end = len(c) - s
         if end < 1:
             break
-        best = max(best, Levenshtein.normalized_similarity(qw, list(c[max(0, end - w): end])))
+        best = max(best, normalized_similarity(qw, c[max(0, end - w): end]))
         if best == 1.0:
             break
     return best
@@ -144,14 +145,15 @@ class PrefixIndex:
         qs = shingles(tokens, cfg.shingle)
         cands = self.lsh.query(self._minhash(qs))
         own = self.families.get(family) if family is not None else None
+        nq = len(qs)
+        sets = self.shingle_sets
         scored = []
         for e in cands:
-            es = self.shingle_sets[e]
-            inter = len(qs & es)
-            scored.append((inter / (len(qs) + len(es) - inter), e))
-        scored.sort(key=lambda x: (-x[0], x[1]))
+            inter = len(qs & sets[e])
+            scored.append((inter / (nq + len(sets[e]) - inter), -e))
         hits = []
-        for jac, e in scored[: cfg.max_candidates]:
+        for jac, e in heapq.nlargest(cfg.max_candidates, scored):   # highest Jaccard, then lowest entry
+            e = -e
             sim = jac
             if cfg.edit_rerank:
                 ed = windowed_edit_similarity(tokens, self.entries[e], cfg.edit_window, cfg.edit_shift)
