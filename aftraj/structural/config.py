@@ -10,7 +10,7 @@ An unknown or mistyped key is a `ConfigError` naming the file and the key.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
