@@ -116,20 +116,6 @@ class Stage1Config:
 
     def __post_init__(self) -> None:
         _check_types(self)
-        if (self.num_epochs is None) == (self.max_steps is None):
-            raise ConfigError("set exactly one of num_epochs and max_steps (the other null); got "
-                              f"num_epochs={self.num_epochs}, max_steps={self.max_steps}", key="num_epochs")
-        if self.num_epochs is not None:
-            if self.num_epochs <= 0:
-                raise ConfigError(f"must be > 0, got {self.num_epochs}", key="num_epochs")
-            if self.num_epochs > MAX_EPOCHS and not self.allow_many_epochs:
-                raise ConfigError(f"{self.num_epochs} epochs is above {MAX_EPOCHS}: DPO-style training "
-                                  f"overfits a small preference set; set allow_many_epochs: true to force it",
-                                  key="num_epochs")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ConfigError(f"must be >= 1 or null, got {self.max_steps}", key="max_steps")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ConfigError(f"must be in [0, 1), got {self.warmup_ratio}", key="warmup_ratio")
         pos = ("process_group_timeout_minutes", "logging_steps", "save_steps",
                "max_prompt_tokens", "max_completion_tokens",
                "sample_max_new_tokens", "sample_batch_size", "per_device_batch_size",
@@ -180,6 +166,20 @@ class Stage1Config:
                     raise ConfigError("is required when sampler is 'openai'", key=k)
         if "wandb" in self.report_to and not self.wandb_project:
             raise ConfigError("is required when report_to holds 'wandb'", key="wandb_project")
+        if (self.num_epochs is None) == (self.max_steps is None):
+            raise ConfigError("set exactly one of num_epochs and max_steps (the other null); got "
+                              f"num_epochs={self.num_epochs}, max_steps={self.max_steps}", key="num_epochs")
+        if self.num_epochs is not None:
+            if self.num_epochs <= 0:
+                raise ConfigError(f"must be > 0, got {self.num_epochs}", key="num_epochs")
+            if self.num_epochs > MAX_EPOCHS and not self.allow_many_epochs:
+                raise ConfigError(f"{self.num_epochs} epochs is above {MAX_EPOCHS}: DPO-style training "
+                                  f"overfits a small preference set; set allow_many_epochs: true to force it",
+                                  key="num_epochs")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"must be >= 1 or null, got {self.max_steps}", key="max_steps")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ConfigError(f"must be in [0, 1), got {self.warmup_ratio}", key="warmup_ratio")
 
     @property
     def batch_split(self) -> tuple[int, int]:
