@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override any config key (VALUE parsed as YAML), repeatable")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config (overrides applied) as JSON and exit")
 
 
 def run(args) -> int:
@@ -58,6 +60,9 @@ def run(args) -> int:
     except (ConfigError, FileNotFoundError) as e:
         print(f"stage1: {e}", file=sys.stderr)
         return 2
+    if args.print_config:
+        print(json.dumps(cfg.to_dict()))
+        return 0
     if args.phase == "preferences":
         stats = sample_preferences(cfg)
         print(json.dumps({"output_dir": cfg.output_dir, "phase": "preferences",

@@ -1,5 +1,8 @@
-"""The BPPO trainer: a compact accelerate loop (load → preferences → reference log-probs →
-optimise → checkpoint → final Hugging Face folder).
+"""The BPPO trainer in two phases. Phase 1, `sample_preferences` (one process, never a process
+group): boundary prompts → base-policy samples (in-process `generate` on a GPU, or an
+OpenAI-compatible endpoint such as vLLM) → the preference cache. Phase 2, `train` (one process,
+or `accelerate launch` with FSDP, which only reads the cache): reference log-probs → optimise →
+checkpoint → final Hugging Face folder.
 
 Why not a TRL `DPOTrainer` subclass: BPPO differs from DPO in three places that TRL 1.16 has no
 hook for. (1) The loss weights two subsets per batch; `DPOTrainer._compute_loss` is a ~330-line
@@ -7,19 +10,28 @@ method that averages one `per_sequence_loss` per loss type with no per-example w
 subclass would have to copy it whole. (2) Every batch must hold both subsets: that replaces the
 trainer's sampler/dataloader (and its batch-skipping resume) as well. (3) Our prompts are rendered
 and tokenised once by the shared prompt builder with the served chat template, which TRL's
-`_prepare_dataset` would re-tokenise. What remains of Trainer (optimizer, schedule, accumulation,
-FSDP, mixed precision, checkpoint state) is what accelerate gives directly, so the loop below
-stays ~250 lines and every step is visible. `benchmarks/stage1_step.py` keeps its speed honest
-against a plain `DPOTrainer` (and tests check the loss equals TRL's sigmoid DPO loss).
+`_prepare_dataset` would re-tokenise. What remains of Trainer (schedule, accumulation, FSDP,
+mixed precision, checkpoint state) is what accelerate gives directly, so the loop below stays
+short and every step is visible. `benchmarks/stage1_step.py` keeps its speed honest against a
+plain `DPOTrainer` (and tests check the loss equals TRL's sigmoid DPO loss).
 
-Run folder (`output_dir`): config.yaml, run.json (seeds, versions, data), preferences.jsonl +
-preference_stats.json (cached: a resumed run never re-samples), ref_logps.pt (cached reference
-log-probs), metrics.jsonl (one line per logged step), tb/ (TensorBoard), checkpoint-NNNNNN/
-(accelerate state: model, optimizer, scheduler, RNG), final/ (a plain transformers folder; with
-LoRA the merged model, plus final/adapter/).
+Production details (issue 12): the FSDP mixed-precision policy is explicit (parameters bf16,
+reductions and buffers fp32; rotary `inv_freq` is asserted fp32 after `prepare` and after the
+first forward); the optimizer is saved and restored per rank (8-bit AdamW round-trips; checksums
+compared); the schedule is sized from the cached pairs (`num_epochs`); under FSDP gradients stay
+sharded between micro-steps; the process-group timeout is set.
+
+Run folder (`output_dir`): config.yaml, run.json (seeds, versions, schedule, per-invocation
+checks), preferences.jsonl + preference_stats.json (the phase-1 cache: training never re-samples),
+ref_logps.pt (cached reference log-probs), metrics.jsonl (one line per logged step, with its
+epoch), tb/ (TensorBoard), checkpoint-NNNNNN/ (state/: accelerate's model, scheduler and RNG
+state, plus optimizer_rank<R>.pt per rank; trainer_state.json with the optimizer checksums),
+final/ (a plain transformers folder in `export_dtype`; with LoRA the merged model, plus
+final/adapter/).
 
     aftraj train stage1 --config configs/stage1/tiny-cpu.yaml --out runs/stage1-tiny
-    accelerate launch --config_file configs/accelerate/fsdp-2xh200.yaml -m training.stage1 \
+    aftraj train stage1 --phase preferences --config configs/stage1/qwen2.5-7b-2xh200.yaml --data runs/corpus
+    accelerate launch --config_file configs/accelerate/fsdp-2xh200.yaml -m training.stage1 --phase train \
         --config configs/stage1/qwen2.5-7b-2xh200.yaml --data runs/corpus
 """
 
