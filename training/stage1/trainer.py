@@ -64,7 +64,7 @@ from training.stage1.preferences import build_preferences, make_sampler
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 # settings a resumed run may change: they do not touch the data, the model or the optimisation
 _RESUMABLE = frozenset({"output_dir", "logging_steps", "save_steps", "save_total_limit", "report_to",
-                        "wandb_project"})
+                        "wandb_project", "process_group_timeout_minutes", "sdpa_math_kernel", "export_dtype"})
 
 
 @dataclass
