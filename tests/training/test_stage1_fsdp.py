@@ -3,8 +3,9 @@ real entry point: `configs/accelerate/fsdp-2xh200.yaml` adapted to CPU
 (`training.accelerate_config.cpu_variant`), bf16 mixed precision, bitsandbytes 8-bit AdamW,
 SHARDED_STATE_DICT checkpoints, 2 accumulation micro-steps.
 
-Run A trains 3 steps and saves at 2 and 3; run B resumes from a copy of A's step-2 checkpoint.
-The optimizer checksums and step 3's loss must equal A's; rotary buffers stay float32; the
+Run A trains 4 steps and saves at 2 and 4; run B resumes from a copy of A's step-2 checkpoint.
+The restored optimizer checksums and steps 3-4 (step 4's loss is the first that the restored
+optimizer state shapes) must equal A's; rotary buffers stay float32; the
 gradient between micro-steps is the rank's shard; the bf16 export loads. A second launch shows
 that accelerate's own bf16 policy puts `inv_freq` in bf16 (the check above is not vacuous).
 
@@ -76,7 +77,7 @@ def runs(tiny_model_dir, handmade_corpus, cpu_yaml, tmp_path_factory):
     root = tmp_path_factory.mktemp("fsdp")
     a, b = root / "a", root / "b"
     common = ["--config", str(TINY), "--data", str(handmade_corpus), "--model", str(tiny_model_dir),
-              "--no-progress", "--max-steps", "3", "--set", "report_to=[]", "--set", "per_device_batch_size=2",
+              "--no-progress", "--max-steps", "4", "--set", "report_to=[]", "--set", "per_device_batch_size=2",
               "--set", "gradient_accumulation_steps=2", "--set", "mixed_precision=bf16",
               "--set", "optimizer=adamw_bnb_8bit", "--set", "save_steps=2", "--set", "export_dtype=bfloat16",
               "--set", "process_group_timeout_minutes=7", "--set", "samples_per_prompt=2",
@@ -85,7 +86,7 @@ def runs(tiny_model_dir, handmade_corpus, cpu_yaml, tmp_path_factory):
     assert main(["train", "stage1", "--phase", "preferences", "--out", str(a), *common]) == 0
     _launch(cpu_yaml, LAUNCH, ["--phase", "train", "--out", str(a), *common])
     # B: the run as it stood after step 2's checkpoint, then resumed
-    shutil.copytree(a, b, ignore=shutil.ignore_patterns("checkpoint-000003", "final"))
+    shutil.copytree(a, b, ignore=shutil.ignore_patterns("checkpoint-000004", "final"))
     _launch(cpu_yaml, LAUNCH, ["--phase", "train", "--resume", "--out", str(b), *common])
     return a, b
 
@@ -93,15 +94,16 @@ def runs(tiny_model_dir, handmade_corpus, cpu_yaml, tmp_path_factory):
 def test_resume_restores_the_8bit_optimizer_and_continues_the_run(runs):
     a, b = runs
     ma, mb = _metrics(a), _metrics(b)
-    assert sorted(ma) == sorted(mb) == [1, 2, 3]
+    assert sorted(ma) == sorted(mb) == [1, 2, 3, 4]
     assert ma[1]["loss"] == pytest.approx(math.log(2), abs=1e-3)
     restored = _last_invocation(b)["optimizer_checksum_restored"]
     assert len(restored) == 2 and all(c[0] > 0 for c in restored)    # two ranks, non-empty states
     assert restored == _checksums(a, 2)                                  # saved == loaded, per rank
     assert restored[0] != restored[1]                                    # each rank kept its own shard
-    assert mb[3]["loss"] == pytest.approx(ma[3]["loss"], abs=1e-6)       # the next step is the same step
-    assert mb[3]["grad_norm"] == pytest.approx(ma[3]["grad_norm"], rel=1e-5)
-    assert _checksums(b, 3) == _checksums(a, 3)
+    for step in (3, 4):                                                  # the same steps as uninterrupted
+        assert mb[step]["loss"] == pytest.approx(ma[step]["loss"], abs=1e-6), step
+        assert mb[step]["grad_norm"] == pytest.approx(ma[step]["grad_norm"], rel=1e-5), step
+    assert _checksums(b, 4) == _checksums(a, 4)
     state = a / "checkpoint-000002" / "state"
     assert sorted(p.name for p in state.glob("optimizer_rank*.pt")) == ["optimizer_rank0.pt", "optimizer_rank1.pt"]
     assert (state / "pytorch_model_fsdp_0").is_dir()                    # the model: FSDP sharded state dict
@@ -117,8 +119,8 @@ def test_rotary_fp32_timeout_schedule_and_sharded_accumulation(runs, tiny_model_
         found = inv["rotary_buffer_dtypes"][when]
         assert found and set(found.values()) == {"float32"}, when
     sched = inv["schedule"]
-    assert (sched["n_pairs"], sched["global_batch"], sched["steps"]) == (9, 8, 3)
-    assert sched["epochs"] == pytest.approx(8 * 3 / 9)
+    assert (sched["n_pairs"], sched["global_batch"], sched["steps"]) == (9, 8, 4)
+    assert sched["epochs"] == pytest.approx(8 * 4 / 9)
     assert _metrics(a)[3]["epoch"] == pytest.approx(8 * 3 / 9, abs=1e-4)
     acc = inv["accumulation"]
     n_params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(tiny_model_dir).parameters())
