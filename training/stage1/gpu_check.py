@@ -165,6 +165,10 @@ def verify(root: Path, *, pairs: int = 1100, require_cuda: bool = True) -> dict:
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), "metrics are not continuous across the resume"
     assert all(math.isfinite(r["loss"]) for r in rows), "non-finite loss"
     assert abs(rows[0]["loss"] - math.log(2)) < 2e-2, f"step 1 loss {rows[0]['loss']} is not ln 2"
+    expected_lr = _schedule_lrs(cfg, n_pairs=json.loads((run / "data_stats.json").read_text())["n_pairs"])
+    got_lr = [r["lr"] for r in rows]
+    assert all(math.isclose(g, e, rel_tol=1e-6, abs_tol=1e-15) for g, e in zip(got_lr, expected_lr)), \
+        f"learning rates {got_lr} are not the schedule's {expected_lr} (scheduler state lost on resume?)"
     epochs = [r["epoch"] for r in rows]
     assert epochs == sorted(epochs) and len(set(epochs)) == len(epochs), f"epochs not increasing: {epochs}"
     stats = json.loads((run / "data_stats.json").read_text())
@@ -181,6 +185,23 @@ def verify(root: Path, *, pairs: int = 1100, require_cuda: bool = True) -> dict:
     assert torch.isfinite(out.float()).all(), "the exported model gives non-finite logits"
     del model
     return _figures(cfg, rows, pairs)
+
+
+def _schedule_lrs(cfg, n_pairs: int) -> list[float]:
+    """The learning rate of each step of an uninterrupted run of `cfg` on one rank."""
+    import torch
+    from transformers import get_scheduler
+
+    sched = cfg.schedule(n_pairs, world_size=1)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.learning_rate)
+    lr_sched = get_scheduler(cfg.lr_scheduler, opt, num_warmup_steps=sched.warmup_steps,
+                             num_training_steps=sched.steps)
+    out = []
+    for _ in range(sched.steps):
+        out.append(lr_sched.get_last_lr()[0])
+        opt.step()
+        lr_sched.step()
+    return out
 
 
 def _figures(cfg, rows: list[dict], pairs: int) -> dict:
