@@ -47,8 +47,12 @@ def test_production_stage1_config_holds_the_issue_settings():
 
     cfg = load_stage1_config(CONFIGS / "stage1" / "qwen2.5-7b-2xh200.yaml")
     assert (cfg.finetune, cfg.max_prompt_tokens, cfg.mixed_precision) == ("full", 8192, "bf16")
-    assert (cfg.gradient_checkpointing, cfg.optimizer, cfg.lr_scheduler, cfg.warmup_steps) == \
-        (True, "adamw_bnb_8bit", "cosine", 50)
+    assert (cfg.gradient_checkpointing, cfg.optimizer, cfg.lr_scheduler, cfg.warmup_ratio) == \
+        (True, "adamw_bnb_8bit", "cosine", 0.1)
+    assert 2 <= cfg.num_epochs <= 3 and cfg.max_steps is None and not cfg.allow_many_epochs
+    assert cfg.export_dtype == "bfloat16"
+    sched = cfg.schedule(1100, world_size=2)           # ≈ the corpus's pairs, on 2×H200
+    assert 2 <= sched.epochs <= 3 and sched.steps == 69 and sched.warmup_steps == 7
     assert not cfg.model.startswith("builtin:") and "/" in cfg.model      # a local folder, never a hub id
     assert load_stage1_config(CONFIGS / "stage1" / "smollm2-135m-cpu.yaml").finetune == "lora"
 
@@ -77,3 +81,32 @@ def test_loaders_reject_bad_files(tmp_path):
     bad.write_text(text + "num_gpus: 2\n")
     with pytest.raises(ValueError, match="unknown keys"):
         check_accelerate_config(bad)
+
+
+def test_stage1_schedule_is_sized_from_epochs_and_capped_at_five():
+    from training.stage1.config import ConfigError, load_stage1_config
+
+    prod = CONFIGS / "stage1" / "qwen2.5-7b-2xh200.yaml"
+    assert load_stage1_config(prod, {"num_epochs": 5}).num_epochs == 5
+    with pytest.raises(ConfigError, match=r"key 'num_epochs'.*above 5.*allow_many_epochs"):
+        load_stage1_config(prod, {"num_epochs": 5.5})
+    assert load_stage1_config(prod, {"num_epochs": 5.5, "allow_many_epochs": True}).num_epochs == 5.5
+    with pytest.raises(ConfigError, match="exactly one of num_epochs and max_steps"):
+        load_stage1_config(prod, {"max_steps": 100})
+    with pytest.raises(ConfigError, match="exactly one of num_epochs and max_steps"):
+        load_stage1_config(prod, {"num_epochs": None})
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ConfigError, match="warmup_ratio"):
+            load_stage1_config(prod, {"warmup_ratio": bad})
+    # a fixed step count is held to the same cap once the data is known (the old 1,500 steps)
+    fixed = load_stage1_config(prod, {"num_epochs": None, "max_steps": 1500, "gradient_accumulation_steps": 16})
+    with pytest.raises(ConfigError, match=r"87\.3 epochs"):
+        fixed.schedule(1100, world_size=2)
+    assert load_stage1_config(prod, {"num_epochs": None, "max_steps": 1500, "allow_many_epochs": True}
+                              ).schedule(1100, world_size=2).steps == 1500
+    edge = load_stage1_config(prod, {"num_epochs": None, "max_steps": 10})    # 10 × 32 / 64 = 5.0: allowed
+    assert edge.schedule(64, world_size=2).epochs == 5.0
+    with pytest.raises(ConfigError):
+        load_stage1_config(prod, {"num_epochs": None, "max_steps": 11}).schedule(64, world_size=2)
+    one = load_stage1_config(prod, {"num_epochs": 1}).schedule(33, world_size=2)   # ceil(33 / 32)
+    assert (one.steps, one.warmup_steps) == (2, 0)

@@ -7,6 +7,7 @@ options, checks the values accelerate would otherwise only reject on the GPU nod
 layer class to wrap exists in transformers.
 
     python -m training.accelerate_config configs/accelerate/fsdp-2xh200.yaml
+    python -m training.accelerate_config --cpu-variant configs/accelerate/fsdp-2xh200.yaml OUT.yaml
 """
 
 from __future__ import annotations
@@ -79,7 +80,24 @@ def _layer_class_exists(name: str) -> bool:
     return hasattr(mod, name)
 
 
+def cpu_variant(path: str | Path, out: str | Path) -> Path:
+    """The same launch config for CPU ranks (gloo), as the two-rank CPU tests run it: `use_cpu`,
+    and no `sync_module_states` / `cpu_ram_efficient_loading` (accelerate needs a GPU for them;
+    every rank then loads the weights itself). Everything else (FSDP1, sharding, wrapping,
+    mixed precision, sharded state dict) is kept."""
+    raw = check_accelerate_config(path)
+    raw["use_cpu"] = True
+    fsdp = raw.setdefault("fsdp_config", {})
+    fsdp["fsdp_sync_module_states"] = False
+    fsdp["fsdp_cpu_ram_efficient_loading"] = False
+    Path(out).write_text(yaml.safe_dump(raw, sort_keys=False))
+    return Path(out)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--cpu-variant"]:
+        print(cpu_variant(sys.argv[2], sys.argv[3]))
+        raise SystemExit(0)
     for a in sys.argv[1:]:
         check_accelerate_config(a)
         print(f"ok: {a}")

@@ -1,8 +1,10 @@
-"""The production stage-1 settings on a GPU (marker `gpu`: needs CUDA, bitsandbytes' 8-bit AdamW
-and bf16), plus the same script's code path on CPU, shrunk (default suite)."""
+"""The one-H200 check (`scripts/gpu_check.sh`, marker `gpu`), and its Python halves on CPU with
+tiny shapes (default suite): prepare (exact-length prompts, the check config), the trainer's
+stop-at-2 / resume-to-4 / export in process, verify (its assertions and figures)."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -11,14 +13,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-LINE = re.compile(r"^gpu_stage1: steps=(\d+) median_step_s=([\d.]+) peak_mem_gib=(\S+) params_m=(\d+) "
-                  r"prompt_tokens_max=(\d+) loss_first=(\S+) loss_last=(\S+)$", re.M)
-
-
-def test_gpu_check_code_path_on_cpu_tiny():
-    from training.stage1.gpu_check import main
-
-    assert main(["--tiny", "--steps", "3"]) == 0
+LINE = re.compile(r"^gpu_check: peak_alloc_gib=(\S+) peak_reserved_gib=(\S+) micro_step_s=(\S+) "
+                  r"prod_peak_gib≈(\S+) prod_step_s≈(\S+) prod_epoch_h≈(\S+) prod_run_h≈(\S+) ", re.M)
 
 
 def _has_cuda() -> bool:
@@ -27,23 +23,80 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+@pytest.fixture(scope="module")
+def tiny_check(tmp_path_factory):
+    from training.stage1 import gpu_check
+    from training.stage1.config import load_stage1_config
+    from training.stage1.trainer import train
+
+    root = tmp_path_factory.mktemp("gpu-check")
+    assert gpu_check.main(["prepare", "--root", str(root), "--tiny"]) == 0
+    cfg = load_stage1_config(root / "stage1-gpu-check.yaml")
+    train(cfg, phase="train", stop_at_step=gpu_check.STOP_AT, progress=False)
+    train(cfg, phase="train", resume=True, progress=False)
+    return root, cfg
+
+
+def test_prepared_prompts_are_exactly_the_budget(tiny_check):
+    from transformers import AutoTokenizer
+
+    from training.stage1 import gpu_check
+    from training.stage1.data import prompt_token_ids
+
+    root, cfg = tiny_check
+    tok = AutoTokenizer.from_pretrained(root / "model")
+    records = [json.loads(x) for x in (root / "run" / "preferences.jsonl").read_text().splitlines()]
+    assert [len(prompt_token_ids(tok, r["messages"])) for r in records] == [gpu_check.TINY_PROMPT_TOKENS] * 8
+    assert (cfg.max_steps, cfg.num_epochs, cfg.sdpa_math_kernel, cfg.export_dtype) == (4, None, False, "bfloat16")
+    assert cfg.optimizer == "adamw_bnb_8bit" and cfg.mixed_precision == "bf16"   # production's, kept
+
+
+def test_verify_passes_on_the_run_and_prints_the_extrapolation(tiny_check, capsys):
+    from training.stage1 import gpu_check
+
+    root, _ = tiny_check
+    fig = gpu_check.verify(root, pairs=1100, require_cuda=False)
+    assert fig["prod_steps"] == 69 and 2 <= fig["prod_epochs"] <= 3
+    assert 4.3 < fig["params_check_b"] < 4.4 and 7.6 < fig["params_prod_b"] < 7.7   # Qwen2.5-7B: 7.62B
+    assert 1.7 < fig["compute_ratio"] < 2.0
+    assert LINE.search(capsys.readouterr().out)
+
+
+def test_verify_fails_when_the_optimizer_did_not_round_trip(tiny_check, tmp_path):
+    import shutil
+
+    from training.stage1 import gpu_check
+
+    root, _ = tiny_check
+    bad = tmp_path / "bad"
+    shutil.copytree(root, bad)
+    cfg_text = (bad / "stage1-gpu-check.yaml").read_text().replace(str(root), str(bad))
+    (bad / "stage1-gpu-check.yaml").write_text(cfg_text)
+    info = json.loads((bad / "run" / "run.json").read_text())
+    info["invocations"][1]["optimizer_checksum_restored"][0][1] += 1.0
+    (bad / "run" / "run.json").write_text(json.dumps(info))
+    with pytest.raises(AssertionError, match="optimizer checksum"):
+        gpu_check.verify(bad, require_cuda=False)
+
+
 @pytest.mark.skipif(_has_cuda(), reason="checks the refusal on a machine without CUDA")
-def test_gpu_check_refuses_without_cuda():
-    from training.stage1.gpu_check import main
+def test_verify_refuses_without_cuda(tiny_check):
+    from training.stage1 import gpu_check
 
     with pytest.raises(SystemExit, match="no CUDA"):
-        main([])
+        gpu_check.main(["verify", "--root", str(tiny_check[0])])
 
 
 @pytest.mark.gpu
-def test_gpu_stage1_production_settings_five_steps():
-    """bash scripts/gpu_stage1_check.sh on one H200: 5 steps, bf16, checkpointing, 8-bit AdamW."""
-    r = subprocess.run(["bash", str(REPO / "scripts" / "gpu_stage1_check.sh")], cwd=REPO, text=True,
-                       capture_output=True, timeout=1200, env=None)
-    sys.stdout.write(r.stdout[-4000:])
+def test_gpu_check_script_on_one_gpu():
+    """bash scripts/gpu_check.sh on one H200 (~10 min: a 4.4B-parameter model, 4 steps of 2
+    micro-steps of 2 pairs at 8,192 + 1,024 tokens, two launches, sharded checkpoints)."""
+    r = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh")], cwd=REPO, text=True,
+                       capture_output=True, timeout=3000)
+    sys.stdout.write(r.stdout[-6000:])
     assert r.returncode == 0, r.stderr[-4000:]
     m = LINE.search(r.stdout)
-    assert m, "no gpu_stage1 summary line"
-    steps, _, peak, params, prompt_max, first, last = m.groups()
-    assert int(steps) == 5 and float(peak) > 0 and int(params) > 200 and int(prompt_max) > 4000
-    assert float(first) == pytest.approx(0.6931, abs=1e-3)
+    assert m, "no gpu_check summary line"
+    peak, reserved, micro_s, prod_peak = (float(x) for x in m.groups()[:4])
+    assert 0 < peak <= reserved < 141 and micro_s > 0
+    assert prod_peak < 141, f"extrapolated production peak {prod_peak} GiB does not fit an H200"

@@ -149,10 +149,13 @@ def test_two_process_data_parallel_on_cpu(tiny_model_dir, handmade_corpus, tmp_p
         port = str(sock.getsockname()[1])
     out = tmp_path / "ddp"
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    args = ["--config", str(TINY), "--out", str(out), "--data", str(handmade_corpus),
+            "--model", str(tiny_model_dir), "--max-steps", "2", "--no-progress", "--set", "report_to=[]",
+            "--set", "samples_per_prompt=0", "--set", "per_device_batch_size=2"]
+    from training.stage1.cli import main   # the preference phase runs in one process; the launch reads its cache
+    assert main(["--phase", "preferences", *args]) == 0
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
-           "-m", "training.stage1", "--config", str(TINY), "--out", str(out), "--data", str(handmade_corpus),
-           "--model", str(tiny_model_dir), "--max-steps", "2", "--no-progress", "--set", "report_to=[]",
-           "--set", "samples_per_prompt=0", "--set", "per_device_batch_size=2"]
+           "-m", "training.stage1", "--phase", "train", *args]
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((out / "run.json").read_text())["world_size"] == 2

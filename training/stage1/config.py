@@ -10,6 +10,7 @@ Unknown keys, wrong types and out-of-range values raise `ConfigError` naming the
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,7 +21,9 @@ import yaml
 
 FINETUNES = ("full", "lora")
 DTYPES = ("float32", "bfloat16", "float16")
-MIXED_PRECISIONS = ("no", "bf16", "fp16")
+MIXED_PRECISIONS = ("no", "bf16")   # fp16 would need a grad scaler whose state must round-trip too
+EXPORT_DTYPES = ("float32", "bfloat16")
+MAX_EPOCHS = 5                        # more needs allow_many_epochs: true (issue 12: 87 epochs went unnoticed)
 OPTIMIZERS = ("adamw_torch", "adamw_bnb_8bit")
 SCHEDULERS = ("cosine", "linear", "constant")
 REFERENCES = ("precomputed", "live")
@@ -42,12 +45,17 @@ class Stage1Config:
     # --- run
     seed: int = 0
     output_dir: str = "runs/stage1"
-    max_steps: int = 10
+    # The schedule: exactly one of num_epochs (steps = ceil(epochs × pairs ÷ global batch), derived
+    # from the data at launch) or max_steps (a fixed count; the log still states its epochs).
+    num_epochs: float | None = None
+    max_steps: int | None = None
+    allow_many_epochs: bool = False    # permit a schedule above MAX_EPOCHS epochs
     logging_steps: int = 1
     save_steps: int = 5
     save_total_limit: int | None = 2
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
     wandb_project: str | None = None
+    process_group_timeout_minutes: int = 60   # NCCL/gloo collective timeout (torch's default is 10)
 
     # --- model
     # A local folder, or `builtin:tiny-qwen2` / `builtin:smollm2-135m` (built locally, never a hub id).
@@ -61,6 +69,8 @@ class Stage1Config:
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     gradient_checkpointing: bool = False
+    sdpa_math_kernel: bool = True      # false: disable SDPA's math fallback on CUDA, so a fallback fails loudly
+    export_dtype: str = "float32"      # dtype of final/ (bfloat16 for the production run)
 
     # --- data
     # A corpus folder (train.jsonl, else corpus.jsonl), a JSONL file, or `builtin:synthetic`.
@@ -100,20 +110,21 @@ class Stage1Config:
     adam_epsilon: float = 1e-8
     optimizer: str = "adamw_torch"
     lr_scheduler: str = "cosine"
-    warmup_steps: int = 0
+    warmup_ratio: float = 0.0          # warm-up steps = round(ratio × total steps)
     max_grad_norm: float | None = 1.0
     mixed_precision: str = "no"
 
     def __post_init__(self) -> None:
         _check_types(self)
-        pos = ("max_steps", "logging_steps", "save_steps", "max_prompt_tokens", "max_completion_tokens",
+        pos = ("process_group_timeout_minutes", "logging_steps", "save_steps",
+               "max_prompt_tokens", "max_completion_tokens",
                "sample_max_new_tokens", "sample_batch_size", "per_device_batch_size",
                "gradient_accumulation_steps", "lora_r", "lora_alpha", "openai_concurrency",
                "synthetic_trajectories")
         for k in pos:
             if getattr(self, k) < 1:
                 raise ConfigError(f"must be >= 1, got {getattr(self, k)}", key=k)
-        for k in ("samples_per_prompt", "warmup_steps", "seed"):
+        for k in ("samples_per_prompt", "seed"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"must be >= 0, got {getattr(self, k)}", key=k)
         for k in ("save_total_limit", "max_trajectories"):
@@ -123,7 +134,7 @@ class Stage1Config:
         for k, choices in (("finetune", FINETUNES), ("dtype", DTYPES), ("mixed_precision", MIXED_PRECISIONS),
                            ("optimizer", OPTIMIZERS), ("lr_scheduler", SCHEDULERS),
                            ("reference", REFERENCES), ("sampler", SAMPLERS),
-                           ("attn_implementation", ATTN_IMPLEMENTATIONS)):
+                           ("attn_implementation", ATTN_IMPLEMENTATIONS), ("export_dtype", EXPORT_DTYPES)):
             if getattr(self, k) not in choices:
                 raise ConfigError(f"must be one of {', '.join(choices)}; got {getattr(self, k)!r}", key=k)
         for t in self.report_to:
@@ -149,18 +160,26 @@ class Stage1Config:
             raise ConfigError(f"must be in (0, 1], got {self.sample_top_p}", key="sample_top_p")
         if self.sample_temperature <= 0:
             raise ConfigError(f"must be > 0, got {self.sample_temperature}", key="sample_temperature")
-        if self.warmup_steps >= self.max_steps and self.lr_scheduler != "constant":
-            raise ConfigError(f"must be below max_steps ({self.max_steps}), got {self.warmup_steps}",
-                              key="warmup_steps")
         if self.sampler == "openai" and self.samples_per_prompt > 0:
             for k in ("openai_base_url", "openai_model"):
                 if not getattr(self, k):
                     raise ConfigError("is required when sampler is 'openai'", key=k)
         if "wandb" in self.report_to and not self.wandb_project:
             raise ConfigError("is required when report_to holds 'wandb'", key="wandb_project")
-        if self.mixed_precision == "fp16" and self.dtype != "float32":
-            raise ConfigError("fp16 mixed precision needs float32 master weights (dtype: float32)",
-                              key="mixed_precision")
+        if (self.num_epochs is None) == (self.max_steps is None):
+            raise ConfigError("set exactly one of num_epochs and max_steps (the other null); got "
+                              f"num_epochs={self.num_epochs}, max_steps={self.max_steps}", key="num_epochs")
+        if self.num_epochs is not None:
+            if self.num_epochs <= 0:
+                raise ConfigError(f"must be > 0, got {self.num_epochs}", key="num_epochs")
+            if self.num_epochs > MAX_EPOCHS and not self.allow_many_epochs:
+                raise ConfigError(f"{self.num_epochs} epochs is above {MAX_EPOCHS}: DPO-style training "
+                                  f"overfits a small preference set; set allow_many_epochs: true to force it",
+                                  key="num_epochs")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError(f"must be >= 1 or null, got {self.max_steps}", key="max_steps")
+        if not 0 <= self.warmup_ratio < 1:
+            raise ConfigError(f"must be in [0, 1), got {self.warmup_ratio}", key="warmup_ratio")
 
     @property
     def batch_split(self) -> tuple[int, int]:
@@ -169,8 +188,41 @@ class Stage1Config:
                     self.per_device_batch_size - 1)
         return n_pre, self.per_device_batch_size - n_pre
 
+    def schedule(self, n_pairs: int, world_size: int) -> "Schedule":
+        """Steps, warm-up and epochs for `n_pairs` preference pairs on `world_size` ranks.
+        Raises ConfigError when the schedule is above MAX_EPOCHS epochs and not forced."""
+        global_batch = self.per_device_batch_size * world_size * self.gradient_accumulation_steps
+        if n_pairs < 1:
+            raise ConfigError("no preference pair to train on", key="data")
+        if self.num_epochs is not None:
+            steps = max(1, math.ceil(self.num_epochs * n_pairs / global_batch))
+        else:
+            steps = self.max_steps
+        epochs = steps * global_batch / n_pairs
+        if epochs > MAX_EPOCHS + 1e-9 and not self.allow_many_epochs:
+            raise ConfigError(f"{steps} steps × {global_batch} pairs = {epochs:.1f} epochs of {n_pairs} pairs, "
+                              f"above {MAX_EPOCHS}; lower max_steps, use num_epochs, or set "
+                              f"allow_many_epochs: true", key="max_steps")
+        warmup = round(self.warmup_ratio * steps)
+        return Schedule(n_pairs=n_pairs, global_batch=global_batch, steps=steps,
+                        warmup_steps=min(warmup, steps - 1) if self.lr_scheduler != "constant" else warmup,
+                        epochs=epochs)
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    n_pairs: int          # preference pairs in the cache (one epoch)
+    global_batch: int     # pairs per optimizer step: per-device batch × ranks × accumulation
+    steps: int
+    warmup_steps: int
+    epochs: float         # steps × global batch ÷ pairs
+
+    def describe(self) -> str:
+        return (f"schedule: {self.n_pairs} pairs, global batch {self.global_batch}, {self.steps} steps "
+                f"= {self.epochs:.2f} epochs, warm-up {self.warmup_steps} steps")
 
 
 def _check_types(cfg: Stage1Config) -> None:
