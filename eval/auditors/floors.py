@@ -44,7 +44,9 @@ def train_split_of(data: str | Path | None) -> list[Trajectory]:
         raise ValueError("a floor needs the data path (--data) or train=PATH to fit on")
     p = Path(data)
     folder = p if p.is_dir() else p.parent
-    if p.is_file() and p.name != "train.jsonl" and (folder / "train.jsonl").is_file():
+    if p.is_file() and p.name == "train.jsonl":
+        return list(iter_jsonl(p))
+    if p.is_file() and (folder / "train.jsonl").is_file():
         return list(iter_jsonl(folder / "train.jsonl"))
     if p.is_dir() and (p / "train.jsonl").is_file():
         return list(iter_jsonl(p / "train.jsonl"))
@@ -80,7 +82,14 @@ class _Floor(Auditor):
             if key != "train" or not val:
                 raise ValueError(f"heuristic:{self.rule}: unknown option {part!r} (train=PATH)")
             path = val
-        trajs = list(train) if train is not None else train_split_of(path or data)
+        if train is not None:
+            trajs = list(train)
+        elif path is not None:   # train=PATH: that file whole (or the train split of that folder)
+            from aftraj.readers import load_trajectories
+
+            trajs = train_split_of(path) if Path(path).is_dir() else load_trajectories(path)
+        else:
+            trajs = train_split_of(data)
         unsafe = [t for t in trajs if t.label.unsafe]
         if not unsafe:
             raise ValueError(f"heuristic:{self.rule}: the train split holds no unsafe trajectory to fit on")
