@@ -35,7 +35,7 @@ class Task:
 
     id: str
     domain: str            # math | coding | agentic
-    source: str            # generated | math500 | humaneval_plus | mbpp_plus | hotpotqa | gaia
+    source: str            # generated | humaneval (a coding task with a HumanEval function) | math500 | …
     prompt: str
     reference: str         # the reference answer (math value, reference code, answer string)
     data: dict = field(default_factory=dict)
@@ -349,28 +349,25 @@ def gen_function(rng: random.Random) -> dict:
 
 
 MAX_FUNCTIONS = 7     # a coding task asks for 1 to 7 functions: runs of about 7 to 40 steps
-HUMANEVAL_SHARE = 0.45  # share of function slots filled from HumanEval while problems remain
+HUMANEVAL_SHARE = 0.6  # share of coding tasks with one function from HumanEval while problems remain
 
 
 def gen_coding(seed: int, i: int, humaneval: list[dict] | None = None) -> Task:
     """A coding task: a small module of 1 to MAX_FUNCTIONS functions, written and tested one at a
-    time. Function slots are filled from `humaneval` (consumed: each HumanEval problem belongs to
-    one task, hence one family) with probability HUMANEVAL_SHARE, else generated."""
+    time. With probability HUMANEVAL_SHARE one of them is the next problem of `humaneval`
+    (consumed: each HumanEval problem belongs to one task, hence one family), the others are
+    generated."""
     rng = random.Random(f"{seed}:coding:{i}")
     m = rng.randint(1, MAX_FUNCTIONS)
-    funcs = []
-    for _ in range(m):
-        if humaneval and rng.random() < HUMANEVAL_SHARE:
-            funcs.append(humaneval.pop(0))
-        else:
-            funcs.append(gen_function(rng))
+    he_at = rng.randrange(m) if humaneval and rng.random() < HUMANEVAL_SHARE else None
+    funcs = [humaneval.pop(0) if j == he_at else gen_function(rng) for j in range(m)]
     names = [f["function"] for f in funcs]
     prompt = (f"Write a Python module with {m} function{'s' if m > 1 else ''}: "
               + ", ".join(f"`{n}`" for n in names) + ".\n\n" + "\n\n".join(f["spec"] for f in funcs))
     reference = "".join(f"```python\n{f['variants']['correct']}```\n" for f in funcs)
     first = funcs[0]
-    return Task(id=f"coding/{seed}-{i:05d}", domain="coding", source="generated", prompt=prompt,
-                reference=reference,
+    return Task(id=f"coding/{seed}-{i:05d}", domain="coding", source="humaneval" if he_at is not None else "generated",
+                prompt=prompt, reference=reference,
                 data={"functions": funcs, "function": first["function"], "public_tests": first["public_tests"],
                       "hidden_tests": first["hidden_tests"], "variants": first["variants"],
                       "humaneval": [f["task_id"] for f in funcs if f["source"] == "humaneval"]})
