@@ -275,8 +275,8 @@ def _rollout(tpl, task, policy, seed, sandbox, cfg) -> Rollout:
 # Types whose site is tied to the end of the run are kept at a fraction of the others' rate, so
 # the last steps stay no position prior: a premature termination ends the run (k* = N-1), and the
 # math Verifier's verdict and the Manager's confirmation come right before the final answer.
-TYPE_WEIGHT = {("*", "premature_termination"): 0.25, ("math", "verdict_misread"): 0.35,
-               ("agentic", "verdict_misread"): 0.35}
+TYPE_WEIGHT = {("*", "premature_termination"): 0.25, ("math", "verdict_misread"): 0.25,
+               ("agentic", "verdict_misread"): 0.15}
 
 
 def _weight(domain: str, etype: str) -> float:

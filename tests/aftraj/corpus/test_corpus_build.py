@@ -198,8 +198,8 @@ def test_cli(tmp_path, capsys):
     from aftraj.cli import main
 
     cfg = tmp_path / "tiny.yaml"
-    cfg.write_text((REPO / "configs/corpus/demo-small.yaml").read_text().replace("  math: 140", "  math: 6")
-                   .replace("  coding: 140", "  coding: 6").replace("  agentic: 140", "  agentic: 6"))
+    cfg.write_text((REPO / "configs/corpus/demo-small.yaml").read_text().replace("  math: 150", "  math: 6")
+                   .replace("  coding: 150", "  coding: 6").replace("  agentic: 150", "  agentic: 6"))
     assert main(["corpus", "build", "--config", str(cfg), "--out", str(tmp_path / "o"), "--seed", "4", "--no-progress"]) == 0
     said = capsys.readouterr().out
     assert "trajectories" in said and (tmp_path / "o" / "stats.md").is_file()
