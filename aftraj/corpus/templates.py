@@ -48,6 +48,7 @@ def say(task: Task, key, options: tuple[str, ...] | list[str]) -> str:
 
 
 NOTE_PERCENT = 40     # chance (per slot) of an acknowledgement turn: lengths vary beyond structure
+OPENING_PERCENT = 50  # chance of each optional opening turn: the first work step moves by 0 to 2
 
 _FINAL_THOUGHTS = ("Thought: that is everything the task asks for.", "Thought: done; writing the answer down.",
                    "Thought: nothing left to do.", "Thought: wrapping up.")
@@ -303,7 +304,13 @@ class MathTemplate(Template):
         again = self._redundant(turns, ctx)
         if again is not None:
             return again
-        if last.sim.get("act") == "plan" and ctx.pick(100, "prenote") < 2 * NOTE_PERCENT:
+        if last.sim.get("act") in ("plan", "note") and last.sim.get("sg") is None and "givens" not in st["notes"] \
+                and ctx.pick(100, "opening", len(turns)) < OPENING_PERCENT:
+            nums = ", ".join(str(a) for sg in plan for a in sg["args"] if not isinstance(a, str))
+            return Turn(agent="MathSolver", kind="message", sim={"act": "note", "sg": "givens"},
+                        content="Thought: first, the numbers the problem gives.\n" + say(task, "givens", (
+                            f"Givens: {nums}.", f"The problem gives {nums}.", f"Numbers to use: {nums}.")))
+        if last.sim.get("act") == "plan" and ctx.pick(100, "prenote") < OPENING_PERCENT:
             return Turn(agent="Verifier", kind="message", sim={"act": "note", "sg": None},
                         content="Thought: I'll check the final figure independently.\n" + say(task, "prenote", (
                             "Fine by me; go ahead.", "Agreed. Post each sub-result as you get it.",
@@ -493,6 +500,11 @@ class CodingTemplate(Template):
                         content=f"{thought}\nPlan: implement {', '.join(names)} in order; CodeTester runs the public tests after each.")
         act = last.sim.get("act")
         prog = self.progress(task, turns)
+        if act == "plan" and ctx.pick(100, "opening") < OPENING_PERCENT:
+            return Turn(agent="CodeTester", kind="message", sim={"act": "note"},
+                        content="Thought: I'll run the public tests after each function.\n" + say(task, "ack", (
+                            "Ready to test each function as it comes.", "Fine. Post them one at a time.",
+                            "OK; I'll report per function.")))
         if act == "code":
             fn = last.sim["function"]
             attempt = last.sim.get("attempt", 0)
@@ -672,7 +684,13 @@ class AgenticTemplate(Template):
                                          "Thought: follow the chain one document at a time."))
             return Turn(agent="Manager", kind="message", sim={"act": "plan"},
                         content=f"{thought}\nsearch_agent, please find " + "; ".join(parts) + ". Cite document ids.")
-        if last.sim.get("act") == "plan" and ctx.pick(100, "prenote") < 2 * NOTE_PERCENT:
+        if last.sim.get("act") in ("plan", "note") and last.sim.get("hop") is None and last.agent == "search_agent" \
+                and ctx.pick(100, "opening") < OPENING_PERCENT:
+            return Turn(agent="Manager", kind="message", sim={"act": "note", "hop": "rules"},
+                        content="Thought: the evidence matters more than speed.\n" + say(task, "rules", (
+                            "Remember: cite the document id for every fact.", "Good. One document per fact, please.",
+                            "Fine; I will check every claim against its document.")))
+        if last.sim.get("act") == "plan" and ctx.pick(100, "prenote") < OPENING_PERCENT:
             return Turn(agent="search_agent", kind="message", sim={"act": "note", "hop": None},
                         content="Thought: one hop at a time, citing each document.\n" + say(task, "prenote", (
                             f"Understood; starting with {hops[0]['subject']}.", "On it.",
