@@ -348,17 +348,17 @@ def gen_function(rng: random.Random) -> dict:
             "variants": variants, "source": "generated"}
 
 
-MAX_FUNCTIONS = 7     # a coding task asks for 1 to 7 functions: runs of about 7 to 40 steps
+MAX_FUNCTIONS = 7     # a coding task asks for 2 to 7 functions: runs of about 11 to 40 steps
 HUMANEVAL_SHARE = 0.6  # share of coding tasks with one function from HumanEval while problems remain
 
 
 def gen_coding(seed: int, i: int, humaneval: list[dict] | None = None) -> Task:
-    """A coding task: a small module of 1 to MAX_FUNCTIONS functions, written and tested one at a
+    """A coding task: a small module of 2 to MAX_FUNCTIONS functions, written and tested one at a
     time. With probability HUMANEVAL_SHARE one of them is the next problem of `humaneval`
     (consumed: each HumanEval problem belongs to one task, hence one family), the others are
     generated."""
     rng = random.Random(f"{seed}:coding:{i}")
-    m = rng.randint(1, MAX_FUNCTIONS)
+    m = rng.randint(2, MAX_FUNCTIONS)   # one function would pin its code slips to the start of the run
     he_at = rng.randrange(m) if humaneval and rng.random() < HUMANEVAL_SHARE else None
     funcs = [humaneval.pop(0) if j == he_at else gen_function(rng) for j in range(m)]
     names = [f["function"] for f in funcs]
