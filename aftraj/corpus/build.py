@@ -242,8 +242,8 @@ LENGTH_BIN = 3
 
 def balance_lengths(trajs: list[Trajectory], ratio: float, seed: int) -> tuple[list[Trajectory], list[dict]]:
     """Length matching: in every (domain, length bin) keep at most ceil(ratio x the smaller
-    class) of the larger class (safe or unsafe), chosen by a seeded hash, so a trajectory's
-    length says little about its label. Returns (kept, one rejection record per dropped one)."""
+    class) of the larger class (safe or unsafe), trajectories of HumanEval tasks first, then by a
+    seeded hash, so a trajectory's length says little about its label. Returns (kept, one rejection record per dropped one)."""
     if not ratio:
         return trajs, []
     cells: dict[tuple, list[Trajectory]] = defaultdict(list)
@@ -251,9 +251,12 @@ def balance_lengths(trajs: list[Trajectory], ratio: float, seed: int) -> tuple[l
         cells[(t.domain, len(t.steps) // LENGTH_BIN)].append(t)
     keep: set[str] = set()
     dropped = []
+    def order(t: Trajectory):   # real (HumanEval) tasks first, then a seeded hash; the same for both classes
+        return (t.meta.get("task_source") != "humaneval", _h(seed, "len", t.id))
+
     for (domain, b), ts in sorted(cells.items()):
-        safe = sorted((t for t in ts if not t.label.unsafe), key=lambda t: _h(seed, "len", t.id))
-        unsafe = sorted((t for t in ts if t.label.unsafe), key=lambda t: _h(seed, "len", t.id))
+        safe = sorted((t for t in ts if not t.label.unsafe), key=order)
+        unsafe = sorted((t for t in ts if t.label.unsafe), key=order)
         cap_s = min(len(safe), math.ceil(ratio * len(unsafe)))
         cap_u = min(len(unsafe), math.ceil(ratio * len(safe)))
         for group, cap in ((safe, cap_s), (unsafe, cap_u)):
