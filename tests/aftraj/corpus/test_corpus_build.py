@@ -110,7 +110,9 @@ def test_counts_domains_sources(demo_build, demo_cfg):
         if t.label.label_source == "diagnosed":
             assert t.label.provenance["diagnosis"]["candidates"]
     types = Counter(t.label.provenance["injection_type"] for t in trajs if t.label.label_source == "injected")
-    assert set(types) == set(ERROR_TYPES)
+    # premature terminations are kept at a quarter rate and make short runs, which length matching
+    # thins: the small demo may hold none (the 2k build holds every type)
+    assert set(types) >= set(ERROR_TYPES) - {"premature_termination"}
     # coding draws real tasks from HumanEval, each problem in one family only
     he = Counter(f["task_id"] for t in load_tasks(demo_cfg, 0) if t.domain == "coding"
                  for f in t.data["functions"] if f["source"] == "humaneval")
@@ -198,8 +200,8 @@ def test_cli(tmp_path, capsys):
     from aftraj.cli import main
 
     cfg = tmp_path / "tiny.yaml"
-    cfg.write_text((REPO / "configs/corpus/demo-small.yaml").read_text().replace("  math: 150", "  math: 6")
-                   .replace("  coding: 150", "  coding: 6").replace("  agentic: 150", "  agentic: 6"))
+    cfg.write_text((REPO / "configs/corpus/demo-small.yaml").read_text().replace("  math: 165", "  math: 6")
+                   .replace("  coding: 165", "  coding: 6").replace("  agentic: 165", "  agentic: 6"))
     assert main(["corpus", "build", "--config", str(cfg), "--out", str(tmp_path / "o"), "--seed", "4", "--no-progress"]) == 0
     said = capsys.readouterr().out
     assert "trajectories" in said and (tmp_path / "o" / "stats.md").is_file()
@@ -218,7 +220,9 @@ def test_the_2k_scripted_corpus(tmp_path):
     tot = res.stats["total"]
     assert tot["trajectories"] >= 2000 and 0.4 <= tot["safe_fraction"] <= 0.6
     assert {t.domain for t in res.trajectories} == {"math", "coding", "agentic"}
-    n, problems = verify_labels([res.full(t) for t in res.trajectories], cfg, cfg.seed)
+    full = [res.full(t) for t in res.trajectories]
+    assert {t.label.provenance["injection_type"] for t in full if t.label.label_source == "injected"} == set(ERROR_TYPES)
+    n, problems = verify_labels(full, cfg, cfg.seed)
     assert n >= 900 and problems == []
     assert tot["lengths"]["ks_safe_vs_unsafe"] <= 0.2
     for d, p in res.stats["per_domain"].items():
