@@ -2,8 +2,10 @@
 `aftraj corpus verify --config configs/corpus/<name>.yaml --corpus DIR [--seed N]`
 
 build: the corpus (rollouts, curation, injection, diagnosis, splits) into DIR: corpus.jsonl,
-train/val/test.jsonl, hf/, the AFTraj parquet layout, stats.json and stats.md.
-verify: replay every unsafe trajectory of a scripted corpus and check its decisive step."""
+train/val/test.jsonl, hf/, the AFTraj parquet layout, provenance.jsonl (simulator readings and
+label provenance, keyed by id), stats.json and stats.md.
+verify: replay every unsafe trajectory of a scripted corpus and check its decisive step; re-run
+the slip detector over every safe one."""
 
 from __future__ import annotations
 
@@ -56,8 +58,22 @@ def run_verify(args) -> int:
     except ConfigError as e:
         print(f"aftraj corpus verify: {e}", file=sys.stderr)
         return 2
+    from aftraj.corpus.build import attach_provenance, read_provenance
+
     path = Path(args.corpus)
+    folder = path if path.is_dir() else path.parent
     trajs = load_trajectories(path / "corpus.jsonl" if path.is_dir() else path, "jsonl")
+    if not (folder / "provenance.jsonl").is_file():
+        print(f"aftraj corpus verify: no provenance.jsonl in {folder} (the build writes it beside corpus.jsonl)",
+              file=sys.stderr)
+        return 2
+    prov = read_provenance(folder / "provenance.jsonl")
+    missing = [t.id for t in trajs if t.id not in prov]
+    if missing:
+        print(f"aftraj corpus verify: {len(missing)} trajectories have no provenance record (e.g. {missing[0]})",
+              file=sys.stderr)
+        return 2
+    trajs = [attach_provenance(t, prov[t.id]) for t in trajs]
     t0 = time.perf_counter()
     rep = verify_corpus(trajs, cfg, args.seed)
     for tid, why in rep.problems[:20]:

@@ -86,7 +86,7 @@ def run(args) -> int:
     kw = dict(model=args.model, endpoint=args.endpoint, api_model=args.api_model,
               api_key_env=args.api_key_env, concurrency=args.concurrency, timeout=args.timeout,
               retries=args.retries, max_new_tokens=args.max_new_tokens, budget=args.budget,
-              reference_answer=args.reference_answer, seed=args.seed)
+              reference_answer=args.reference_answer, seed=args.seed, data=args.data)
     try:
         auditor = get_auditor(args.auditor, **{k: v for k, v in kw.items() if v is not None})
     except (ValueError, FileNotFoundError, AuditorError) as e:
@@ -118,6 +118,9 @@ def run(args) -> int:
             "model": args.model, "endpoint": args.endpoint, "wall_s": round(wall, 3)}
     metrics = write_report(preds, Path(args.out), meta=meta, n_boot=args.n_boot, seed=args.seed,
                            prices=prices, expectation=expectation, auc_start=args.auc_start)
+    from eval.auditors.floors import add_floors_to_report  # the content-blind floors beside it
+
+    add_floors_to_report(Path(args.out), args.data, trajs, auditor_spec=args.auditor, seed=args.seed)
     _print_summary(metrics, Path(args.out))
     return 0
 

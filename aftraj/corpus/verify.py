@@ -1,7 +1,9 @@
 """Re-verify the labels of a built scripted corpus by replay (DESIGN §3/§6 label semantics):
 for every unsafe trajectory, (a) the stored run reproduces under the scripted policy and fails,
 (b) restoring the decisive turn k* to its safe version makes it succeed, (c) restoring any one
-earlier turn alone leaves it failing (k* is the earliest decisive step).
+earlier turn alone leaves it failing (k* is the earliest decisive step). It also re-runs the
+slip detector over every verified-safe trajectory (a safe run holds no slip). The simulator's
+per-step readings come from the corpus's provenance.jsonl (train/test files do not carry them).
 
     aftraj corpus verify --config configs/corpus/aftraj-2k-scripted.yaml --corpus out/aftraj-2k
 """
@@ -15,11 +17,13 @@ from aftraj.corpus.build import load_tasks, precompute_tests
 from aftraj.corpus.policies import ScriptedPolicy
 from aftraj.corpus.rollout import Turn, replay_with
 from aftraj.corpus.sandbox import Sandbox
+from aftraj.corpus.slips import find_slips
 from aftraj.corpus.templates import template_for
 
 
 @dataclass
 class VerifyReport:
+    safe: int = 0
     unsafe: int = 0
     reproduced: int = 0
     restore_fixes: int = 0
@@ -32,7 +36,7 @@ class VerifyReport:
 
     def summary(self) -> str:
         kinds = Counter(p[1].split(":")[0] for p in self.problems)
-        return (f"unsafe={self.unsafe} reproduced={self.reproduced} restore_fixes={self.restore_fixes} "
+        return (f"safe={self.safe} unsafe={self.unsafe} reproduced={self.reproduced} restore_fixes={self.restore_fixes} "
                 f"earlier_restorations_checked={self.earlier_checked} problems={len(self.problems)}"
                 + (f" {dict(kinds)}" if kinds else ""))
 
@@ -41,14 +45,23 @@ def verify_corpus(trajs, cfg, seed: int | None = None) -> VerifyReport:
     seed = cfg.seed if seed is None else seed
     if cfg.policy.backend != "scripted":
         raise ValueError("replay verification needs the scripted policy (policy.backend: scripted)")
-    tasks = {t.id: t for t in load_tasks(cfg, seed)}
     sb = Sandbox(timeout_s=cfg.sandbox.timeout_s, memory_mb=cfg.sandbox.memory_mb,
                  batch_size=cfg.sandbox.batch_size, workers=cfg.sandbox.workers)
+    tasks = {t.id: t for t in load_tasks(cfg, seed, sb)}
     precompute_tests(list(tasks.values()), sb)
     policy = ScriptedPolicy(cfg.slips, cfg.policy.model)
     rep = VerifyReport()
     for tr in trajs:
+        if any("sim" not in s.meta for s in tr.steps[1:]):
+            rep.problems.append((tr.id, "provenance: the steps carry no simulator readings (attach provenance.jsonl)"))
+            continue
         if not tr.label.unsafe:
+            task = tasks.get(tr.family_id)
+            if task is not None:
+                rep.safe += 1
+                found = find_slips(template_for(tr.domain), task, [Turn.from_step(s) for s in tr.steps])
+                if found:
+                    rep.problems.append((tr.id, f"safe: slip at step {found[0].step} ({found[0].type})"))
             continue
         rep.unsafe += 1
         task = tasks.get(tr.family_id)

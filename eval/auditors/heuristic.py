@@ -10,6 +10,7 @@
 - `last-speaker-first-step`: the last non-terminal speaker (not a human, not a code-executing
   terminal such as Computer_terminal), blamed at its first step.
 All of them always ALARM, so on safe trajectories FAR is 1: they are attribution baselines.
+`heuristic:position-prior` and `heuristic:length` are the content-blind floors of floors.py.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ def is_terminal(step: Step) -> bool:
 @register_auditor("heuristic")
 class HeuristicAuditor(Auditor):
     strategy = "posthoc"
+
+    def __new__(cls, arg: str | None = None, **kw):
+        # heuristic:position-prior and heuristic:length are the content-blind floors (floors.py)
+        from eval.auditors.floors import FLOORS
+
+        floor = FLOORS.get((arg or "").split(",")[0])
+        return floor(arg, **kw) if floor is not None else super().__new__(cls)
 
     def __init__(self, arg: str | None = None, *, seed: int = 0, **kw) -> None:
         super().__init__(arg, **kw)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from aftraj.corpus.build import build_corpus, load_tasks, precompute_tests
+from aftraj.corpus.build import attach_provenance, build_corpus, load_tasks, precompute_tests, read_provenance
 from aftraj.corpus.config import ERROR_TYPES, load_corpus_config
 from aftraj.corpus.policies import ScriptedPolicy
 from aftraj.corpus.rollout import Turn, run_rollout
@@ -69,15 +69,20 @@ def verify_labels(trajs, cfg, seed):
     return n, problems
 
 
+def _with_provenance(folder):
+    prov = read_provenance(folder / "provenance.jsonl")
+    return [attach_provenance(t, prov[t.id]) for t in load_trajectories(folder / "corpus.jsonl")]
+
+
 def test_labels_pass_the_independent_replay_check(demo_build, demo_cfg):
-    trajs = load_trajectories(demo_build.out / "corpus.jsonl")
+    trajs = _with_provenance(demo_build.out)
     n, problems = verify_labels(trajs, demo_cfg, demo_cfg.seed)
     assert n >= 200
     assert problems == []
 
 
 def test_the_check_catches_a_wrong_label(demo_build, demo_cfg):
-    trajs = load_trajectories(demo_build.out / "corpus.jsonl")
+    trajs = _with_provenance(demo_build.out)
     unsafe = [t for t in trajs if t.label.unsafe and t.label.decisive_step >= 3][:20]
     moved = [replace(t, label=replace(t.label, decisive_step=t.label.decisive_step - 1,
                                       decisive_agent=t.steps[t.label.decisive_step - 1].agent)) for t in unsafe]
@@ -87,8 +92,8 @@ def test_the_check_catches_a_wrong_label(demo_build, demo_cfg):
 
 # --------------------------------------------------------------------------- contents
 
-def test_counts_domains_sources(demo_build):
-    trajs = demo_build.trajectories
+def test_counts_domains_sources(demo_build, demo_cfg):
+    trajs = [demo_build.full(t) for t in demo_build.trajectories]
     assert 300 <= len(trajs) <= 700
     doms = Counter(t.domain for t in trajs)
     assert set(doms) == {"math", "coding", "agentic"} and min(doms.values()) >= 80
@@ -105,7 +110,13 @@ def test_counts_domains_sources(demo_build):
         if t.label.label_source == "diagnosed":
             assert t.label.provenance["diagnosis"]["candidates"]
     types = Counter(t.label.provenance["injection_type"] for t in trajs if t.label.label_source == "injected")
-    assert set(types) == set(ERROR_TYPES)
+    # premature terminations are kept at a quarter rate and make short runs, which length matching
+    # thins: the small demo may hold none (the 2k build holds every type)
+    assert set(types) >= set(ERROR_TYPES) - {"premature_termination"}
+    # coding draws real tasks from HumanEval, each problem in one family only
+    he = Counter(f["task_id"] for t in load_tasks(demo_cfg, 0) if t.domain == "coding"
+                 for f in t.data["functions"] if f["source"] == "humaneval")
+    assert len(he) >= 50 and max(he.values()) == 1
 
 
 def test_splits_are_by_family_and_stratified(demo_build):
@@ -155,15 +166,22 @@ def test_stats_files(demo_build):
     for d in ("math", "coding", "agentic"):
         p = s["per_domain"][d]
         assert p["safe"] + p["unsafe"] == p["trajectories"]
-        assert set(p["rejections_by_predicate"]) == {"outcome_equivalence", "valid_tool_use", "subgoal_coherence"}
+        assert set(p["rejections_by_predicate"]) == {"outcome_equivalence", "valid_tool_use", "subgoal_coherence",
+                                                     "slip_free"}
+        assert p["decisive_step"]["distinct"] == len(p["decisive_step"]["counts"]) >= 10
+        assert sum(p["decisive_step"]["relative_by_10pct"].values()) == p["unsafe"]
+        assert 0 <= p["lengths"]["ks_safe_vs_unsafe"] <= 0.25
+        assert sum(p["slip_rejections_by_type"].values()) == p["rejections_by_predicate"]["slip_free"]
         assert p["decisive_step"]["histogram_by_5"] and p["diagnosis"]["failed_rollouts"] > 0
     inj = s["total"]["injection"]
     assert set(inj) == set(ERROR_TYPES) and all(0 <= x["recovery_rate"] <= 1 for x in inj.values())
     diag = s["total"]["diagnosis"]
     for key in ("proposer_verifier_agreement", "verifier_replay_agreement", "causality_replay_agreement"):
         assert 0 <= diag[key] <= 1
+    assert set(s["total"]["floors_on_test"]) == {"heuristic:position-prior", "heuristic:length"}
     md = (demo_build.out / "stats.md").read_text()
     assert "Injection recovery" in md and "Diagnosis" in md and "Rejections by predicate" in md
+    assert "Kolmogorov-Smirnov" in md and "slip detector" in md and "Content-blind floors" in md
 
 
 def _digest(folder: Path) -> dict:
@@ -182,8 +200,8 @@ def test_cli(tmp_path, capsys):
     from aftraj.cli import main
 
     cfg = tmp_path / "tiny.yaml"
-    cfg.write_text((REPO / "configs/corpus/demo-small.yaml").read_text().replace("  math: 90", "  math: 6")
-                   .replace("  coding: 90", "  coding: 6").replace("  agentic: 90", "  agentic: 6"))
+    cfg.write_text((REPO / "configs/corpus/demo-small.yaml").read_text().replace("  math: 165", "  math: 6")
+                   .replace("  coding: 165", "  coding: 6").replace("  agentic: 165", "  agentic: 6"))
     assert main(["corpus", "build", "--config", str(cfg), "--out", str(tmp_path / "o"), "--seed", "4", "--no-progress"]) == 0
     said = capsys.readouterr().out
     assert "trajectories" in said and (tmp_path / "o" / "stats.md").is_file()
@@ -202,8 +220,14 @@ def test_the_2k_scripted_corpus(tmp_path):
     tot = res.stats["total"]
     assert tot["trajectories"] >= 2000 and 0.4 <= tot["safe_fraction"] <= 0.6
     assert {t.domain for t in res.trajectories} == {"math", "coding", "agentic"}
-    n, problems = verify_labels(res.trajectories, cfg, cfg.seed)
+    full = [res.full(t) for t in res.trajectories]
+    assert {t.label.provenance["injection_type"] for t in full if t.label.label_source == "injected"} == set(ERROR_TYPES)
+    n, problems = verify_labels(full, cfg, cfg.seed)
     assert n >= 900 and problems == []
+    assert tot["lengths"]["ks_safe_vs_unsafe"] <= 0.2
+    for d, p in res.stats["per_domain"].items():
+        assert p["decisive_step"]["distinct"] >= 10 and p["lengths"]["ks_safe_vs_unsafe"] <= 0.2, d
+    assert all(f["exact_f1"] <= 0.10 for f in tot["floors_on_test"].values()), tot["floors_on_test"]
 
 
 def test_verify_command(demo_build, tmp_path, capsys):
@@ -220,5 +244,9 @@ def test_verify_command(demo_build, tmp_path, capsys):
     moved = [replace(t, label=replace(t.label, decisive_step=t.label.decisive_step - 1,
                                       decisive_agent=t.steps[t.label.decisive_step - 1].agent)) for t in unsafe]
     write_jsonl(moved, tmp_path / "corpus.jsonl")
+    (tmp_path / "provenance.jsonl").write_text((demo_build.out / "provenance.jsonl").read_text())
     assert main(["corpus", "verify", "--config", cfg, "--corpus", str(tmp_path)]) == 1
     assert "problems=10" in capsys.readouterr().out
+    (tmp_path / "provenance.jsonl").unlink()
+    assert main(["corpus", "verify", "--config", cfg, "--corpus", str(tmp_path)]) == 2
+    assert "provenance.jsonl" in capsys.readouterr().err

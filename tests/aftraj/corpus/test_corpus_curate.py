@@ -69,7 +69,10 @@ def test_a_handled_tool_error_is_fine(safe):
     failed = [replace(r.turns[i], arguments={"expression": "1/0"}),
               Turn(agent=ENV, kind="tool_result", content="ERROR: division by zero", tool="compute", result_ids=(),
                    error="division by zero", sim={"act": "result", "of": "call"})]
-    assert curate(TPL, task, _with(r, r.turns[:i] + failed + r.turns[i:])) == []
+    rej = curate(TPL, task, _with(r, r.turns[:i] + failed + r.turns[i:]))
+    assert "valid_tool_use" not in _preds(rej)   # the error was handled: the tool use is valid
+    # but the failed call was itself a slip (an argument the givens do not make): not a safe run
+    assert [(x.predicate, x.step, x.slip_type) for x in rej] == [("slip_free", i, "wrong_tool_argument")]
 
 
 @pytest.mark.parametrize("mutate, reason", [

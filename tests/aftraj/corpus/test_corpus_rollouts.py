@@ -39,7 +39,8 @@ def test_rollouts_are_schema_steps_with_tools(domain, tasks, sandbox):
         for i, s in enumerate(steps):
             if s.kind == "tool_call":
                 assert s.tool in tpl.tools[s.agent] and isinstance(s.arguments, dict)
-                assert steps[i + 1].kind == "tool_result" and steps[i + 1].agent == ENV
+                if i + 1 < len(steps) or r.termination != "step_limit":   # the cap may cut after a call
+                    assert steps[i + 1].kind == "tool_result" and steps[i + 1].agent == ENV
             if s.kind == "tool_result":
                 assert s.result_ids is not None and s.tool == steps[i - 1].tool
         assert r.backend == "scripted" and r.model == "scripted-v1" and r.seed == 0
