@@ -17,6 +17,7 @@ LOADERS = {
     "accelerate": ("training.accelerate_config", "check_accelerate_config"),
     "policies": ("aftraj.detectors", "load_policy"),
     "corpus": ("aftraj.corpus.config", "load_corpus_config"),
+    "serve": ("serve.config", "load_serve_config"),
 }
 
 ALL_YAML = sorted(p for ext in ("*.yaml", "*.yml") for p in CONFIGS.rglob(ext))
