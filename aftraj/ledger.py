@@ -297,10 +297,13 @@ class SqlLedger(Ledger):
     violates a key, its transaction is retried once against what the winner stored.
     SQLite runs in WAL mode with `synchronous=NORMAL` (durable across a process crash such as
     `kill -9`; a power loss may drop the last commits: use `synchronous=FULL` via `sqlite_sync`).
-    `iter_run(run_id, after_seq)` resumes a run from a sequence number."""
+    `iter_run(run_id, after_seq)` resumes a run from a sequence number. After `append_many`,
+    `last_seq_before[run]` is each run's last seq as the committed transaction found it (a
+    reader folding the run can skip re-reading its own events when nothing came in between)."""
 
     def __init__(self, url: str = "sqlite:///ledger.db", *, sqlite_sync: str = "NORMAL") -> None:
         super().__init__()
+        self.last_seq_before: dict[str, int] = {}
         import sqlalchemy as sa
 
         self._sa = sa
@@ -407,6 +410,7 @@ class SqlLedger(Ledger):
                           t.c.fingerprint, t.c.usage).where(t.c.event_id.in_(ids[i:i + 500]))
             stored.update({r[0]: r for r in conn.execute(q)})
         last: dict[str, int] = {}
+        self.last_seq_before = last_before = {}   # per run, as the transaction found it
         rows, out = [], []
         for ev in events:
             usage = orjson.dumps(ev.usage, option=orjson.OPT_SORT_KEYS) if ev.usage is not None else None
@@ -424,7 +428,7 @@ class SqlLedger(Ledger):
             run = ev.run_id
             if run not in last:
                 v = conn.execute(sa.select(sa.func.max(t.c.seq)).where(t.c.run_id == run)).scalar()
-                last[run] = -1 if v is None else v
+                last[run] = last_before[run] = -1 if v is None else v
             if ev.seq is None:
                 ev.seq = last[run] + 1
             elif ev.seq <= last[run]:

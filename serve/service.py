@@ -255,6 +255,12 @@ class GatewayService:
             if not is_synthetic(ev):
                 r.steps.append(event_to_step(ev, len(r.steps), r.run_id))
 
+    @staticmethod
+    def _fold_new(r: _Run, events) -> None:
+        for ev in events:
+            fold(r.state, ev)
+            r.steps.append(event_to_step(ev, len(r.steps), r.run_id))
+
     def trajectory(self, r: _Run) -> Trajectory:
         return Trajectory(id=r.run_id, family_id=r.run_id,
                           domain=r.category if r.category in ("math", "coding", "agentic") else "external",
@@ -302,7 +308,10 @@ class GatewayService:
             n_new = sum(added)
             self.metrics.inc("aftraj_gateway_events_total", n_new)
             self.metrics.inc("aftraj_gateway_duplicate_events_total", len(added) - n_new)
-            self._catch_up(r)
+            if n_new == len(events) and self.ledger.last_seq_before.get(run_id) == r.state.last_seq:
+                self._fold_new(r, events)      # nothing came in between: fold what we stored
+            else:
+                self._catch_up(r)              # another process (or a resend): read the ledger
             seq = r.state.last_seq
             if n_new == 0:
                 stored = self._stored_verdict(run_id, seq)
