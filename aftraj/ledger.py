@@ -295,7 +295,8 @@ class SqlLedger(Ledger):
     `LedgerError(code="out_of_order", field="seq")`, and any error rolls the whole batch back
     (seqs it assigned are cleared). Two writers racing on one id or seq: the loser's insert
     violates a key, its transaction is retried once against what the winner stored.
-    SQLite runs in WAL mode with `synchronous=NORMAL` (durable across a process crash such as
+    SQLite runs in WAL mode, transactions BEGIN IMMEDIATE (writers queue on the lock, with a 30 s
+    busy timeout), `synchronous=NORMAL` (durable across a process crash such as
     `kill -9`; a power loss may drop the last commits: use `synchronous=FULL` via `sqlite_sync`).
     `iter_run(run_id, after_seq)` resumes a run from a sequence number. After `append_many`,
     `last_seq_before[run]` is each run's last seq as the committed transaction found it (a
@@ -315,10 +316,18 @@ class SqlLedger(Ledger):
 
             @sa.event.listens_for(self.engine, "connect")
             def _pragmas(dbapi_conn, _record):
+                dbapi_conn.isolation_level = None     # we emit BEGIN ourselves (below)
                 cur = dbapi_conn.cursor()
                 cur.execute("PRAGMA journal_mode=WAL")
                 cur.execute(f"PRAGMA synchronous={sqlite_sync}")
                 cur.close()
+
+            @sa.event.listens_for(self.engine, "begin")
+            def _begin(conn):
+                # take the write lock up front: a deferred transaction that read, then writes
+                # after another process committed, fails with "database is locked" (a stale
+                # WAL snapshot) instead of waiting its turn
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
         else:
             self.engine = sa.create_engine(url, pool_pre_ping=True)
         md = sa.MetaData()

@@ -143,3 +143,19 @@ def test_bad_arguments_are_named_not_tracebacks(tmp_path, make_traj, capsys):
                  "--out", str(tmp_path / "o"), "--no-progress"]) == 3
     assert "budget" in capsys.readouterr().err
     assert not (tmp_path / "o" / "metrics.json").exists()
+
+
+def test_eval_against_a_slow_drip_server_ends_within_its_deadlines(tmp_path, make_traj, misbehaving_server, capsys):
+    """Every call meets Content-Length 10^9 sent a byte at a time: each ends at the 1 s deadline,
+    the run ends (it used to run forever) and exits 3 with a 100 % error rate."""
+    import time
+
+    data = tmp_path / "set.jsonl"
+    write_jsonl([make_traj(0, 3, 1), make_traj(1, 2, None)], data)
+    misbehaving_server.script = [("json", 200, {"data": [{"id": "m"}]}, {}), ("drip", 10**9, 0.2)]
+    t0 = time.perf_counter()
+    assert main(["eval", "--auditor", "openai", "--endpoint", misbehaving_server.url, "--retries", "0",
+                 "--timeout", "1", "--data", str(data), "--out", str(tmp_path / "o"), "--no-progress"]) == 3
+    assert time.perf_counter() - t0 < 10
+    calls = json.loads((tmp_path / "o" / "metrics.json").read_text())["calls"]
+    assert calls["errors_by_kind"] == {"deadline": calls["n"]} and calls["n"] == 5
