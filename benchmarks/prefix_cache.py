@@ -79,6 +79,7 @@ def main() -> None:
     ap.add_argument("--subset", default="Algorithm-Generated")
     ap.add_argument("--n-traj", type=int, default=6)
     ap.add_argument("--prefixes", type=int, default=10)
+    ap.add_argument("--max-model-len", type=int, default=8192, help="SmolLM2: 8192 positions")
     ap.add_argument("--block-size", type=int, default=32, choices=(16, 32, 64, 128))
     args = ap.parse_args()
     from transformers import AutoTokenizer
@@ -103,7 +104,7 @@ def main() -> None:
 
     port = _port()
     cfg = VllmConfig(profile="cpu", python=args.vllm_python, model=model, served_model_name="bench", port=port,
-                     dtype="float32", max_model_len=32768, block_size=args.block_size, gpu_memory_utilization=None,
+                     dtype="float32", max_model_len=args.max_model_len, block_size=args.block_size, gpu_memory_utilization=None,
                      kv_cache_space_gib=1, structured_outputs_backend=None, enforce_eager=True)
     env = dict(vllm_env(cfg), VLLM_SERVER_DEV_MODE="1")
     log = Path(tempfile.mkdtemp()) / "vllm.log"
@@ -121,7 +122,8 @@ def main() -> None:
         print(log.read_text()[-3000:], file=sys.stderr)
         raise
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
