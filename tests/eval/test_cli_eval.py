@@ -145,17 +145,20 @@ def test_bad_arguments_are_named_not_tracebacks(tmp_path, make_traj, capsys):
     assert not (tmp_path / "o" / "metrics.json").exists()
 
 
-def test_eval_against_a_slow_drip_server_ends_within_its_deadlines(tmp_path, make_traj, misbehaving_server, capsys):
-    """Every call meets Content-Length 10^9 sent a byte at a time: each ends at the 1 s deadline,
-    the run ends (it used to run forever) and exits 3 with a 100 % error rate."""
+@pytest.mark.parametrize("length, kind", [(10**9, "oversize"), (10**7, "deadline")])
+def test_eval_against_a_slow_drip_server_ends_within_its_deadlines(tmp_path, make_traj, misbehaving_server,
+                                                                   length, kind):
+    """Every call meets a huge Content-Length sent a byte at a time (the run used to last
+    forever): over the 32 MiB cap it is refused at once, under it the call ends at its 1 s
+    deadline; the run ends and exits 3 with a 100 % error rate."""
     import time
 
     data = tmp_path / "set.jsonl"
     write_jsonl([make_traj(0, 3, 1), make_traj(1, 2, None)], data)
-    misbehaving_server.script = [("json", 200, {"data": [{"id": "m"}]}, {}), ("drip", 10**9, 0.2)]
+    misbehaving_server.script = [("json", 200, {"data": [{"id": "m"}]}, {}), ("drip", length, 0.2)]
     t0 = time.perf_counter()
     assert main(["eval", "--auditor", "openai", "--endpoint", misbehaving_server.url, "--retries", "0",
                  "--timeout", "1", "--data", str(data), "--out", str(tmp_path / "o"), "--no-progress"]) == 3
     assert time.perf_counter() - t0 < 10
     calls = json.loads((tmp_path / "o" / "metrics.json").read_text())["calls"]
-    assert calls["errors_by_kind"] == {"deadline": calls["n"]} and calls["n"] == 5
+    assert calls["errors_by_kind"] == {kind: calls["n"]} and calls["n"] == 5
