@@ -82,6 +82,10 @@ def launch(cfg: VllmConfig, *, log: Path | None = None) -> int:
     if not Path(cfg.model).expanduser().is_dir():
         print(f"aftraj serve vllm: model: {cfg.model} is not a folder", file=sys.stderr)
         return 2
+    def _term(*_):            # SIGTERM (a supervisor, `kill`) stops vLLM too, like Ctrl-C
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
     out = open(log, "w") if log else None
     proc = subprocess.Popen(vllm_command(cfg), env=vllm_env(cfg), stdout=out, stderr=subprocess.STDOUT if out else None,
                             start_new_session=True)
