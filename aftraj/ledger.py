@@ -283,48 +283,91 @@ class JsonlLedger(Ledger):
 # --------------------------------------------------------------------------- database
 
 class SqlLedger(Ledger):
-    """The ledger in a SQL database (SQLAlchemy Core; `sqlite:///ledger.db` by default).
+    """The ledger in a SQL database (SQLAlchemy Core; `sqlite:///ledger.db` by default, any
+    SQLAlchemy URL such as `postgresql+psycopg://…` for several writer processes).
 
-    Rows: run_id, seq (unique per run), event_id (unique), fingerprint, the JSON record.
-    `iter_run(run_id, after_seq)` resumes a run from a sequence number."""
+    The database is the index: idempotency is its primary key on `event_id` and per-run order
+    its unique key on `(run_id, seq)`; nothing of the table is loaded into memory (the old
+    version indexed every id at open). `append_many(events)` stores a batch in one transaction
+    and returns once it is committed, so an acknowledged event is durable: a duplicate
+    (identical kind, agent, parent, payload fingerprint and usage) is skipped, a different event
+    under a stored id is a `LedgerError(code="conflict")`, a seq not above the run's last is
+    `LedgerError(code="out_of_order", field="seq")`, and any error rolls the whole batch back
+    (seqs it assigned are cleared). Two writers racing on one id or seq: the loser's insert
+    violates a key, its transaction is retried once against what the winner stored.
+    SQLite runs in WAL mode, transactions BEGIN IMMEDIATE (writers queue on the lock, with a 30 s
+    busy timeout), `synchronous=NORMAL` (durable across a process crash such as
+    `kill -9`; a power loss may drop the last commits: use `synchronous=FULL` via `sqlite_sync`).
+    `iter_run(run_id, after_seq)` resumes a run from a sequence number. After `append_many`,
+    `last_seq_before[run]` is each run's last seq as the committed transaction found it (a
+    reader folding the run can skip re-reading its own events when nothing came in between)."""
 
-    def __init__(self, url: str = "sqlite:///ledger.db") -> None:
+    def __init__(self, url: str = "sqlite:///ledger.db", *, sqlite_sync: str = "NORMAL") -> None:
         super().__init__()
+        self.last_seq_before: dict[str, int] = {}
         import sqlalchemy as sa
 
         self._sa = sa
-        self.engine = sa.create_engine(url)
+        self.url = url
+        if url.startswith("sqlite"):
+            if sqlite_sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+                raise ValueError(f"sqlite_sync must be OFF, NORMAL, FULL or EXTRA, got {sqlite_sync!r}")
+            self.engine = sa.create_engine(url, connect_args={"timeout": 30})
+
+            @sa.event.listens_for(self.engine, "connect")
+            def _pragmas(dbapi_conn, _record):
+                dbapi_conn.isolation_level = None     # we emit BEGIN ourselves (below)
+                cur = dbapi_conn.cursor()
+                cur.execute("PRAGMA journal_mode=WAL")
+                cur.execute(f"PRAGMA synchronous={sqlite_sync}")
+                cur.close()
+
+            @sa.event.listens_for(self.engine, "begin")
+            def _begin(conn):
+                # take the write lock up front: a deferred transaction that read, then writes
+                # after another process committed, fails with "database is locked" (a stale
+                # WAL snapshot) instead of waiting its turn
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+        else:
+            self.engine = sa.create_engine(url, pool_pre_ping=True)
         md = sa.MetaData()
         self.table = sa.Table(
             "aftraj_events", md,
             sa.Column("event_id", sa.String(512), primary_key=True),
             sa.Column("run_id", sa.String(512), nullable=False, index=True),
-            sa.Column("seq", sa.Integer, nullable=False),
+            sa.Column("seq", sa.BigInteger, nullable=False),
+            sa.Column("kind", sa.String(32), nullable=False),
+            sa.Column("agent", sa.String(512), nullable=False),
+            sa.Column("parent_id", sa.String(512), nullable=True),
             sa.Column("fingerprint", sa.String(64), nullable=False),
+            sa.Column("usage", sa.LargeBinary, nullable=True),
             sa.Column("record", sa.LargeBinary, nullable=False),
             sa.UniqueConstraint("run_id", "seq", name="uq_aftraj_events_run_seq"),
         )
+        self.metadata = md
         md.create_all(self.engine)
-        with self.engine.connect() as conn:
-            for (rec,) in conn.execute(sa.select(self.table.c.record)
-                                       .order_by(self.table.c.run_id, self.table.c.seq)):
-                self.admit(parse_event(orjson.loads(rec)))
-        self.n_appended = 0
 
-    def append(self, ev: Event) -> bool:
-        ev.dumps()                          # before admit: an unwritable event is not indexed
-        had_seq, last = ev.seq is not None, self._last_seq.get(ev.run_id)
-        if not self.admit(ev):
-            return False
-        try:
-            with self.engine.begin() as conn:
-                conn.execute(self.table.insert().values(
-                    event_id=ev.event_id, run_id=ev.run_id, seq=ev.seq,
-                    fingerprint=ev.fingerprint, record=ev.dumps()))
-        except BaseException:
-            self._forget(ev, had_seq, last)
-            raise
-        return True
+    # ------------------------------------------------------------------ reads
+    def __len__(self) -> int:
+        sa = self._sa
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(sa.func.count()).select_from(self.table)).scalar_one()
+
+    def __contains__(self, event_id: str) -> bool:
+        sa, t = self._sa, self.table
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(t.c.seq).where(t.c.event_id == event_id)).first() is not None
+
+    def runs(self) -> list[str]:
+        sa, t = self._sa, self.table
+        with self.engine.connect() as conn:
+            return [r for (r,) in conn.execute(sa.select(t.c.run_id).distinct().order_by(t.c.run_id))]
+
+    def last_seq(self, run_id: str) -> int:
+        sa, t = self._sa, self.table
+        with self.engine.connect() as conn:
+            v = conn.execute(sa.select(sa.func.max(t.c.seq)).where(t.c.run_id == run_id)).scalar()
+        return -1 if v is None else v
 
     def iter_run(self, run_id: str, after_seq: int = -1) -> Iterator[Event]:
         sa, t = self._sa, self.table
@@ -332,3 +375,82 @@ class SqlLedger(Ledger):
         with self.engine.connect() as conn:
             for (rec,) in conn.execute(q):
                 yield parse_event(orjson.loads(rec))
+
+    # ------------------------------------------------------------------ writes
+    def admit(self, ev: Event) -> bool:
+        return self.append(ev)
+
+    def append(self, ev: Event) -> bool:
+        return self.append_many([ev])[0]
+
+    def append_many(self, events: list[Event]) -> list[bool]:
+        """Store a batch in one transaction: True per new event, False per identical duplicate."""
+        for ev in events:
+            ev.dumps()                      # an unwritable event fails before anything is stored
+        had_seq = [ev.seq is not None for ev in events]
+        for attempt in (0, 1):
+            try:
+                with self.engine.begin() as conn:
+                    out = self._store(conn, events)
+                self.n_appended += sum(out)
+                self.n_duplicates += len(out) - sum(out)
+                return out
+            except self._sa.exc.IntegrityError:
+                self._reset(events, had_seq)
+                if attempt:
+                    raise
+            except BaseException:
+                self._reset(events, had_seq)
+                raise
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _reset(events, had_seq) -> None:
+        for ev, had in zip(events, had_seq):
+            if not had:
+                ev.seq = None
+
+    def _store(self, conn, events: list[Event]) -> list[bool]:
+        sa, t = self._sa, self.table
+        ids = list({ev.event_id for ev in events})
+        stored = {}
+        for i in range(0, len(ids), 500):
+            q = sa.select(t.c.event_id, t.c.run_id, t.c.seq, t.c.kind, t.c.agent, t.c.parent_id,
+                          t.c.fingerprint, t.c.usage).where(t.c.event_id.in_(ids[i:i + 500]))
+            stored.update({r[0]: r for r in conn.execute(q)})
+        last: dict[str, int] = {}
+        self.last_seq_before = last_before = {}   # per run, as the transaction found it
+        rows, out = [], []
+        for ev in events:
+            usage = orjson.dumps(ev.usage, option=orjson.OPT_SORT_KEYS) if ev.usage is not None else None
+            prev = stored.get(ev.event_id)
+            if prev is not None:
+                if (prev[1] == ev.run_id and prev[6] == ev.fingerprint and prev[3] == ev.kind
+                        and prev[4] == ev.agent and prev[5] == ev.parent_id and prev[7] == usage):
+                    out.append(False)
+                    continue
+                raise LedgerError(
+                    f"event_id {ev.event_id!r} already holds a different event: first {prev[3]} by "
+                    f"{prev[4]!r} in run {prev[1]!r} at seq {prev[2]} (fingerprint {prev[6][:12]}), "
+                    f"now {ev.kind} by {ev.agent!r} in run {ev.run_id!r} at seq {ev.seq} "
+                    f"(fingerprint {ev.fingerprint[:12]})", code="conflict")
+            run = ev.run_id
+            if run not in last:
+                v = conn.execute(sa.select(sa.func.max(t.c.seq)).where(t.c.run_id == run)).scalar()
+                last[run] = last_before[run] = -1 if v is None else v
+            if ev.seq is None:
+                ev.seq = last[run] + 1
+            elif ev.seq <= last[run]:
+                raise LedgerError(f"seq {ev.seq} of event {ev.event_id!r} is not after the run's last "
+                                  f"seq {last[run]} (events are ordered by seq within run {run!r})",
+                                  code="out_of_order", field="seq")
+            last[run] = ev.seq
+            stored[ev.event_id] = (ev.event_id, run, ev.seq, ev.kind, ev.agent, ev.parent_id,
+                                   ev.fingerprint, usage)
+            rows.append({"event_id": ev.event_id, "run_id": run, "seq": ev.seq, "kind": ev.kind,
+                         "agent": ev.agent, "parent_id": ev.parent_id, "fingerprint": ev.fingerprint,
+                         "usage": usage, "record": ev.dumps()})
+            out.append(True)
+        if rows:
+            conn.execute(t.insert(), rows)
+        return out

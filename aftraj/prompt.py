@@ -117,9 +117,11 @@ def render_header(traj: Trajectory, *, reference_answer: bool = False) -> str:
 
 
 def render_suffix(t: int, n_shown: int | None = None) -> str:
-    """The only part that varies with t; it comes after every step."""
-    return (f"</trajectory>\n\nYou have observed steps 0 to {t} ({t + 1} steps) of a run that may "
-            f"continue. Is there a decisive error in steps 0 to {t}? {ANSWER_FORMAT_HINT}")
+    """The only part that varies with t; it comes after every step. It is also the only part a
+    prefix cache can never reuse (it follows the newest step), so it is kept to a few tokens:
+    the rules and the answer format are in the cached system prompt. (The previous 85-token
+    suffix cost 2.4 points of cached prompt tokens on Who&When: benchmarks/prefix_cache.py.)"""
+    return f"</trajectory>\nVerdict on steps 0 to {t}:"
 
 
 def approx_tokens(text: str) -> int:

@@ -49,3 +49,15 @@ def p_unsafe_at(top: Mapping[str, float] | Iterable[tuple[str, float]]) -> float
 def p_unsafe(pieces: Sequence[str], tops: Sequence[Mapping[str, float]]) -> float | None:
     i = verdict_position(pieces)
     return None if i is None or i >= len(tops) else p_unsafe_at(tops[i])
+
+
+def p_unsafe_from_logprobs(content: Sequence[Mapping] | None) -> float | None:
+    """P(UNSAFE) from an OpenAI-style `choices[0].logprobs.content` list (each entry: token,
+    logprob, top_logprobs); None without log-probabilities. Used by the `openai` auditor and
+    the gateway."""
+    if not content:
+        return None
+    pieces = [str(c.get("token", "")) for c in content]
+    tops = [{str(x.get("token", "")): x.get("logprob") for x in (c.get("top_logprobs") or [])
+             if isinstance(x, Mapping)} or {str(c.get("token", "")): c.get("logprob")} for c in content]
+    return p_unsafe(pieces, tops)

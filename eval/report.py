@@ -47,9 +47,36 @@ def build_metrics(preds: list[dict], *, meta: dict, n_boot: int = 1000, seed: in
                                "with published numbers only",
                "far": "null when there are no safe trajectories (e.g. Who&When)",
                "ass": "null when no unsafe trajectory raised an alarm"}}
+    out["calls"] = call_counts(preds)
     if expectation is not None:
         out["analytic_expectation"] = expectation
     return out
+
+
+def call_line(c: dict) -> str:
+    """One line on the calls: shown on the console and in report.md."""
+    def pct(v):
+        return "–" if v is None else f"{100 * v:.1f}%"
+    kinds = ", ".join(f"{k} {v}" for k, v in (c.get("errors_by_kind") or {}).items())
+    return (f"calls: {c.get('n', 0)}  parse failures: {c.get('parse_failures', 0)} "
+            f"({pct(c.get('parse_failure_rate'))})  endpoint errors: {c.get('errors', 0)} "
+            f"({pct(c.get('error_rate'))}{'; ' + kinds if kinds else ''})")
+
+
+def call_counts(preds: list[dict]) -> dict:
+    """Every auditor call of the run: answered, parse failures, endpoint errors (by kind)."""
+    n = sum(p.get("calls", 0) for p in preds)
+    pf = sum(p.get("parse_failures", 0) for p in preds)
+    err = sum(p.get("errors", 0) for p in preds)
+    kinds: dict[str, int] = {}
+    for p in preds:
+        for e in p.get("trace", ()):
+            if e.get("error"):
+                kinds[e["error"]] = kinds.get(e["error"], 0) + 1
+    return {"n": n, "parse_failures": pf, "errors": err,
+            "parse_failure_rate": pf / n if n else None, "error_rate": err / n if n else None,
+            "errors_by_kind": dict(sorted(kinds.items())),
+            "first_error": next((p["first_error"] for p in preds if p.get("first_error")), None)}
 
 
 def write_predictions(preds: list[dict], path: Path) -> None:
@@ -111,6 +138,7 @@ def write_markdown(metrics: dict, path: Path) -> None:
              f"- deployable region: FAR ≤ {DEPLOYABLE_MAX_FAR:.0%} and Step-Acc ≥ "
              f"{DEPLOYABLE_MIN_STEP_ACC:.0%} (– when FAR cannot be measured: no safe trajectories)",
              ""]
+    lines += [call_line(metrics.get("calls") or {}), ""]
     exp = metrics.get("analytic_expectation")
     ov = {"overall": metrics["overall"]}
     lines += _group_table("Overall", ov, exp and {"overall": exp.get("overall", {})})

@@ -116,6 +116,7 @@ class _Walk:
             trace.append({"t": r.t, "alarm": r.alarm, "k": getattr(rv, "step", None),
                           "agent": getattr(rv, "agent", None), "confidence": r.confidence,
                           "parse_failure": rv.code if isinstance(rv, ParseFailure) else None,
+                          "error": r.error_kind if r.error is not None else None,
                           "raw_head": (r.raw or "")[:200] if isinstance(rv, ParseFailure) else None,
                           "step_agent": traj.steps[r.t].agent})
         scored = sorted({r.t for r in self.results})
@@ -130,6 +131,9 @@ class _Walk:
                            (last.confidence if last is not None else None)),
             "calls": len(self.results),
             "parse_failures": sum(r.parse_failed for r in self.results),
+            "errors": sum(r.error is not None for r in self.results),
+            "error_kinds": sorted({r.error_kind for r in self.results if r.error is not None}),
+            "first_error": next((r.error[:300] for r in self.results if r.error is not None), None),
             "prompt_tokens": sum(r.prompt_tokens for r in self.results),
             "completion_tokens": sum(r.completion_tokens for r in self.results),
             "cached_tokens": sum(r.cached_tokens for r in self.results),

@@ -196,4 +196,4 @@ bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
 export VLLM_PYTHON="$VENV/bin/python" VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-exec "$ROOT/.venv/bin/python" -m pytest -m vllm -p no:cacheprovider -s "$@" tests/eval tests/aftraj/corpus
+exec "$ROOT/.venv/bin/python" -m pytest -m vllm -p no:cacheprovider -s "$@" tests/eval tests/aftraj/corpus tests/serve

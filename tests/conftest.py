@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import json
+import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -37,3 +41,90 @@ def tiny_tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+# --------------------------------------------------------------------------- misbehaving HTTP
+
+OK_COMPLETION = {"id": "c", "model": "m",
+                 "choices": [{"index": 0, "finish_reason": "stop",
+                              "message": {"role": "assistant", "content": "hello"}}],
+                 "usage": {"prompt_tokens": 10, "completion_tokens": 2,
+                           "prompt_tokens_details": {"cached_tokens": 8}}}
+
+
+class RawServer:
+    """A TCP server whose reply per connection is chosen by `script` (a list popped per request,
+    the last entry repeating): ("json", status, obj, headers) or ("drip", content_length, delay)
+    or ("chunked", n_bytes)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        self.script: list = [("json", 200, OK_COMPLETION, {})]
+        self.requests: list[float] = []
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn):
+        try:
+            conn.settimeout(30)
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            n = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    n = int(line.split(b":")[1])
+            while len(body) < n:
+                body += conn.recv(65536)
+            self.requests.append(time.monotonic())
+            step = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+            if step[0] == "json":
+                _, status, obj, headers = step
+                payload = json.dumps(obj).encode()
+                hdr = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+                conn.sendall(f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\n{hdr}"
+                             f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload)
+            elif step[0] == "drip":
+                _, length, delay = step
+                conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             f"Content-Length: {length}\r\n\r\n".encode())
+                while not self.stop.is_set():
+                    conn.sendall(b" ")
+                    time.sleep(delay)
+            elif step[0] == "chunked":
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                             b"Transfer-Encoding: chunked\r\n\r\n")
+                chunk = b" " * 65536
+                for _ in range(step[1] // len(chunk) + 1):
+                    conn.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                conn.sendall(b"0\r\n\r\n")
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self):
+        self.stop.set()
+        self.sock.close()
+
+
+@pytest.fixture
+def misbehaving_server():
+    """A raw TCP HTTP server scripted per request (see RawServer): slow drips, oversize bodies,
+    chosen statuses and replies. Used by the client, auditor and corpus tests."""
+    s = RawServer()
+    yield s
+    s.close()

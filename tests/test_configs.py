@@ -18,6 +18,7 @@ LOADERS = {
     "policies": ("aftraj.detectors", "load_policy"),
     "corpus": ("aftraj.corpus.config", "load_corpus_config"),
     "structural": ("aftraj.structural.config", "load_structural_config"),
+    "serve": ("serve.config", "load_serve_config"),
 }
 
 ALL_YAML = sorted(p for ext in ("*.yaml", "*.yml") for p in CONFIGS.rglob(ext))

@@ -38,8 +38,14 @@ def run_build(args) -> int:
     except ConfigError as e:
         print(f"aftraj corpus build: {e}", file=sys.stderr)
         return 2
+    from aftraj.corpus.policies import EndpointUnreachable
+
     t0 = time.perf_counter()
-    res = build_corpus(cfg, args.out, seed=args.seed, progress=not args.no_progress and sys.stderr.isatty())
+    try:
+        res = build_corpus(cfg, args.out, seed=args.seed, progress=not args.no_progress and sys.stderr.isatty())
+    except EndpointUnreachable as e:   # nothing built: say why instead of an empty corpus
+        print(f"aftraj corpus build: {args.config}: policy: {e}", file=sys.stderr)
+        return 2
     secs = time.perf_counter() - t0
     tot = res.stats["total"]
     print(f"built {tot['trajectories']} trajectories ({tot['safe']} safe, {tot['unsafe']} unsafe) from "

@@ -33,7 +33,8 @@ def register(sub) -> None:
     p.add_argument("--api-key-env", default="OPENAI_API_KEY",
                    help="environment variable holding the API key (default OPENAI_API_KEY)")
     p.add_argument("--concurrency", type=int, default=8, help="openai: parallel requests")
-    p.add_argument("--timeout", type=float, default=120.0, help="openai: per-call timeout (s)")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="openai: total deadline per call in seconds (retries included)")
     p.add_argument("--retries", type=int, default=4, help="openai: retries per call")
     p.add_argument("--max-new-tokens", type=int, default=1024, help="generation budget per call")
     p.add_argument("--budget", type=int, help="prompt token budget (the fold's view beyond it)")
@@ -122,10 +123,16 @@ def run(args) -> int:
 
     add_floors_to_report(Path(args.out), args.data, trajs, auditor_spec=args.auditor, seed=args.seed)
     _print_summary(metrics, Path(args.out))
+    calls = metrics["calls"]
+    if calls["n"] and calls["errors"] == calls["n"]:
+        print(f"aftraj eval: every one of the {calls['n']} auditor calls failed "
+              f"(first: {calls['first_error']})", file=sys.stderr)
+        return 3
     return 0
 
 
 def _print_summary(m: dict, out: Path) -> None:
+    from eval.report import call_line
     def pct(v):
         return "–" if v is None else f"{100 * v:.2f}%"
 
@@ -144,5 +151,6 @@ def _print_summary(m: dict, out: Path) -> None:
         if e:
             print(f"  {'':<22} analytic expectation: step_acc={pct(e['step_acc'])} "
                   f"agent_acc={pct(e['agent_acc'])} exact_f1={pct(e['exact_f1'])}")
+    print(call_line(m.get("calls") or {}))
     print(f"reports: {out}/metrics.json predictions.jsonl report.md *.png")
     sys.stdout.flush()

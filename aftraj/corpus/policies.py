@@ -2,12 +2,16 @@
 
 - `scripted`: deterministic simulated agents (the template's `scripted_next`) with seeded slips;
   `clean=True` gives the safe version of a turn (no slip), which replays use.
-- `openai`: any OpenAI-compatible chat endpoint (vLLM, an API) over httpx, temperature 0. Agents
+- `openai`: any OpenAI-compatible chat endpoint (vLLM, an API) through the one client
+  (`aftraj.llm_client`: total deadline `timeout_s` per call, size cap, retries), temperature 0. Agents
   call tools with a text protocol every model can write (`CALL tool {"arg": …}`), so the
   endpoint needs no tool-calling support; native `tool_calls` in a reply are honoured too.
   Whatever the model writes becomes a turn: malformed calls are recorded with an error, never
-  raised; an unreachable or broken endpoint raises `PolicyError` (the rollout is cancelled with
-  the reason recorded).
+  raised; a broken endpoint or a failed reply (content_filter, error) raises `PolicyError` (the
+  rollout is cancelled with the reason recorded). `make_policy` first checks that the endpoint
+  answers at all: a build whose endpoint cannot be reached (closed port, no route, deadline)
+  fails at once with `EndpointUnreachable` naming the connection error, instead of cancelling
+  every rollout and writing an empty corpus.
 
     from aftraj.corpus.policies import make_policy
     policy = make_policy(cfg.policy, cfg.slips)
@@ -18,11 +22,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
-
-import httpx
 
 from aftraj.corpus.rollout import Ctx, PolicyError, Turn
+from aftraj.llm_client import ChatClient as _Client
+from aftraj.llm_client import ClientConfig, EndpointError
 from aftraj.prompt import render_step
 
 
@@ -40,47 +43,47 @@ class ScriptedPolicy:
 
 # --------------------------------------------------------------------------- HTTP
 
-class ChatClient:
-    """POST /chat/completions with retries; returns the first choice's message dict."""
+class EndpointUnreachable(PolicyError):
+    """The policy's endpoint cannot be reached at all: the build stops."""
 
-    def __init__(self, endpoint, client: httpx.Client | None = None):
+
+UNREACHABLE_KINDS = ("connect", "timeout", "deadline")
+
+
+class ChatClient:
+    """The corpus' view of the one client: `complete(messages)` -> the first choice's message
+    dict; any endpoint failure is a `PolicyError` naming it. `client`: an
+    `aftraj.llm_client.ChatClient` to share (default: one built from the endpoint config)."""
+
+    def __init__(self, endpoint, client: _Client | None = None):
         self.cfg = endpoint
-        key = ""
-        if endpoint.api_key_env:
-            key = os.environ.get(endpoint.api_key_env, "")
-            if not key:
-                raise ValueError(f"api_key_env: the environment variable {endpoint.api_key_env} is not set")
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.client = client or httpx.Client(base_url=endpoint.base_url.rstrip("/"), headers=headers,
-                                             timeout=endpoint.timeout_s)
-        self.n_calls = 0
+        if endpoint.api_key_env and not os.environ.get(endpoint.api_key_env):
+            raise ValueError(f"api_key_env: the environment variable {endpoint.api_key_env} is not set")
+        self.client = client or _Client(ClientConfig.from_env(
+            endpoint.base_url, endpoint.api_key_env, deadline_s=endpoint.timeout_s,
+            retries=endpoint.retries, backoff_s=0.2, max_backoff_s=2.0))
+
+    @property
+    def n_calls(self) -> int:
+        return self.client.n_calls
+
+    def check_reachable(self) -> None:
+        """Raise EndpointUnreachable when GET /models gets no HTTP answer at all."""
+        try:
+            self.client.request("GET", "/models")
+        except EndpointError as e:
+            if e.kind in UNREACHABLE_KINDS:
+                raise EndpointUnreachable(f"endpoint {self.cfg.base_url} cannot be reached: {e}") from None
 
     def complete(self, messages: list[dict], *, max_tokens: int | None = None) -> dict:
         body = {"model": self.cfg.model, "messages": messages, "temperature": self.cfg.temperature,
                 "max_tokens": max_tokens or self.cfg.max_tokens, "seed": 0}
-        err = "no attempt"
-        for attempt in range(self.cfg.retries + 1):
-            self.n_calls += 1
-            try:
-                r = self.client.post("/chat/completions", json=body)
-            except httpx.HTTPError as e:
-                err = f"{type(e).__name__}: {e}"
-            else:
-                if r.status_code == 200:
-                    try:
-                        data = r.json()
-                        msg = data["choices"][0]["message"]
-                        if not isinstance(msg, dict):
-                            raise TypeError("message is not an object")
-                        return msg
-                    except (ValueError, KeyError, IndexError, TypeError) as e:
-                        raise PolicyError(f"malformed response from the endpoint: {type(e).__name__}: {e}") from None
-                err = f"HTTP {r.status_code}: {r.text[:200]}"
-                if r.status_code < 500 and r.status_code != 429:
-                    break
-            if attempt < self.cfg.retries:
-                time.sleep(min(2.0, 0.2 * 2**attempt))
-        raise PolicyError(f"endpoint {self.cfg.base_url} failed: {err}")
+        try:
+            return self.client.complete(body, require_content=False).first.message
+        except EndpointError as e:
+            if e.kind == "malformed":
+                raise PolicyError(f"malformed response from the endpoint: {e}") from None
+            raise PolicyError(f"endpoint {self.cfg.base_url} failed: {e}") from None
 
 
 _CALL_RE = re.compile(r"CALL\s+([A-Za-z_][\w-]*)\s*(.*)", re.S)
@@ -134,7 +137,7 @@ def parse_agent_reply(template, agent: str, msg: dict) -> Turn:
 class OpenAIPolicy:
     backend = "openai"
 
-    def __init__(self, endpoint, client: httpx.Client | None = None):
+    def __init__(self, endpoint, client: _Client | None = None):
         self.cfg = endpoint
         self.model = endpoint.model
         self.chat = ChatClient(endpoint, client)
@@ -155,9 +158,11 @@ class OpenAIPolicy:
         return parse_agent_reply(template, agent, msg)
 
 
-def make_policy(endpoint, slips, client: httpx.Client | None = None):
+def make_policy(endpoint, slips, client: _Client | None = None):
     if endpoint.backend == "scripted":
         return ScriptedPolicy(slips, endpoint.model)
     if endpoint.backend == "openai":
-        return OpenAIPolicy(endpoint, client)
+        policy = OpenAIPolicy(endpoint, client)
+        policy.chat.check_reachable()
+        return policy
     raise ValueError(f"unknown policy backend {endpoint.backend!r}")

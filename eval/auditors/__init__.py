@@ -56,9 +56,11 @@ STRATEGIES = ("online", "posthoc", "bisect")
 
 @dataclass(frozen=True)
 class AuditResult:
-    """One auditor answer for prefix t."""
+    """One auditor answer for prefix t. An endpoint failure (no answer, a filtered or errored
+    choice, an oversize reply, the deadline) is `verdict=None` with `error` set: it is counted
+    as an error, never as a verdict or a parse failure."""
 
-    verdict: Verdict | ParseFailure
+    verdict: Verdict | ParseFailure | None
     t: int
     confidence: float | None = None   # P(UNSAFE) in [0, 1], when the backend can tell
     latency_s: float = 0.0
@@ -66,8 +68,12 @@ class AuditResult:
     completion_tokens: int = 0
     cached_tokens: int = 0            # prompt tokens served from a prefix cache
     raw: str | None = None            # the completion text, when there is one
+    error: str | None = None          # why the endpoint gave no answer (verdict is None then)
+    error_kind: str | None = None     # aftraj.llm_client.ERROR_KINDS
 
     def __post_init__(self) -> None:
+        if (self.verdict is None) != (self.error is not None):
+            raise ValueError("an AuditResult holds either a verdict (or parse failure) or an error")
         if self.confidence is not None and not 0.0 <= self.confidence <= 1.0:
             raise ValueError(f"confidence must be in [0, 1], got {self.confidence}")
         if self.t < 0:

@@ -105,13 +105,27 @@ def test_bad_input_is_named(tmp_path):
     assert main(["eval", "--auditor", "hf", "--data", str(bad), "--out", str(tmp_path / "o")]) == 2
 
 
-def test_auditor_failure_exits_3(tmp_path, make_traj, fake_openai):
+def test_every_call_failing_exits_3_with_the_error_rate(tmp_path, make_traj, fake_openai, capsys):
+    """Endpoint failures are errors, never verdicts: the report shows the error rate and a run
+    in which every call failed exits non-zero (it used to exit 0 with 100 % 'CONTINUE')."""
     data = tmp_path / "set.jsonl"
-    write_jsonl([make_traj(0, 3, 1)], data)
+    write_jsonl([make_traj(0, 3, 1), make_traj(1, 2, None)], data)
     fake_openai.fail_next = 100
     assert main(["eval", "--auditor", "openai", "--endpoint", fake_openai.url, "--retries", "0",
                  "--data", str(data), "--out", str(tmp_path / "o"), "--no-progress"]) == 3
-    assert not (tmp_path / "o" / "metrics.json").exists()
+    calls = json.loads((tmp_path / "o" / "metrics.json").read_text())["calls"]
+    assert calls["n"] == 5 and calls["errors"] == 5 and calls["error_rate"] == 1.0
+    assert calls["errors_by_kind"] == {"http": 5} and "503" in calls["first_error"]
+    io = capsys.readouterr()
+    assert "endpoint errors: 5 (100.0%; http 5)" in io.out and "every one of the 5" in io.err
+    # some calls failing: exit 0, the rate is shown; parse failures are counted apart
+    fake_openai.fail_next = 2
+    assert main(["eval", "--auditor", "openai", "--endpoint", fake_openai.url, "--retries", "0",
+                 "--max-in-flight", "1", "--data", str(data), "--out", str(tmp_path / "p"),
+                 "--no-progress"]) == 0
+    m = json.loads((tmp_path / "p" / "metrics.json").read_text())
+    assert m["calls"]["errors"] == 2 and m["calls"]["parse_failures"] == 0
+    assert "endpoint errors: 2" in (tmp_path / "p" / "report.md").read_text()
 
 
 def test_bad_arguments_are_named_not_tracebacks(tmp_path, make_traj, capsys):
@@ -129,3 +143,22 @@ def test_bad_arguments_are_named_not_tracebacks(tmp_path, make_traj, capsys):
                  "--out", str(tmp_path / "o"), "--no-progress"]) == 3
     assert "budget" in capsys.readouterr().err
     assert not (tmp_path / "o" / "metrics.json").exists()
+
+
+@pytest.mark.parametrize("length, kind", [(10**9, "oversize"), (10**7, "deadline")])
+def test_eval_against_a_slow_drip_server_ends_within_its_deadlines(tmp_path, make_traj, misbehaving_server,
+                                                                   length, kind):
+    """Every call meets a huge Content-Length sent a byte at a time (the run used to last
+    forever): over the 32 MiB cap it is refused at once, under it the call ends at its 1 s
+    deadline; the run ends and exits 3 with a 100 % error rate."""
+    import time
+
+    data = tmp_path / "set.jsonl"
+    write_jsonl([make_traj(0, 3, 1), make_traj(1, 2, None)], data)
+    misbehaving_server.script = [("json", 200, {"data": [{"id": "m"}]}, {}), ("drip", length, 0.2)]
+    t0 = time.perf_counter()
+    assert main(["eval", "--auditor", "openai", "--endpoint", misbehaving_server.url, "--retries", "0",
+                 "--timeout", "1", "--data", str(data), "--out", str(tmp_path / "o"), "--no-progress"]) == 3
+    assert time.perf_counter() - t0 < 10
+    calls = json.loads((tmp_path / "o" / "metrics.json").read_text())["calls"]
+    assert calls["errors_by_kind"] == {kind: calls["n"]} and calls["n"] == 5

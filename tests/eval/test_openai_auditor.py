@@ -72,22 +72,59 @@ def test_retries_on_503_then_success(fake_openai, corpus):
 
 def test_timeout_is_retried(fake_openai, corpus):
     fake_openai.stall_next, fake_openai.stall_s = 1, 1.5
-    with auditor(fake_openai, timeout=0.5) as aud:
+    with auditor(fake_openai, timeout=5.0, attempt_timeout=0.5) as aud:
         t0 = time.perf_counter()
         r = aud.audit(corpus[1], 2)
         assert not r.alarm and aud.n_retries == 1
         assert time.perf_counter() - t0 < 1.4  # the stalled call was abandoned at the timeout
 
 
-def test_gives_up_with_a_clear_error(fake_openai, corpus):
+def test_gives_up_with_an_error_result_never_a_verdict(fake_openai, corpus):
     with auditor(fake_openai, retries=1) as aud:
         fake_openai.fail_next = 5
-        with pytest.raises(AuditorError, match="no answer after 2 attempts.*503"):
-            aud.audit(corpus[0], 0)
+        r = aud.audit(corpus[0], 0)
+        assert r.verdict is None and not r.alarm and not r.parse_failed
+        assert r.error_kind == "http" and "no answer after 2 attempts" in r.error and "503" in r.error
         fake_openai.fail_next = 0
         fake_openai.status_next = 400
-        with pytest.raises(AuditorError, match="HTTP 400"):
-            aud.audit(corpus[0], 0)
+        r = aud.audit(corpus[0], 0)
+        assert r.verdict is None and "HTTP 400" in r.error
+
+
+MODELS = ("json", 200, {"object": "list", "data": [{"id": "m"}]}, {})
+
+
+@pytest.mark.parametrize("choice, kind", [
+    ({"message": {"role": "assistant", "content": None}, "finish_reason": "stop"}, "no_content"),
+    ({"message": {"role": "assistant", "content": ""}, "finish_reason": "content_filter"}, "content_filter"),
+    ({"message": {"role": "assistant", "content": "x"}, "finish_reason": "error"}, "finish_error"),
+])
+def test_failed_choices_are_errors_not_parse_failures(misbehaving_server, corpus, choice, kind):
+    """Before the one client, these became the parse failure 'empty', i.e. a silent CONTINUE."""
+    misbehaving_server.script = [MODELS, ("json", 200, {"choices": [choice]}, {})]
+    with get_auditor("openai", endpoint=misbehaving_server.url, timeout=5, retries=0) as aud:
+        r = aud.audit(corpus[0], 1)
+    assert r.verdict is None and r.error_kind == kind and not r.parse_failed
+
+
+def test_slow_drip_ends_at_the_deadline(misbehaving_server, corpus):
+    """Content-Length 10^9 and a byte every 0.2 s: every read succeeds, yet the call must end
+    (before the one client this stalled `aftraj eval` forever)."""
+    misbehaving_server.script = [MODELS, ("drip", 10**9, 0.2)]
+    with get_auditor("openai", endpoint=misbehaving_server.url, timeout=1.0, retries=0,
+                     max_response_bytes=2 * 10**9) as aud:
+        t0 = time.perf_counter()
+        r = aud.audit(corpus[0], 1)
+        assert time.perf_counter() - t0 < 2.0
+    assert r.error_kind == "deadline"
+
+
+def test_oversize_reply_is_an_error(misbehaving_server, corpus):
+    misbehaving_server.script = [MODELS, ("chunked", 8 << 20)]
+    with get_auditor("openai", endpoint=misbehaving_server.url, timeout=5, retries=0,
+                     max_response_bytes=1 << 20) as aud:
+        r = aud.audit(corpus[0], 1)
+    assert r.error_kind == "oversize"
 
 
 def test_unreachable_endpoint():

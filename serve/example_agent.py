@@ -1,0 +1,58 @@
+"""An example agent loop wired to the gateway: each step is posted as it happens, and the loop
+stops as soon as a verdict says ALARM (or the intervention action is pause/halt).
+
+    aftraj serve gateway --config configs/serve/gateway-local.yaml &
+    python -m serve.example_agent --gateway http://127.0.0.1:8080 --key aft-local-demo-key
+
+The "agents" are scripted (a planner and a calculator that slips at step 3: 17 * 24 = 418), so
+the example needs no model of its own; the auditor behind the gateway judges every prefix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from serve.client import GatewayClient
+
+TASK = "What do 17 boxes of 24 pens cost at 0.5 dollars a pen?"
+SCRIPT = [
+    ("planner", "message", {"content": "Plan: count the pens (17 * 24), then multiply by 0.5."}),
+    ("calculator", "tool_call", {"content": "", "tool": "compute", "arguments": {"expression": "17*24"}}),
+    ("calculator", "tool_result", {"content": "408", "tool": "compute"}),
+    ("calculator", "message", {"content": "17 * 24 = 418 pens."}),
+    ("planner", "message", {"content": "418 * 0.5 = 209 dollars."}),
+    ("planner", "final_answer", {"content": "209 dollars"}),
+]
+
+
+def run_agent(gw: GatewayClient, *, run_id: str | None = None, log=print) -> dict:
+    """Play SCRIPT step by step through the gateway; returns {"stopped_at", "verdicts", "run_id"}."""
+    run = gw.create_run(TASK, agents=["planner", "calculator"], category="math", run_id=run_id)
+    verdicts = []
+    for i, (agent, kind, payload) in enumerate(SCRIPT):
+        ev = {"event_id": f"{run}/{i + 1}", "seq": i + 1, "kind": kind, "agent": agent, "payload": payload}
+        if kind == "tool_result":
+            ev["parent_id"] = f"{run}/{i}"
+        v = gw.post_events(run, [ev])
+        verdicts.append(v)
+        log(f"step {v['t']}: {v['decision']} (auditor {v['auditor']}, action {v['action']})"
+            + (f" k={v['k']} agent={v['agent']}: {v['reason']}" if v["decision"] == "ALARM" else ""))
+        if v["decision"] == "ALARM" or v["action"] in ("pause", "halt"):
+            log(f"stopped by the auditor at step {v['t']}")
+            return {"run_id": run, "stopped_at": v["t"], "verdicts": verdicts}
+    return {"run_id": run, "stopped_at": None, "verdicts": verdicts}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gateway", default="http://127.0.0.1:8080")
+    ap.add_argument("--key", required=True)
+    args = ap.parse_args(argv)
+    with GatewayClient(args.gateway, args.key) as gw:
+        out = run_agent(gw)
+    return 0 if out["stopped_at"] is not None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Request and response models of the gateway's HTTP API (the router's types; OpenAPI comes from
+them). Events themselves are validated by `aftraj.events.parse_event`, the one event parser, so
+the batch holds plain objects here.
+
+    python -c "from serve.protocol import Verdict; print(Verdict.model_json_schema())"
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RunCreate(BaseModel):
+    """A run is fully described by its events: these fields become its `run_started` event."""
+
+    model_config = ConfigDict(extra="forbid")
+    run_id: str | None = Field(None, max_length=200, pattern=r"^[\w.:-]+$",
+                               description="your id for the run (default: a random one)")
+    task: str = Field(..., max_length=200_000, description="the request the agents work on")
+    agents: list[str] = Field(default_factory=list, max_length=256)
+    category: str | None = Field(None, max_length=64,
+                                 description="tool-policy category (the fold's permitted tools)")
+
+
+class RunCreated(BaseModel):
+    run_id: str
+    event_id: str
+    seq: int
+
+
+class EventBatch(BaseModel):
+    """Events of one run, in seq order. Rule: the batch is all or nothing: one malformed event
+    (or one the ledger refuses) rejects the whole batch with a 4xx naming its index, event_id
+    and field; nothing of it is stored, so resending the corrected batch loses nothing.
+    Event ids already stored with the same content are skipped (idempotent resend)."""
+
+    model_config = ConfigDict(extra="forbid")
+    events: list[dict[str, Any]] = Field(..., min_length=1)
+
+
+class FindingOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    kind: str
+    alarm: bool
+    reason: str
+
+
+class Verdict(BaseModel):
+    """The verdict for the newest prefix of the run (steps 0..t)."""
+
+    run_id: str
+    seq: int = Field(..., description="seq of the newest event the verdict covers")
+    t: int = Field(..., description="index of the newest step (prefix 0..t)")
+    decision: Literal["CONTINUE", "ALARM"]
+    k: int | None = None
+    agent: str | None = None
+    reason: str | None = None
+    confidence: float | None = Field(None, description="P(UNSAFE) from the verdict token's logprobs")
+    action: Literal["none", "warn", "pause", "halt"]
+    auditor: Literal["ok", "unavailable", "parse_failure", "off"]
+    auditor_error: str | None = None
+    findings: list[dict[str, Any]] = Field(default_factory=list)
+    policy_revision: int | None = None
+    latency_ms: float
+    model_latency_ms: float | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    accepted: int = 0
+    duplicates: int = 0
+
+
+class RunView(BaseModel):
+    run_id: str
+    owner: str
+    task: str
+    agents: list[str]
+    category: str | None
+    observer: dict[str, Any]
+    verdicts: list[Verdict]
+
+
+class Problem(BaseModel):
+    """Every 4xx/5xx body: what was wrong, and where."""
+
+    detail: str
+    event_index: int | None = None
+    event_id: str | None = None
+    field: str | None = None

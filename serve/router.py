@@ -1,0 +1,141 @@
+"""The gateway's HTTP routes (thin: auth, limits, (de)serialisation; the logic is serve.service).
+
+    aftraj serve gateway --config configs/serve/gateway-local.yaml
+    curl -H "Authorization: Bearer $KEY" -d '{"task": "…", "agents": ["a"]}' localhost:8080/v1/runs
+
+Routes: POST /v1/runs, POST /v1/runs/{id}/events, GET /v1/runs/{id}, GET /v1/runs/{id}/stream
+(server-sent verdicts), GET /healthz, GET /metrics (Prometheus text), GET /openapi.json. Every
+error body is a `Problem` (detail, event_index, event_id, field); no body echoes a key.
+Body limit: a request over `limits.max_body_bytes` is refused with 413 before it is parsed
+(declared Content-Length, or counted while it streams in).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+from fastapi import FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from serve.protocol import EventBatch, Problem, RunCreate, RunCreated, RunView, Verdict
+from serve.service import GatewayError, GatewayService
+
+ERRORS = {401: {"model": Problem}, 404: {"model": Problem}, 409: {"model": Problem},
+          413: {"model": Problem}, 422: {"model": Problem}, 429: {"model": Problem}}
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for a body over `limit` bytes (declared or streamed)."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for k, v in scope.get("headers", ()):
+            if k == b"content-length" and v.isdigit() and int(v) > self.limit:
+                return await _send_413(send, self.limit)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge()
+            return msg
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await _send_413(send, self.limit)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _send_413(send, limit: int) -> None:
+    body = orjson.dumps({"detail": f"request body over the limit of {limit} bytes", "event_index": None,
+                         "event_id": None, "field": None})
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def build_app(svc: GatewayService) -> FastAPI:
+    app = FastAPI(title="AgentForesight gateway", version="1",
+                  description="Takes a run's events, folds them, audits every prefix (DESIGN §7).")
+
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(_req: Request, e: GatewayError):
+        svc.metrics.inc("aftraj_gateway_http_errors_total", status=str(e.status))
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_req: Request, e: RequestValidationError):
+        err = (e.errors() or [{}])[0]
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        field = ".".join(loc) or None
+        svc.metrics.inc("aftraj_gateway_http_errors_total", status="422")
+        return JSONResponse({"detail": f"{field or 'body'}: {err.get('msg', 'invalid')}", "event_index": None,
+                             "event_id": None, "field": field}, status_code=422)
+
+    @app.post("/v1/runs", response_model=RunCreated, status_code=201, responses=ERRORS)
+    async def create_run(req: RunCreate, authorization: str | None = Header(None)):
+        owner = svc.authenticate(authorization)
+        return svc.create_run(owner, req)
+
+    @app.post("/v1/runs/{run_id}/events", response_model=Verdict, responses=ERRORS)
+    async def post_events(run_id: str, batch: EventBatch, authorization: str | None = Header(None)):
+        owner = svc.authenticate(authorization)
+        return await svc.ingest(owner, run_id, batch.events)
+
+    @app.get("/v1/runs/{run_id}", response_model=RunView, responses=ERRORS)
+    async def get_run(run_id: str, authorization: str | None = Header(None)):
+        owner = svc.authenticate(authorization)
+        return svc.view(owner, run_id)
+
+    @app.get("/v1/runs/{run_id}/stream", responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}})
+    async def stream(run_id: str, authorization: str | None = Header(None)):
+        """Server-sent events: every stored verdict of the run, then each new one (`event: verdict`)."""
+        owner = svc.authenticate(authorization)
+        q, history = svc.subscribe(owner, run_id)
+
+        async def gen():
+            try:
+                for v in history:
+                    yield b"event: verdict\ndata: " + orjson.dumps(v) + b"\n\n"
+                while True:
+                    try:
+                        v = await asyncio.wait_for(q.get(), timeout=15)
+                    except TimeoutError:
+                        yield b": keep-alive\n\n"
+                        continue
+                    yield b"event: verdict\ndata: " + orjson.dumps(v) + b"\n\n"
+            finally:
+                svc.unsubscribe(owner, run_id, q)
+
+        return StreamingResponse(gen(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "ok", "auditor": svc.cfg.auditor.backend}
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics():
+        return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    app.add_middleware(BodyLimit, limit=svc.cfg.limits.max_body_bytes)
+    app.state.service = svc
+    return app
+
+
+def openapi_json(app: FastAPI) -> str:
+    """The schema as committed in serve/openapi.json (sorted keys, stable)."""
+    return orjson.dumps(app.openapi(), option=orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2).decode() + "\n"

