@@ -96,6 +96,8 @@ def _attr(v) -> str:
 def render_step(step: Step) -> str:
     """One step block. Independent of t, so it tokenises the same in every prefix."""
     attrs = [f"index={step.index}", f"agent={_attr(step.agent)}", f"kind={_attr(step.kind)}"]
+    if step.thought is not None:   # the agent's reasoning, where the source keeps it apart (AFTraj)
+        attrs.append(f"thought={_attr(step.thought)}")
     if step.tool is not None:
         attrs.append(f"tool={_attr(step.tool)}")
     if step.arguments is not None:
