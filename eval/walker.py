@@ -116,7 +116,7 @@ class _Walk:
             trace.append({"t": r.t, "alarm": r.alarm, "k": getattr(rv, "step", None),
                           "agent": getattr(rv, "agent", None), "confidence": r.confidence,
                           "parse_failure": rv.code if isinstance(rv, ParseFailure) else None,
-                          "raw_head": (r.raw or "")[:200] if isinstance(rv, ParseFailure) else None,
+                          "raw": r.raw,   # the whole completion, <think> included
                           "step_agent": traj.steps[r.t].agent})
         scored = sorted({r.t for r in self.results})
         last = self.results[-1] if self.results else None
