@@ -348,9 +348,14 @@ def _aftraj_splits(root: Path) -> dict[str, str]:
 
 
 def aftraj_parquet_files(root: Path) -> list[Path]:
-    """Every *.parquet under `root` (a file, or a folder searched recursively), in name order."""
+    """The release's two files when `root` holds them (a built corpus also holds the Hub's
+    data/*.parquet in our schema, which is not AFTraj's); else every *.parquet under `root`
+    (a file, or a folder searched recursively), in name order."""
     if root.is_file():
         return [root]
+    released = [root / n for n in ("aftraj_safe.parquet", "aftraj_unsafe.parquet") if (root / n).is_file()]
+    if released:
+        return released
     return sorted(p for p in root.rglob("*.parquet") if p.is_file())
 
 

@@ -138,7 +138,8 @@ def build_corpus(cfg: CorpusConfig, out: str | Path | None, *, seed: int | None 
                                                        "diagnoses": diag_log, "sandbox_runs": sandbox.n_subprocesses})
     if out is not None:
         out = Path(out)
-        export_corpus(trajs, split_of, out, jsonl=cfg.export.jsonl, hf=cfg.export.hf, parquet=cfg.export.parquet)
+        export_corpus(trajs, split_of, out, jsonl=cfg.export.jsonl, hf=cfg.export.hf, parquet=cfg.export.parquet,
+                      stats=stats)
         (out / "stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
         (out / "stats.md").write_text(stats_markdown(stats))
         res.out = out

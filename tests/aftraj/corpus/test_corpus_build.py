@@ -131,7 +131,10 @@ def test_exports_read_back(demo_build):
     assert load_trajectories(out) == jsonl   # the folder reads as our JSONL, not the lossy parquet
     import datasets
 
-    assert from_hf_dataset(datasets.load_from_disk(str(out / "hf"))) == jsonl
+    hub = datasets.load_dataset(str(out), cache_dir=str(out.parent / "hf-cache"))
+    assert sorted(t.id for s in hub for t in from_hf_dataset(hub[s])) == sorted(t.id for t in jsonl)
+    assert sorted(from_hf_dataset(hub["test"]), key=lambda t: t.id) == \
+        sorted((t for t in jsonl if t.meta["split"] == "test"), key=lambda t: t.id)
     by_id = {t.id: t for t in jsonl}
     back = list(iter_aftraj_parquet(out))
     assert len(back) == len(jsonl)
