@@ -174,6 +174,12 @@ def _run_eval(args) -> int:
     metrics = write_report(preds, Path(args.out), meta=meta, n_boot=args.n_boot, seed=args.seed,
                            prices=prices, expectation=expectation, auc_start=args.auc_start)
     _print_summary(metrics, Path(args.out))
+    if args.model:   # a checkpoint of ours: its model card gains this evaluation
+        from training.model_card import record_eval
+
+        card = record_eval(Path(args.model), metrics, args.out)
+        if card is not None:
+            print(f"model card updated: {card}")
     return 0
 
 

@@ -358,6 +358,13 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
     final = None
     if last == cfg.max_steps:
         final = _save_final(cfg, acc, model, tok, out / "final")
+    if acc.is_main_process and last:   # model cards (training/model_card.py)
+        from training.model_card import write_model_card
+
+        for folder in [p for p in (final, out / f"checkpoint-{last:06d}") if p is not None and p.exists()]:
+            write_model_card(folder, stage="stage 1 (BPPO)", base_model=str(cfg.model),
+                             base_model_path=model_path, data=str(cfg.data), config=cfg.to_dict(),
+                             steps=last)
     acc.end_training()
     return RunResult(out, last, final, history)
 
