@@ -71,8 +71,7 @@ def prompt_template_hash(layout: str = "ours", **render_kw) -> str:
     from aftraj.prompt import render
 
     traj = _probe_trajectory()
-    msgs = [render(traj, t, layout=layout, **render_kw) if layout != "ours" else render(traj, t, **render_kw)
-            for t in (1, 3)]
+    msgs = [render(traj, t, layout=layout, **render_kw) for t in (1, 3)]
     return hashlib.sha256(json.dumps(msgs, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 
 

@@ -38,6 +38,10 @@ def register(sub) -> None:
     p.add_argument("--protocol", choices=("strict", "reference"), default="strict",
                    help="strict: every trajectory walked prefix by prefix (default); reference: "
                         "safe trajectories get one full-trajectory call, as the released evaluation")
+    p.add_argument("--layout", choices=("ours", "reference"), default="ours",
+                   help="prompt layout: ours (default; prefix-cache friendly, never cuts) or "
+                        "reference (the released evaluation's: header before the steps, contents "
+                        "cut at 2,000 characters), to compare with the paper's table")
     p.add_argument("--model", help="local model folder (hf backend)")
     p.add_argument("--endpoint", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--api-model", help="model name to send to the endpoint (default: its first model)")
@@ -139,7 +143,7 @@ def _run_eval(args) -> int:
     kw = dict(model=args.model, endpoint=args.endpoint, api_model=args.api_model,
               api_key_env=args.api_key_env, concurrency=args.concurrency, timeout=args.timeout,
               retries=args.retries, max_new_tokens=args.max_new_tokens, budget=args.budget,
-              reference_answer=args.reference_answer, seed=args.seed)
+              reference_answer=args.reference_answer, seed=args.seed, layout=args.layout)
     try:
         auditor = get_auditor(args.auditor, **{k: v for k, v in kw.items() if v is not None})
     except (ValueError, FileNotFoundError, AuditorError) as e:
@@ -169,7 +173,7 @@ def _run_eval(args) -> int:
             "strategy": auditor.strategy, "protocol": args.protocol, "data": str(args.data),
             "reference_answer_in_prompt": args.reference_answer, "all_prefixes": args.all_prefixes,
             "model": args.model, "endpoint": args.endpoint, "wall_s": round(wall, 3),
-            "split": split, "n_trajectories": len(trajs)}
+            "split": split, "n_trajectories": len(trajs), "layout": args.layout}
     meta["provenance"] = _provenance(args)
     metrics = write_report(preds, Path(args.out), meta=meta, n_boot=args.n_boot, seed=args.seed,
                            prices=prices, expectation=expectation, auc_start=args.auc_start)
@@ -219,6 +223,6 @@ def _provenance(args) -> dict:
     settings = {k: getattr(args, k, None) for k in (
         "auditor", "model", "endpoint", "api_model", "max_new_tokens", "budget", "concurrency",
         "timeout", "retries", "protocol", "reference_answer", "all_prefixes", "max_in_flight",
-        "seed", "split", "limit")}
+        "seed", "split", "limit", "layout")}
     return provenance(command=command_line(args, args._parser, "aftraj eval"), settings=settings,
                       layout=getattr(args, "layout", None) or "ours")

@@ -23,7 +23,9 @@ from aftraj.schema import Trajectory, to_hf_rows, write_jsonl
 _UNSAFE_SOURCE = {"injected": "injected", "diagnosed": "diagnosed"}
 
 
-def _action(step) -> str | None:
+def release_action(step) -> str | None:
+    """A step's `action` string in the released layout: the release's own string when the step
+    was read from it, else our tool call as the release spells one."""
     if "action" in step.meta:           # read from the release: its string, byte for byte
         return step.meta["action"]
     if step.kind == "tool_call" and step.tool is not None:
@@ -36,7 +38,7 @@ def _action(step) -> str | None:
 
 def _turn(step, null_content: bool) -> dict:
     role = "environment" if step.kind == "tool_result" else step.agent
-    return {"role": role, "thought": step.thought, "action": _action(step),
+    return {"role": role, "thought": step.thought, "action": release_action(step),
             "content": None if null_content else step.content}
 
 
