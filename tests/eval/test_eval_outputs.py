@@ -142,3 +142,41 @@ def test_compare_refuses_a_folder_without_metrics(tmp_path, capsys):
     assert main(["eval", "cmp", str(tmp_path), "--out", str(tmp_path / "c")]) == 2
     assert main(["eval", "--out", str(tmp_path / "c")]) == 2
     assert "--auditor is required" in capsys.readouterr().err
+
+
+def test_progress_bar_counts_auditor_calls(monkeypatch, make_traj):
+    """The bar moves with every call (an hf walk of one long trajectory no longer sits at 0/N
+    trajectories) and its total shrinks to the calls made when an ALARM ends a walk early."""
+    import tqdm.auto
+
+    from eval.auditors import get_auditor
+    from eval.walker import WalkConfig, max_calls, walk
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total, **kw):
+            self.total, self.n, self.kw, self.postfix = total, 0, kw, None
+            bars.append(self)
+
+        def update(self, n=1):
+            self.n += n
+
+        def set_postfix_str(self, s, refresh=True):
+            self.postfix = s
+
+        def refresh(self):
+            pass
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    trajs = [make_traj(0, 6, 2), make_traj(1, 5, None), make_traj(2, 40, 30)]
+    aud = get_auditor("dummy:gold")
+    assert [max_calls(aud, t, WalkConfig()) for t in trajs] == [6, 5, 40]
+    preds = walk(aud, trajs, WalkConfig(), progress=True)
+    bar = bars[-1]
+    assert bar.kw["unit"] == "call" and bar.n == sum(p["calls"] for p in preds) == 3 + 5 + 31
+    assert bar.total == bar.n and bar.postfix == "3/3 trajectories"
+    assert max_calls(get_auditor("heuristic:last-step"), trajs[2], WalkConfig()) == 1

@@ -46,7 +46,7 @@ from training.stage1.data import (TokenizedPair, collate, load_training_trajecto
                                   tokenize_records)
 from training.stage1.loss import bppo_loss, completion_logps
 from training.stage1.pairs import boundary_prompts
-from training.stage1.preferences import build_preferences, make_sampler
+from training.stage1.preferences import build_preferences, cap_pairs, make_sampler
 
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 # settings a resumed run may change: they do not touch the data, the model or the optimisation
@@ -76,7 +76,7 @@ def _load_model(cfg: Stage1Config, path: Path):
     return model, tok
 
 
-def _preferences(cfg, out: Path, model, tok, data: str, acc) -> tuple[list[dict], dict]:
+def _preferences(cfg, out: Path, model, tok, data: str, acc, progress: bool = True) -> tuple[list[dict], dict]:
     """Build (main process) or reuse the cached preference records."""
     rec_path, stats_path = out / "preferences.jsonl", out / "preference_stats.json"
     if acc.is_main_process and not rec_path.exists():
@@ -86,10 +86,14 @@ def _preferences(cfg, out: Path, model, tok, data: str, acc) -> tuple[list[dict]
         prompts, bstats = boundary_prompts(trajs, budget=cfg.max_prompt_tokens - 32, count_tokens=count)
         if not prompts:
             raise ValueError(f"{src}: no unsafe trajectory, so no boundary pair to train on")
+        n_all = len({p.traj_id for p in prompts})
+        prompts = cap_pairs(prompts, cfg.max_pairs, cfg.seed)   # sample only what is trained on
         sampler = make_sampler(cfg, model.to(acc.device), tok)
         t0 = time.perf_counter()
-        records, pstats = build_preferences(prompts, sampler, cfg.samples_per_prompt)
+        records, pstats = build_preferences(prompts, sampler, cfg.samples_per_prompt, progress=progress)
         stats = {"data": src, "boundary": vars(bstats), **pstats.to_dict(),
+                 "pairs": {"available": n_all, "used": len({p.traj_id for p in prompts}),
+                           "max_pairs": cfg.max_pairs},
                  "sampling_seconds": round(time.perf_counter() - t0, 2)}
         tmp = rec_path.with_suffix(".partial")
         tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
@@ -243,7 +247,7 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
     # --- model and data
     model_path = resolve_model_spec(cfg.model)
     model, tok = _load_model(cfg, model_path)
-    records, pref_stats = _preferences(cfg, out, model, tok, cfg.data, acc)
+    records, pref_stats = _preferences(cfg, out, model, tok, cfg.data, acc, progress)
     pairs, tok_stats = tokenize_records(records, tok, max_prompt_tokens=cfg.max_prompt_tokens,
                                         max_completion_tokens=cfg.max_completion_tokens)
     pre = [p.index for p in pairs if p.is_pre]
