@@ -191,3 +191,21 @@ def test_duplicate_conv_id_refused(tmp_path):
                         str(root), "--out", str(tmp_path / "x.jsonl")], capture_output=True, text=True)
     assert r.returncode == 2 and "duplicate conv_id" in r.stderr
     assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "x.jsonl.tmp").exists()
+
+
+def test_skip_invalid_skips_a_bad_shard_and_keeps_the_rest(tmp_path):
+    rows = released_rows()
+    root = write_released(tmp_path / "hub", rows, shards={"train-00000-of-00002.parquet": rows[:2],
+                                                          "train-00001-of-00002.parquet": rows[2:]})
+    (root / "train-00002-of-00002.parquet").write_bytes(b"not parquet at all")
+    bad = [dict(r) for r in rows[2:]]
+    bad[0]["mistake_step"] = 99   # out of range: this row only
+    pq.write_table(pa.Table.from_pylist(bad, schema=RELEASED), root / "train-00001-of-00002.parquet")
+    with pytest.raises(SchemaError):
+        load_trajectories(root)
+    from aftraj.schema import ReadReport
+
+    rep = ReadReport()
+    kept = load_trajectories(root, skip_invalid=True, report=rep)
+    assert [t.id for t in kept] == ["math_0001", "gaia_17", "hotpot_9"]
+    assert rep.n_skipped == 2 and {e.field for e in rep.errors} == {"<file>", "label.decisive_step"}
