@@ -212,7 +212,7 @@ def _py(v: Any) -> Any:
     return v
 
 
-def _aftraj_action(action: str | None, field: str) -> tuple[str | None, dict | None]:
+def _aftraj_action(action: str | None) -> tuple[str | None, dict | None]:
     """Actions are JSON-encoded tool-call lists: '[{"name": "compute", "arguments": "…"}]'. The
     raw string is kept on the step; this only reads which tool was called with what."""
     if action is None or not action.strip():
@@ -288,7 +288,7 @@ def aftraj_row_to_trajectory(row: dict, *, split: str | None = None,
         content = _need_str(turn.get("content"), f"turns[{i}].content", optional=True)
         if content is None:
             nulls.append(i)   # a turn with only an action: content '' here, null again on export
-        tool, args = _aftraj_action(action, f"turns[{i}].action")
+        tool, args = _aftraj_action(action)
         kind = "tool_result" if role == "environment" else ("tool_call" if tool is not None else "message")
         meta = {} if action is None else {"action": action}
         steps.append(Step(index=i, agent=role, kind=kind, content=content or "", tool=tool,
