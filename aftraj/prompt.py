@@ -96,6 +96,8 @@ def _attr(v) -> str:
 def render_step(step: Step) -> str:
     """One step block. Independent of t, so it tokenises the same in every prefix."""
     attrs = [f"index={step.index}", f"agent={_attr(step.agent)}", f"kind={_attr(step.kind)}"]
+    if step.thought is not None:   # the agent's reasoning, where the source keeps it apart (AFTraj)
+        attrs.append(f"thought={_attr(step.thought)}")
     if step.tool is not None:
         attrs.append(f"tool={_attr(step.tool)}")
     if step.arguments is not None:
@@ -147,8 +149,16 @@ class Rendered:
 
 def render_prompt(traj: Trajectory, t: int, budget: int | None = None, *,
                   count_tokens: Callable[[str], int] = approx_tokens,
-                  reference_answer: bool = False) -> Rendered:
-    """Render prefix t (steps 0..t) of `traj` as chat messages, with its split points."""
+                  reference_answer: bool = False, layout: str = "ours") -> Rendered:
+    """Render prefix t (steps 0..t) of `traj` as chat messages, with its split points.
+    `layout="reference"`: the released evaluation's layout (aftraj/reference_layout.py)."""
+    if layout != "ours":
+        from aftraj.reference_layout import LAYOUTS, render_reference_prompt
+
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        return render_reference_prompt(traj, t, budget, count_tokens=count_tokens,
+                                       reference_answer=reference_answer)
     if not 0 <= t < len(traj.steps):
         raise IndexError(f"prefix t={t} is out of range for trajectory {traj.id!r} "
                          f"with {len(traj.steps)} steps")

@@ -29,6 +29,9 @@ LABEL_SOURCES = ("verified_safe", "injected", "diagnosed", "external")
 # Longest string accepted in any one field. Who&When's longest step is ~90k characters; a
 # 10 MB field is a corrupt or hostile record, and is rejected with its field named.
 MAX_FIELD_CHARS = 1_000_000
+# Longest JSON Lines record (and longest single JSON file a reader parses), checked BEFORE
+# parsing, so a hostile line cannot make the reader allocate without bound.
+MAX_RECORD_BYTES = 64 * 1024 * 1024
 
 SCHEMA_VERSION = 1
 
@@ -148,6 +151,7 @@ class Step:
     error: str | None = None
     event_id: str | None = None
     meta: dict = field(default_factory=dict)
+    thought: str | None = None   # the agent's reasoning, where the source keeps it apart (AFTraj)
 
     def __post_init__(self) -> None:
         if isinstance(self.result_ids, list):
@@ -157,7 +161,7 @@ class Step:
     def to_dict(self) -> dict:
         return {
             "index": self.index, "agent": self.agent, "kind": self.kind, "content": self.content,
-            "tool": self.tool, "arguments": self.arguments,
+            "thought": self.thought, "tool": self.tool, "arguments": self.arguments,
             "result_ids": None if self.result_ids is None else list(self.result_ids),
             "error": self.error, "event_id": self.event_id, "meta": self.meta,
         }
@@ -165,7 +169,7 @@ class Step:
     @classmethod
     def from_dict(cls, d: Any, path: str = "step") -> Step:
         _keys(d, path, ("index", "agent", "kind", "content"),
-              ("tool", "arguments", "result_ids", "error", "event_id", "meta"))
+              ("thought", "tool", "arguments", "result_ids", "error", "event_id", "meta"))
         rids = d.get("result_ids")
         if rids is not None:
             if not isinstance(rids, list):
@@ -174,7 +178,8 @@ class Step:
         try:
             return cls(index=d["index"], agent=d["agent"], kind=d["kind"], content=d["content"],
                        tool=d.get("tool"), arguments=d.get("arguments"), result_ids=rids,
-                       error=d.get("error"), event_id=d.get("event_id"), meta=_or_empty(d.get("meta")))
+                       error=d.get("error"), event_id=d.get("event_id"), meta=_or_empty(d.get("meta")),
+                       thought=d.get("thought"))
         except SchemaError as e:
             raise SchemaError(e.message, field=e.field.replace("step", path, 1)) from None
 
@@ -186,6 +191,7 @@ def _validate_step(s: Step, p: str) -> None:
     _str(s.agent, f"{p}.agent", nonempty=True)
     _choice(s.kind, f"{p}.kind", STEP_KINDS)
     _str(s.content, f"{p}.content")
+    _str(s.thought, f"{p}.thought", optional=True)
     _str(s.tool, f"{p}.tool", optional=True)
     _dict(s.arguments, f"{p}.arguments", optional=True)
     if s.result_ids is not None:
@@ -401,11 +407,14 @@ def iter_jsonl(path: str | Path, *, skip_invalid: bool = False,
     seen: set[str] = set()
     n_lines = 0
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
+        for lineno, raw in enumerate(_bounded_lines(f), start=1):
             n_lines = lineno
-            if not raw.strip():
+            if raw is not None and not raw.strip():
                 continue
             try:
+                if raw is None:
+                    raise SchemaError(f"the line is longer than {MAX_RECORD_BYTES} bytes",
+                                      field="<record>")
                 traj = Trajectory.from_dict(parse_record(raw))
                 if traj.id in seen:
                     raise SchemaError(f"duplicate trajectory id {traj.id!r}", field="id")
@@ -421,6 +430,35 @@ def iter_jsonl(path: str | Path, *, skip_invalid: bool = False,
             yield traj
     if report.n_read == 0 and report.n_skipped == 0:
         raise SchemaError("the file holds no records", field="<file>", source=src, line=n_lines)
+
+
+def _bounded_lines(f, limit: int | None = None) -> Iterator[bytes | None]:
+    """The lines of a binary file, each read with a size bound: a line over `limit` bytes is
+    consumed in bounded chunks and yielded as None (never held whole)."""
+    limit = MAX_RECORD_BYTES if limit is None else limit
+    while True:
+        raw = f.readline(limit + 1)
+        if not raw:
+            return
+        if len(raw) > limit and not raw.endswith(b"\n"):
+            while raw and not raw.endswith(b"\n"):
+                raw = f.readline(1 << 20)
+            yield None
+            continue
+        yield raw
+
+
+def read_bounded(path: str | Path, limit: int | None = None) -> bytes:
+    """A whole file, refused (SchemaError naming it) when over `limit` bytes, before reading it."""
+    limit = MAX_RECORD_BYTES if limit is None else limit
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise SchemaError(f"cannot be read: {e.strerror or e}", field="<file>", source=str(path)) from None
+    if len(data) > limit:
+        raise SchemaError(f"is larger than {limit} bytes", field="<file>", source=str(path))
+    return data
 
 
 def read_jsonl(path: str | Path, *, skip_invalid: bool = False,
@@ -439,12 +477,16 @@ def write_jsonl(trajs: Iterable[Trajectory], path: str | Path) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     n = 0
-    with open(tmp, "wb") as f:
-        for t in trajs:
-            f.write(dumps(t))
-            f.write(b"\n")
-            n += 1
-    tmp.replace(path)
+    try:
+        with open(tmp, "wb") as f:
+            for t in trajs:
+                f.write(dumps(t))
+                f.write(b"\n")
+                n += 1
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)   # a failed write leaves neither a partial DST nor DST.tmp
+        raise
     return n
 
 

@@ -117,7 +117,7 @@ class _Walk:
                           "agent": getattr(rv, "agent", None), "confidence": r.confidence,
                           "parse_failure": rv.code if isinstance(rv, ParseFailure) else None,
                           "error": r.error_kind if r.error is not None else None,
-                          "raw_head": (r.raw or "")[:200] if isinstance(rv, ParseFailure) else None,
+                          "raw": r.raw,   # the whole completion, <think> included
                           "step_agent": traj.steps[r.t].agent})
         scored = sorted({r.t for r in self.results})
         last = self.results[-1] if self.results else None
@@ -143,14 +143,24 @@ class _Walk:
         }
 
 
+def max_calls(auditor: Auditor, traj: Trajectory, cfg: WalkConfig) -> int:
+    """The most auditor calls the walk of `traj` can take (the progress bar's share of it)."""
+    mode, n = plan_for(auditor, traj, cfg)[0], len(traj.steps)
+    return 1 if mode == "posthoc" else n.bit_length() if mode == "bisect" else n
+
+
 def walk(auditor: Auditor, trajs: Iterable[Trajectory], cfg: WalkConfig = WalkConfig(), *,
-         progress: bool | None = None, total: int | None = None) -> list[dict]:
-    """Walk every trajectory; returns one prediction record per trajectory, in input order."""
+         progress: bool | None = None) -> list[dict]:
+    """Walk every trajectory; returns one prediction record per trajectory, in input order.
+    The progress bar counts auditor calls: its total is the most calls the walks can take and
+    shrinks as walks end early (an ALARM), so it moves with every call, not every trajectory."""
     from tqdm.auto import tqdm
 
     trajs = list(trajs)
-    bar = tqdm(total=total or len(trajs), desc=f"eval {auditor.label}", unit="traj",
+    budget = {i: max_calls(auditor, t, cfg) for i, t in enumerate(trajs)}
+    bar = tqdm(total=sum(budget.values()), desc=f"eval {auditor.label}", unit="call",
                disable=progress is False, leave=False)
+    n_done = 0
     pending = iter(enumerate(trajs))
     live: dict[int, _Walk] = {}
     records: dict[int, dict] = {}
@@ -167,14 +177,23 @@ def walk(auditor: Auditor, trajs: Iterable[Trajectory], cfg: WalkConfig = WalkCo
             w = _Walk(traj, mode, plan, cfg.all_prefixes)
             if w.next_t is None:  # an empty plan cannot happen (N >= 1), but stay total
                 records[i] = w.record()
-                bar.update(1)
                 continue
             live[i] = w
 
     def finish(i: int) -> None:
+        nonlocal n_done
         w = live.pop(i)
         records[i] = w.record()
         auditor.end(w.traj)
+        unused = budget[i] - len(w.results)   # calls this walk no longer needs
+        if unused > 0:
+            bar.total -= unused
+        n_done += 1
+        bar.set_postfix_str(f"{n_done}/{len(trajs)} trajectories", refresh=False)
+        bar.refresh()
+
+    def called(w: _Walk, r: AuditResult) -> None:
+        w.send(r)
         bar.update(1)
 
     def check(w: _Walk, r: AuditResult) -> None:
@@ -189,7 +208,7 @@ def walk(auditor: Auditor, trajs: Iterable[Trajectory], cfg: WalkConfig = WalkCo
     try:
         refill()
         if auditor.submit is not None:
-            _walk_async(auditor, live, refill, finish, check)
+            _walk_async(auditor, live, refill, finish, check, called)
         while live:
             order = sorted(live)
             requests: Sequence[tuple[Trajectory, int]] = [(live[i].traj, live[i].next_t) for i in order]
@@ -200,7 +219,7 @@ def walk(auditor: Auditor, trajs: Iterable[Trajectory], cfg: WalkConfig = WalkCo
             for i, r in zip(order, results):
                 w = live[i]
                 check(w, r)
-                w.send(r)
+                called(w, r)
                 if w.next_t is None:
                     finish(i)
             refill()
@@ -209,7 +228,7 @@ def walk(auditor: Auditor, trajs: Iterable[Trajectory], cfg: WalkConfig = WalkCo
     return [records[i] for i in range(len(trajs))]
 
 
-def _walk_async(auditor: Auditor, live: dict, refill, finish, check) -> None:
+def _walk_async(auditor: Auditor, live: dict, refill, finish, check, called) -> None:
     """Every live walk has one call in flight; each answer immediately queues that walk's next
     prefix (or a new trajectory), so a slow call never holds up the others."""
     from concurrent.futures import FIRST_COMPLETED, wait
@@ -230,7 +249,7 @@ def _walk_async(auditor: Auditor, live: dict, refill, finish, check) -> None:
                 w = live[i]
                 r = fut.result()
                 check(w, r)
-                w.send(r)
+                called(w, r)
                 if w.next_t is None:
                     finish(i)
             refill()

@@ -1,11 +1,15 @@
-"""`aftraj eval --auditor NAME[:ARG] --data PATH --out DIR [--protocol strict|reference]
-[--model PATH | --endpoint URL]`
+"""`aftraj eval --auditor NAME[:ARG] --data PATH --out DIR [--split S] [--protocol strict|reference]
+[--model PATH | --endpoint URL]` and `aftraj eval compare RUN_DIR… --out DIR`
 
-Walk every trajectory of PATH (a JSONL file, a Who&When folder or an AFTraj parquet folder)
-with the auditor (strict online walk unless the auditor is post-hoc), then write metrics.json,
-predictions.jsonl, report.md and the plots into DIR.
+Walk every trajectory of PATH (a JSONL file, a corpus folder, a Who&When folder or an AFTraj
+parquet folder; on data with splits, the test split unless --split says otherwise) with the
+auditor (strict online walk unless the auditor is post-hoc), then write metrics.json (with the
+run's provenance), predictions.jsonl (every raw completion), report.md and the plots that can be
+drawn into DIR. `compare` puts finished runs side by side (eval/compare.py).
 
     aftraj eval --auditor heuristic:uniform-random --data who_and_when --out runs/ww-random
+    aftraj eval --auditor rules --data runs/aftraj-2k --out runs/rules          # test split
+    aftraj eval compare runs/ww-random runs/ww-rules --out runs/compare
     aftraj eval --auditor hf --model runs/stage1/final --data heldout.jsonl --out runs/eval-hf
     aftraj eval --auditor openai --endpoint http://127.0.0.1:8000/v1 --api-model auditor \
         --data who_and_when --out runs/ww-vllm
@@ -19,14 +23,25 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    p = sub.add_parser("eval", help="evaluate an auditor (strict online walk) and write reports")
-    p.add_argument("--auditor", required=True, metavar="NAME[:ARG]",
-                   help="dummy:gold, heuristic:uniform-random, hf, openai[:METHOD], rules, …")
-    p.add_argument("--data", required=True, help="JSONL file, Who&When folder or AFTraj parquet folder")
+    p = sub.add_parser("eval", help="evaluate an auditor (strict online walk) and write reports; "
+                                    "`eval compare RUN_DIR…` puts runs side by side")
+    p.add_argument("compare", nargs="*", metavar="compare RUN_DIR",
+                   help="`aftraj eval compare RUN_DIR… --out DIR`: one table (Markdown + CSV) and "
+                        "one plot with intervals across finished runs")
+    p.add_argument("--auditor", metavar="NAME[:ARG]",
+                   help="dummy:gold, heuristic:uniform-random, hf, openai[:METHOD], rules, … (required)")
+    p.add_argument("--data", help="JSONL file, corpus folder, Who&When folder or AFTraj parquet folder (required)")
+    p.add_argument("--split", choices=("train", "val", "test", "all"),
+                   help="which split of data that has splits (a corpus folder, AFTraj with "
+                        "splits_test.json); default: test. Data without splits is used whole")
     p.add_argument("--out", required=True, help="output folder for the reports")
     p.add_argument("--protocol", choices=("strict", "reference"), default="strict",
                    help="strict: every trajectory walked prefix by prefix (default); reference: "
                         "safe trajectories get one full-trajectory call, as the released evaluation")
+    p.add_argument("--layout", choices=("ours", "reference"), default="ours",
+                   help="prompt layout: ours (default; prefix-cache friendly, never cuts) or "
+                        "reference (the released evaluation's: header before the steps, contents "
+                        "cut at 2,000 characters), to compare with the paper's table")
     p.add_argument("--model", help="local model folder (hf backend)")
     p.add_argument("--endpoint", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--api-model", help="model name to send to the endpoint (default: its first model)")
@@ -52,10 +67,47 @@ def register(sub) -> None:
     p.add_argument("--price-cached", type=float, help="USD per million cached prompt tokens")
     p.add_argument("--price-completion", type=float, help="USD per million completion tokens")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, _parser=p)
+
+
+def select_split(trajs: list, split: str | None, data: str) -> tuple[list, str | None]:
+    """The trajectories of `split` (default: test) when the data has splits (meta.split), else
+    all of them. Returns (selected, the split used or None)."""
+    has = {t.meta.get("split") for t in trajs} - {None}
+    if not has:
+        if split not in (None, "all"):
+            raise ValueError(f"--split {split}: {data} has no splits (no meta.split on its trajectories)")
+        return trajs, None
+    split = split or "test"
+    if split == "all":
+        return trajs, "all"
+    chosen = [t for t in trajs if t.meta.get("split") == split]
+    if not chosen:
+        raise ValueError(f"--split {split}: {data} has no trajectory in that split "
+                         f"(it has {', '.join(sorted(has))})")
+    return chosen, split
 
 
 def run(args) -> int:
+    if args.compare:
+        if args.compare[0] != "compare" or len(args.compare) < 2:
+            print("aftraj eval: positional arguments are only for `aftraj eval compare RUN_DIR… "
+                  "--out DIR`", file=sys.stderr)
+            return 2
+        from eval.compare import compare_runs
+
+        written = compare_runs([Path(d) for d in args.compare[1:]], Path(args.out))
+        for k, v in written.items():
+            print(f"{k}: {v}")
+        return 0
+    for opt in ("auditor", "data"):
+        if getattr(args, opt) is None:
+            print(f"aftraj eval: --{opt} is required", file=sys.stderr)
+            return 2
+    return _run_eval(args)
+
+
+def _run_eval(args) -> int:
     from aftraj.prompt import PromptBudgetError
     from aftraj.readers import load_trajectories
     from eval.auditors import available_auditors, get_auditor, parse_spec
@@ -79,6 +131,11 @@ def run(args) -> int:
     except OSError as e:  # a missing or unreadable --data path (bad records raise SchemaError)
         print(f"aftraj eval: --data {args.data}: {e.strerror or e}", file=sys.stderr)
         return 2
+    try:
+        trajs, split = select_split(trajs, args.split, args.data)
+    except ValueError as e:
+        print(f"aftraj eval: {e}", file=sys.stderr)
+        return 2
     if args.limit is not None:
         trajs = trajs[: args.limit]
     if not trajs:
@@ -87,7 +144,8 @@ def run(args) -> int:
     kw = dict(model=args.model, endpoint=args.endpoint, api_model=args.api_model,
               api_key_env=args.api_key_env, concurrency=args.concurrency, timeout=args.timeout,
               retries=args.retries, max_new_tokens=args.max_new_tokens, budget=args.budget,
-              reference_answer=args.reference_answer, seed=args.seed, data=args.data)
+              reference_answer=args.reference_answer, seed=args.seed, data=args.data,
+              layout=args.layout)
     try:
         auditor = get_auditor(args.auditor, **{k: v for k, v in kw.items() if v is not None})
     except (ValueError, FileNotFoundError, AuditorError) as e:
@@ -116,7 +174,9 @@ def run(args) -> int:
     meta = {"auditor": auditor.label, "auditor_spec": args.auditor, "posthoc": auditor.posthoc,
             "strategy": auditor.strategy, "protocol": args.protocol, "data": str(args.data),
             "reference_answer_in_prompt": args.reference_answer, "all_prefixes": args.all_prefixes,
-            "model": args.model, "endpoint": args.endpoint, "wall_s": round(wall, 3)}
+            "model": args.model, "endpoint": args.endpoint, "wall_s": round(wall, 3),
+            "split": split, "n_trajectories": len(trajs), "layout": args.layout}
+    meta["provenance"] = _provenance(args)
     metrics = write_report(preds, Path(args.out), meta=meta, n_boot=args.n_boot, seed=args.seed,
                            prices=prices, expectation=expectation, auc_start=args.auc_start)
     from eval.auditors.floors import add_floors_to_report  # the content-blind floors beside it
@@ -128,6 +188,12 @@ def run(args) -> int:
         print(f"aftraj eval: every one of the {calls['n']} auditor calls failed "
               f"(first: {calls['first_error']})", file=sys.stderr)
         return 3
+    if args.model:   # a checkpoint of ours: its model card gains this evaluation
+        from training.model_card import record_eval
+
+        card = record_eval(Path(args.model), metrics, args.out)
+        if card is not None:
+            print(f"model card updated: {card}")
     return 0
 
 
@@ -152,5 +218,19 @@ def _print_summary(m: dict, out: Path) -> None:
             print(f"  {'':<22} analytic expectation: step_acc={pct(e['step_acc'])} "
                   f"agent_acc={pct(e['agent_acc'])} exact_f1={pct(e['exact_f1'])}")
     print(call_line(m.get("calls") or {}))
-    print(f"reports: {out}/metrics.json predictions.jsonl report.md *.png")
+    drawn = (m.get("plots") or {}).get("written") or []
+    print(f"reports: {out}/metrics.json predictions.jsonl report.md {' '.join(drawn)}")
+    for name, why in ((m.get("plots") or {}).get("not_drawn") or {}).items():
+        print(f"  {name} not drawn: {why}")
     sys.stdout.flush()
+
+
+def _provenance(args) -> dict:
+    from eval.provenance import command_line, provenance
+
+    settings = {k: getattr(args, k, None) for k in (
+        "auditor", "model", "endpoint", "api_model", "max_new_tokens", "budget", "concurrency",
+        "timeout", "retries", "protocol", "reference_answer", "all_prefixes", "max_in_flight",
+        "seed", "split", "limit", "layout")}
+    return provenance(command=command_line(args, args._parser, "aftraj eval"), settings=settings,
+                      layout=getattr(args, "layout", None) or "ours")

@@ -1,4 +1,4 @@
-"""`aftraj inspect FILE.jsonl [--id ID] [--prompt T] [--budget N] [--json]`
+"""`aftraj inspect FILE.jsonl [--id ID] [--prompt T] [--budget N] [--layout ours|reference] [--json]`
 
 A readable trajectory, or with `--prompt T` the exact messages the auditor gets for prefix T."""
 
@@ -19,6 +19,8 @@ def register(sub) -> None:
     p.add_argument("--prompt", type=int, metavar="T", help="print the messages for prefix T")
     p.add_argument("--budget", type=int, help="token budget for --prompt (bounded view when over)")
     p.add_argument("--reference-answer", action="store_true", help="show the ground truth in the prompt")
+    p.add_argument("--layout", choices=("ours", "reference"), default="ours",
+                   help="prompt layout for --prompt: ours (default) or the released evaluation's")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -32,7 +34,8 @@ def run(args) -> int:
     if traj is None:
         raise SchemaError(f"no trajectory with id {args.id!r}", field="id", source=args.path)
     if args.prompt is not None:
-        r = render_prompt(traj, args.prompt, args.budget, reference_answer=args.reference_answer)
+        r = render_prompt(traj, args.prompt, args.budget, reference_answer=args.reference_answer,
+                          layout=args.layout)
         if args.json:
             print(json.dumps({"id": traj.id, "t": args.prompt, "messages": r.messages,
                               "coverage": r.coverage}, ensure_ascii=False, indent=2))

@@ -14,15 +14,19 @@ STAGES = {"stage1": "BPPO on boundary pairs (DESIGN §5)", "stage2": "GRPO (DESI
 
 
 def register(sub) -> None:
-    p = sub.add_parser("train", help="train the auditor (stage1: BPPO, stage2: GRPO)")
-    stages = p.add_subparsers(dest="stage", required=True, metavar="STAGE")
-    for name, help_text in STAGES.items():
+    found = {}
+    for name in STAGES:
         try:
-            cli = importlib.import_module(f"training.{name}.cli")
+            found[name] = importlib.import_module(f"training.{name}.cli")
         except ModuleNotFoundError as e:
             if e.name and e.name.startswith(f"training.{name}"):
                 continue
             raise
-        sp = stages.add_parser(name, help=help_text)
+    # `aftraj --help` names only the stages that exist
+    p = sub.add_parser("train", help="train the auditor ("
+                       + ", ".join(f"{n}: {STAGES[n].split(' ')[0]}" for n in found) + ")")
+    stages = p.add_subparsers(dest="stage", required=True, metavar="STAGE")
+    for name, cli in found.items():
+        sp = stages.add_parser(name, help=STAGES[name])
         cli.add_arguments(sp)
         sp.set_defaults(func=cli.run)

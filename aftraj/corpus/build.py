@@ -229,7 +229,8 @@ def build_corpus(cfg: CorpusConfig, out: str | Path | None, *, seed: int | None 
                       provenance={p["id"]: p for _, p in pairs})
     if out is not None:
         out = Path(out)
-        export_corpus(clean, split_of, out, jsonl=cfg.export.jsonl, hf=cfg.export.hf, parquet=cfg.export.parquet)
+        export_corpus(clean, split_of, out, jsonl=cfg.export.jsonl, hf=cfg.export.hf, parquet=cfg.export.parquet,
+                      stats=stats)
         write_provenance([p for _, p in pairs], out / "provenance.jsonl")
         (out / "stats.json").write_text(json.dumps(stats, indent=2, sort_keys=True) + "\n")
         (out / "stats.md").write_text(stats_markdown(stats))

@@ -96,8 +96,9 @@ class Auditor:
     strategy: str = "online"         # "online" | "posthoc" | "bisect"
     max_in_flight: int | None = None  # cap on trajectories walked at once (None: the walker's)
 
-    def __init__(self, arg: str | None = None, **kw) -> None:
+    def __init__(self, arg: str | None = None, *, layout: str = "ours", **kw) -> None:
         self.arg = arg
+        self.layout = layout   # prompt layout for auditors that render prompts (aftraj.prompt)
 
     @property
     def posthoc(self) -> bool:

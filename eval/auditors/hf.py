@@ -123,7 +123,7 @@ class HFAuditor(Auditor):
     def prompt_ids(self, traj, t) -> tuple[list[int], int]:
         """Token ids of prefix t's chat prompt, and how many of them form the stable part."""
         r = render_prompt(traj, t, self.budget, count_tokens=self.count_tokens,
-                          reference_answer=self.reference_answer)
+                          reference_answer=self.reference_answer, layout=self.layout)
         text = self.tok.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True)
         cut = text.rfind(r.stable + r.suffix)
         if cut < 0:

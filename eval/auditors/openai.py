@@ -109,7 +109,7 @@ class OpenAIAuditor(Auditor):
     # --------------------------------------------------------------- auditing
     def payload(self, traj, t) -> dict:
         r = render_prompt(traj, t, self.budget, count_tokens=self.count_tokens,
-                          reference_answer=self.reference_answer)
+                          reference_answer=self.reference_answer, layout=self.layout)
         body = {"model": self.api_model, "messages": r.messages, "temperature": self.temperature,
                 "max_tokens": self.max_new_tokens, **self.extra_body}
         if self.logprobs:

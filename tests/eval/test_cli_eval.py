@@ -32,8 +32,14 @@ def _check_report(out, n):
     assert len(lines) == n
     for key in ("d", "k_hat", "a_hat", "confidence", "calls", "prompt_tokens", "completion_tokens"):
         assert key in json.loads(lines[0])
+    assert set(m["plots"]["written"]) | set(m["plots"]["not_drawn"]) == {
+        "deployable.png", "far_step_acc.png", "alarm_delay.png"}
     for png in ("deployable.png", "far_step_acc.png", "alarm_delay.png"):
-        assert (out / png).read_bytes()[:8] == PNG and (out / png).stat().st_size > 5000
+        if png in m["plots"]["written"]:
+            assert (out / png).read_bytes()[:8] == PNG and (out / png).stat().st_size > 5000
+        else:   # a plot that cannot be drawn is not written; the report says why
+            assert not (out / png).exists()
+            assert f"{png} not drawn: {m['plots']['not_drawn'][png]}" in (out / "report.md").read_text()
     return m
 
 

@@ -82,6 +82,8 @@ class Stage1Config:
 
     # --- preferences (base-policy samples, classified against the gold verdict)
     samples_per_prompt: int = 0        # K; 0 = canonical stand-ins only
+    max_pairs: int | None = None       # boundary pairs (unsafe runs) to sample and train on, seeded
+                                       # choice; null = every pair of the data
     sampler: str = "hf"
     sample_temperature: float = 1.0
     sample_top_p: float = 1.0
@@ -127,7 +129,7 @@ class Stage1Config:
         for k in ("samples_per_prompt", "seed"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"must be >= 0, got {getattr(self, k)}", key=k)
-        for k in ("save_total_limit", "max_trajectories"):
+        for k in ("save_total_limit", "max_trajectories", "max_pairs"):
             v = getattr(self, k)
             if v is not None and v < 1:
                 raise ConfigError(f"must be >= 1 or null, got {v}", key=k)

@@ -100,6 +100,7 @@ class HFSampler:
                     pad_token_id=pad_id, eos_token_id=tok.eos_token_id)
             texts = tok.batch_decode(gen[:, width:], skip_special_tokens=True)
             out.extend(texts[i * k:(i + 1) * k] for i in range(len(chunk)))
+            _tick(self, len(chunk))
         self.model.train(was_training)
         return out
 
@@ -136,7 +137,7 @@ class OpenAISampler:
 
     def sample(self, prompts, k):
         with ThreadPoolExecutor(self.concurrency) as pool:
-            return list(pool.map(lambda a: self._one(a[0], a[1], k), enumerate(prompts)))
+            return list(pool.map(lambda a: (self._one(a[0], a[1], k), _tick(self, 1))[0], enumerate(prompts)))
 
 
 def make_sampler(cfg, model=None, tokenizer=None) -> Sampler | None:
@@ -169,11 +170,45 @@ class PreferenceStats:
         return asdict(self)
 
 
-def build_preferences(prompts: Sequence[BoundaryPrompt], sampler: Sampler | None, k: int
-                      ) -> tuple[list[dict], PreferenceStats]:
+def cap_pairs(prompts: Sequence[BoundaryPrompt], max_pairs: int | None, seed: int) -> list[BoundaryPrompt]:
+    """The boundary prompts of at most `max_pairs` unsafe runs (a seeded choice, order kept):
+    only the pairs that will be trained on are sampled (config `max_pairs`)."""
+    import random
+
+    ids = list(dict.fromkeys(p.traj_id for p in prompts))
+    if max_pairs is None or len(ids) <= max_pairs:
+        return list(prompts)
+    keep = set(random.Random(seed).sample(ids, max_pairs))
+    return [p for p in prompts if p.traj_id in keep]
+
+
+def _tick(sampler, n: int) -> None:
+    """Tell a progress bar that `n` more prompts were sampled (samplers call it; no-op without one)."""
+    cb = getattr(sampler, "on_progress", None)
+    if cb is not None:
+        cb(n)
+
+
+def _sample_with_bar(sampler: Sampler, prompts: Sequence[BoundaryPrompt], k: int,
+                     progress: bool) -> list[list[str]]:
+    """`sampler.sample` over every prompt at once (its batching and seeds unchanged), with a bar
+    counting sampled prompts (the sampler ticks it through `on_progress`)."""
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(prompts), desc=f"stage-1 sampling (K={k})", unit="prompt",
+              disable=not progress, leave=False) as bar:
+        sampler.on_progress = bar.update
+        try:
+            return sampler.sample([p.messages for p in prompts], k)
+        finally:
+            sampler.on_progress = None
+
+
+def build_preferences(prompts: Sequence[BoundaryPrompt], sampler: Sampler | None, k: int, *,
+                      progress: bool = False) -> tuple[list[dict], PreferenceStats]:
     """One preference record per boundary prompt (see module docstring)."""
     stats = PreferenceStats(samples_per_prompt=k if sampler is not None else 0)
-    samples = sampler.sample([p.messages for p in prompts], k) if sampler is not None and k else \
+    samples = _sample_with_bar(sampler, prompts, k, progress) if sampler is not None and k else \
         [[] for _ in prompts]
     outcomes = Counter()
     records = []

@@ -59,7 +59,7 @@ from training.stage1.data import (TokenizedPair, collate, load_training_trajecto
                                   tokenize_records)
 from training.stage1.loss import bppo_loss, completion_logps
 from training.stage1.pairs import boundary_prompts
-from training.stage1.preferences import build_preferences, make_sampler
+from training.stage1.preferences import build_preferences, cap_pairs, make_sampler
 
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 # settings a resumed run may change: they do not touch the data, the model or the optimisation
@@ -104,7 +104,7 @@ def _launched_distributed() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def sample_preferences(cfg: Stage1Config) -> dict:
+def sample_preferences(cfg: Stage1Config, progress: bool = True) -> dict:
     """Phase 1, one process and never a process group: sample the base policy on every boundary
     prompt and cache `preferences.jsonl` + `preference_stats.json` in the run folder (kept if
     there). The model is loaded (and moved to the GPU) only for in-process `hf` sampling; an
@@ -136,6 +136,8 @@ def sample_preferences(cfg: Stage1Config) -> dict:
     prompts, bstats = boundary_prompts(trajs, budget=cfg.max_prompt_tokens - 32, count_tokens=count)
     if not prompts:
         raise ValueError(f"{src}: no unsafe trajectory, so no boundary pair to train on")
+    n_all = len({p.traj_id for p in prompts})
+    prompts = cap_pairs(prompts, cfg.max_pairs, cfg.seed)   # sample only what is trained on
     model = None
     if cfg.samples_per_prompt > 0 and cfg.sampler == "hf":
         model = _load_model(cfg, model_path)
@@ -143,8 +145,10 @@ def sample_preferences(cfg: Stage1Config) -> dict:
             model = model.to("cuda")
     sampler = make_sampler(cfg, model, tok)
     t0 = time.perf_counter()
-    records, pstats = build_preferences(prompts, sampler, cfg.samples_per_prompt)
+    records, pstats = build_preferences(prompts, sampler, cfg.samples_per_prompt, progress=progress)
     stats = {"data": src, "boundary": vars(bstats), **pstats.to_dict(),
+             "pairs": {"available": n_all, "used": len({p.traj_id for p in prompts}),
+                       "max_pairs": cfg.max_pairs},
              "sampling_seconds": round(time.perf_counter() - t0, 2)}
     tmp = rec_path.with_suffix(".partial")
     tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
@@ -427,7 +431,7 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
             raise FileNotFoundError(f"{rec_path}: no cached preferences, and the training launch never samples; "
                                     f"run the preferences phase first, in one process: aftraj train stage1 "
                                     f"--phase preferences --config CFG --out {out}")
-        sample_preferences(cfg)
+        sample_preferences(cfg, progress)
     if not cfg.sdpa_math_kernel and torch.cuda.is_available():
         torch.backends.cuda.enable_math_sdp(False)   # a fallback to the O(n²)-memory kernel fails loudly
     acc = make_accelerator(cfg, out)
@@ -600,6 +604,13 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
     final = None
     if last == total:
         final = _save_final(cfg, acc, model, tok, out / "final")
+    if acc.is_main_process and last:   # model cards (training/model_card.py)
+        from training.model_card import write_model_card
+
+        for folder in [p for p in (final, out / f"checkpoint-{last:06d}") if p is not None and p.exists()]:
+            write_model_card(folder, stage="stage 1 (BPPO)", base_model=str(cfg.model),
+                             base_model_path=model_path, data=str(cfg.data), config=cfg.to_dict(),
+                             steps=last)
     acc.end_training()
     return RunResult(out, last, final, history)
 

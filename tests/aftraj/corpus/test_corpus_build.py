@@ -142,14 +142,17 @@ def test_exports_read_back(demo_build):
     assert load_trajectories(out) == jsonl   # the folder reads as our JSONL, not the lossy parquet
     import datasets
 
-    assert from_hf_dataset(datasets.load_from_disk(str(out / "hf"))) == jsonl
+    hub = datasets.load_dataset(str(out), cache_dir=str(out.parent / "hf-cache"))
+    assert sorted(t.id for s in hub for t in from_hf_dataset(hub[s])) == sorted(t.id for t in jsonl)
+    assert sorted(from_hf_dataset(hub["test"]), key=lambda t: t.id) == \
+        sorted((t for t in jsonl if t.meta["split"] == "test"), key=lambda t: t.id)
     by_id = {t.id: t for t in jsonl}
     back = list(iter_aftraj_parquet(out))
     assert len(back) == len(jsonl)
-    test_ids = set(json.loads((out / "splits_test.json").read_text()))
+    test_ids = {i for ids in json.loads((out / "splits_test.json").read_text()).values() for i in ids}
     for p in back:
-        t = by_id[p.id.removeprefix("aftraj/")]
-        assert p.family_id == f"aftraj/{t.family_id}" and (p.domain, p.task, p.reference_answer) == \
+        t = by_id[p.id]
+        assert p.family_id == t.family_id and (p.domain, p.task, p.reference_answer) == \
             (t.domain, t.task, t.reference_answer)
         assert (p.label.verdict, p.label.decisive_step, p.label.decisive_agent, p.label.label_source, p.label.reason) == \
             (t.label.verdict, t.label.decisive_step, t.label.decisive_agent, t.label.label_source, t.label.reason)
@@ -158,6 +161,7 @@ def test_exports_read_back(demo_build):
             assert (a.agent, a.content, a.tool, a.arguments) == (b.agent, b.content, b.tool, b.arguments if b.kind == "tool_call" else None)
             assert a.kind == (b.kind if b.kind != "final_answer" else "message")
         assert (p.meta["split"] == "test") == (t.id in test_ids) == (t.meta["split"] == "test")
+        assert p.meta["split"] == t.meta["split"]
 
 
 def test_stats_files(demo_build):

@@ -1,0 +1,119 @@
+"""Several finished evaluation runs side by side: one table (compare.md, compare.csv) and one
+plot (compare.png) with each run's bootstrap 95 % interval drawn, from the runs' metrics.json.
+
+    aftraj eval compare runs/ww-random runs/ww-rules --out runs/compare
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from eval.report import save_figure
+
+# (metric, label, percent?) in table order; the first three are plotted with their intervals.
+COLUMNS = (("exact_f1", "Exact-F1", True), ("step_acc", "Step-Acc", True), ("far", "FAR", True),
+           ("agent_acc", "Agent-Acc", True), ("ass", "ASS", False),
+           ("parse_failure_rate", "parse failures", True), ("calls_per_traj", "calls/traj", False))
+PLOTTED = ("exact_f1", "step_acc", "far")
+
+
+def load_run(d: Path) -> dict:
+    f = d / "metrics.json"
+    if not f.is_file():
+        raise FileNotFoundError(f"{d}: no metrics.json (not an `aftraj eval` output folder)")
+    return json.loads(f.read_text(encoding="utf-8"))
+
+
+def _names(dirs: list[Path], runs: list[dict]) -> list[str]:
+    labels = [r.get("auditor", d.name) for d, r in zip(dirs, runs)]
+    return [f"{lab} [{d.name}]" if labels.count(lab) > 1 else lab for d, lab in zip(dirs, labels)]
+
+
+def _fmt(v, pct: bool) -> str:
+    if v is None:
+        return "–"
+    return f"{100 * v:.2f} %" if pct else f"{v:.3f}"
+
+
+def compare_runs(dirs: list[Path], out: Path) -> dict[str, str]:
+    """Write compare.md, compare.csv and (when any plotted metric has a value) compare.png."""
+    runs = [load_run(d) for d in dirs]
+    names = _names(dirs, runs)
+    out.mkdir(parents=True, exist_ok=True)
+    written = {}
+
+    with open(out / "compare.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "dir", "data", "split", "protocol", "n", "n_safe", "n_unsafe"]
+                   + [c for m, _, _ in COLUMNS for c in (m, f"{m}_ci_low", f"{m}_ci_high")])
+        for d, name, r in zip(dirs, names, runs):
+            ov = r["overall"]
+            row = [name, str(d), r.get("data"), r.get("split"), r.get("protocol"), ov["n"],
+                   ov.get("n_safe"), ov.get("n_unsafe")]
+            for m, _, _ in COLUMNS:
+                ci = ov.get(f"{m}_ci") or (None, None)
+                row += [ov.get(m), ci[0], ci[1]]
+            w.writerow(["" if v is None else v for v in row])
+    written["table (csv)"] = str(out / "compare.csv")
+
+    data = {(r.get("data"), r.get("split")) for r in runs}
+    lines = ["# Evaluation runs compared", "",
+             "Overall figures with bootstrap 95 % intervals over trajectories; – where a metric "
+             "cannot be measured (FAR without safe runs).", ""]
+    if len(data) > 1:
+        lines += ["**The runs did not use the same data or split**: compare with care.", ""]
+    lines += ["| run | data | split | protocol | n | " + " | ".join(lab for _, lab, _ in COLUMNS) + " |",
+              "|---|---|---|---|---|" + "---|" * len(COLUMNS)]
+    for name, r in zip(names, runs):
+        ov = r["overall"]
+        cells = []
+        for m, _, pct in COLUMNS:
+            ci = ov.get(f"{m}_ci")
+            cells.append(_fmt(ov.get(m), pct) + (f" [{_fmt(ci[0], pct)}, {_fmt(ci[1], pct)}]" if ci else ""))
+        lines.append(f"| {name} | `{r.get('data')}` | {r.get('split') or '–'} | {r.get('protocol')} | "
+                     f"{ov['n']} | " + " | ".join(cells) + " |")
+    plotted = [m for m in PLOTTED if any(r["overall"].get(m) is not None for r in runs)]
+    lines.append("")
+    if plotted:
+        _plot(runs, names, plotted, out / "compare.png")
+        lines += ["![compare](compare.png)", ""]
+        written["plot"] = str(out / "compare.png")
+        for m in PLOTTED:
+            if m not in plotted:
+                lines.append(f"- {m} is not plotted: no run could measure it.")
+    else:
+        (out / "compare.png").unlink(missing_ok=True)
+        lines.append("- compare.png not drawn: no run has Exact-F1, Step-Acc or FAR.")
+    (out / "compare.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    written["table (markdown)"] = str(out / "compare.md")
+    return written
+
+
+def _plot(runs: list[dict], names: list[str], metrics: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = dict((m, lab) for m, lab, _ in COLUMNS)
+    height = 1.2 + 0.45 * len(runs)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics) + 2.5, height), dpi=110,
+                             sharey=True, squeeze=False)
+    ys = list(range(len(runs)))[::-1]
+    for ax, m in zip(axes[0], metrics):
+        for y, r, i in zip(ys, runs, range(len(runs))):
+            g = r["overall"]
+            v, ci = g.get(m), g.get(f"{m}_ci")
+            if v is None:
+                ax.text(0.5, y, "n/a", ha="center", va="center", fontsize=8, color="gray")
+                continue
+            xerr = [[v - ci[0]], [ci[1] - v]] if ci else None
+            ax.errorbar([v], [y], xerr=xerr, fmt="o", color=f"C{i}", capsize=4, ms=6)
+        ax.set(xlim=(-0.04, 1.04), title=f"{labels[m]} (95 % interval)")
+        ax.grid(alpha=0.3, axis="x")
+    axes[0][0].set_yticks(ys)
+    axes[0][0].set_yticklabels(names, fontsize=8)
+    axes[0][0].set_ylim(-0.7, len(runs) - 0.3)
+    save_figure(fig, None, path)
