@@ -93,7 +93,7 @@ def test_provenance_raw_completions_and_parse_failure_line(tmp_path, make_traj, 
     assert n_fail and all(c["raw"] == "<think>unfinished" for c in calls if c["parse_failure"])
     rate = n_fail / len(calls)
     assert m["overall"]["parse_failure_rate"] == pytest.approx(rate)
-    assert f"parse failures: {100 * rate:.2f}% of auditor calls" in console
+    assert f"parse failures: {n_fail} ({100 * rate:.1f}%)" in console   # eval.report.call_line
     assert "Provenance" in (out / "report.md").read_text()
 
 
