@@ -128,7 +128,7 @@ class _Runner:
             self.close()
             raise SandboxError("the sandbox runner did not start (is the Python at "
                                f"{python!r} a CPython >= 3.8 on Linux?)")
-        self.isolation, self.why = hello["isolation"], hello.get("why", "")
+        self.isolation, self.why, self.nproc = hello["isolation"], hello.get("why", ""), bool(hello.get("nproc"))
 
     def _send(self, obj: dict) -> None:
         data = json.dumps(obj).encode()
@@ -231,6 +231,7 @@ class Sandbox:
         self._idle: queue.SimpleQueue[_Runner] = queue.SimpleQueue()
         self._runners: list[_Runner] = []
         self._isolation: str | None = None
+        self._nproc = False
         self._finalizer = weakref.finalize(self, _close_all, self._runners)
 
     # ------------------------------------------------------------------ runners
@@ -241,7 +242,7 @@ class Sandbox:
             raise SandboxError(f"sandbox: isolation 'namespaces' was asked for and this machine refuses it: {r.why}")
         with self._lock:
             self._runners.append(r)
-            self._isolation = r.isolation
+            self._isolation, self._nproc = r.isolation, r.nproc
         return r
 
     def _take(self) -> _Runner:
@@ -262,6 +263,15 @@ class Sandbox:
         if self._isolation is None:
             self._idle.put(self._take())
         return self._isolation
+
+    @property
+    def limits_processes(self) -> bool:
+        """Whether RLIMIT_NPROC binds the sample (False only for the host's root in mode 'none'
+        when nobody cannot read the stdlib: then threads, which have no audit event before
+        Python 3.13, are not stopped)."""
+        if self._isolation is None:
+            self._idle.put(self._take())
+        return self._nproc
 
     def close(self) -> None:
         """Stop the runner processes (also done when the Sandbox is garbage-collected or at exit)."""

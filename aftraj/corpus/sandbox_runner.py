@@ -85,17 +85,28 @@ def _mount_flags(path):
                                  (os.ST_RELATIME, MS_RELATIME)) if f & st)
 
 
-def _enter_namespaces(root, binds, tmpfs_mb):
+def _enter_namespaces(root, binds, tmpfs_mb, sync):
     """unshare user/mount/net/pid/ipc/uts namespaces; the new root is a tmpfs holding read-only
     binds of the system libraries and the stdlib, a writable /work and /tmp, and nothing else
-    (no /proc, /etc, /home, repository). Called in the child, single-threaded."""
+    (no /proc, /etc, /home, repository). Called in the child, single-threaded.
+
+    sync: None (not root: map our own uid to 0), or fds (to_runner, from_runner) when the runner
+    is the host's root: it then writes our maps itself, 0 -> 0 for the setup and 1 -> nobody for
+    the sample (the host's uid 0 is exempt from RLIMIT_NPROC; nobody is not)."""
     if _SYS is None:
         raise OSError(f"namespaces: no syscall numbers for {_MACHINE}")
     uid, gid = os.geteuid(), os.getegid()
     _ok(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
-    _put("/proc/self/setgroups", "deny")
-    _put("/proc/self/uid_map", f"0 {uid} 1")
-    _put("/proc/self/gid_map", f"0 {gid} 1")
+    if sync is None:
+        _put("/proc/self/setgroups", "deny")
+        _put("/proc/self/uid_map", f"0 {uid} 1")
+        _put("/proc/self/gid_map", f"0 {gid} 1")
+    else:
+        os.write(sync[0], b"u")
+        if os.read(sync[1], 1) != b"k":
+            raise OSError("namespaces: the runner did not write the uid map")
+        os.close(sync[0])
+        os.close(sync[1])
     _ok(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
     r = root.encode()
     _ok(_libc.mount(b"tmpfs", r, b"tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_mb}m,mode=0755".encode()), "mount tmpfs")
@@ -238,8 +249,8 @@ def _make_hook(workdir, read_roots, confine_files):
                 raise _deny("sandbox: import " + name + " is not allowed")
         if confine_files and event in fs_events:
             paths, dirfds, writes = fs_events[event]
-            for i in dirfds:
-                if i < _len(args) and args[i] is not None:
+            for i in dirfds:    # absent: None, or AT_FDCWD (-100) as some events pass it
+                if i < _len(args) and _type(args[i]) is _int and args[i] >= 0:
                     raise _deny("sandbox: " + event + " with dir_fd is not allowed")
             if writes is None:     # open(path, mode, flags)
                 flags = args[2] if _len(args) > 2 else 0
@@ -359,13 +370,16 @@ def _run_sample(req, workdir, read_roots, confine_files):
         _exit(0)
 
 
-def _child(req, base, isolation, binds, read_roots):
+NOBODY = 65534
+
+
+def _child(req, base, isolation, binds, read_roots, sync):
     """The forked child: confine, then run the sample. Never returns."""
     try:
         os.setsid()
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if isolation == "namespaces":
-            _enter_namespaces(base + "/root", binds, max(16, int(req["file_mb"]) * 2))
+            _enter_namespaces(base + "/root", binds, max(16, int(req["file_mb"]) * 2), sync)
             pid = os.fork()         # the sample runs as pid 1 of the new pid namespace
             if pid:
                 os.close(1)
@@ -373,14 +387,27 @@ def _child(req, base, isolation, binds, read_roots):
                 _, status = os.waitpid(pid, 0)
                 os._exit(os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if sync is not None:    # become uid 1 of the namespace (the host's nobody)
+                os.chown("/work", 1, 1)
+                for cap in range(64):
+                    if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                        break
+                os.setgroups([])
+                os.setresgid(1, 1, 1)
+                os.setresuid(1, 1, 1)
             _drop_capabilities()
             workdir, confine = "/work", False
         else:
             workdir, confine = req["workdir"], True
+            if req.get("as_nobody"):    # the host's root is exempt from RLIMIT_NPROC; nobody is not
+                os.chown(workdir, NOBODY, NOBODY)
+                os.setgroups([])
+                os.setresgid(NOBODY, NOBODY, NOBODY)
+                os.setresuid(NOBODY, NOBODY, NOBODY)
             os.chdir(workdir)
         _set_limits(req)
         _run_sample(req, workdir, read_roots, confine)
-    except BaseException as e:  # confinement failed: report on stderr-equivalent (the pipe), no result
+    except BaseException as e:  # confinement failed: say so on the pipe, report no result
         try:
             os.write(1, f"\nsandbox setup failed: {type(e).__name__}: {e}\n".encode())
         finally:
@@ -388,17 +415,44 @@ def _child(req, base, isolation, binds, read_roots):
     os._exit(71)
 
 
+def _map_ids(pid, to_child, from_child):
+    """The root runner's half of the uid-map handshake (see _enter_namespaces)."""
+    try:
+        if select.select([from_child], [], [], 10)[0] and os.read(from_child, 1) == b"u":
+            for kind in ("uid", "gid"):
+                _put(f"/proc/{pid}/{kind}_map", f"0 0 1\n1 {NOBODY} 1\n")
+            os.write(to_child, b"k")
+    except OSError:
+        pass    # the child sees no "k" and reports the failure
+    finally:
+        os.close(to_child)
+        os.close(from_child)
+
+
 def _spawn_child(req, base, isolation, binds, read_roots):
     r, w = os.pipe()
+    helper = isolation == "namespaces" and os.geteuid() == 0
+    if helper:
+        up_r, up_w = os.pipe()
+        down_r, down_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
         os.dup2(w, 1)
         os.dup2(w, 2)
         os.close(0)
-        os.closerange(3, 65536)
-        _child(req, base, isolation, binds, read_roots)
+        sync = None
+        if helper:
+            os.dup2(up_w, 3)
+            os.dup2(down_r, 4)
+            sync = (3, 4)
+        os.closerange(5 if helper else 3, 65536)
+        _child(req, base, isolation, binds, read_roots, sync)
     os.close(w)
+    if helper:
+        os.close(up_w)
+        os.close(down_r)
+        _map_ids(pid, down_w, up_r)
     return pid, r
 
 
@@ -453,7 +507,11 @@ def main():
         os.makedirs(base + "/root", exist_ok=True)
         ok, why = _probe(base, binds, read_roots)
         isolation = "namespaces" if ok else "none"
-    _send({"isolation": isolation, "why": why})
+    # without namespaces the host's root can drop to nobody only if nobody can read the stdlib
+    as_nobody = isolation == "none" and os.geteuid() == 0 and all(_world_readable(p) for p in read_roots)
+    if as_nobody:
+        os.chmod(base, 0o711)
+    _send({"isolation": isolation, "why": why, "nproc": isolation == "namespaces" or os.geteuid() != 0 or as_nobody})
     n = 0
     while True:
         try:
@@ -465,12 +523,23 @@ def main():
             n += 1
             workdir = f"{base}/s{n}"
             os.mkdir(workdir, 0o700)
-            req["workdir"] = workdir
+            req["workdir"], req["as_nobody"] = workdir, as_nobody
         pid, r = _spawn_child(req, base, isolation, binds, read_roots)
         status, timed_out, out = _collect(pid, r, float(req["wall_s"]))
         if workdir is not None:
             _rmtree(workdir)
         _send({"status": status, "timed_out": timed_out, "output": out.decode("latin-1")})
+
+
+def _world_readable(path):
+    """Every folder from / down to path is searchable by others, and path readable."""
+    import stat
+    parts = path.rstrip("/").split("/")
+    for i in range(1, len(parts) + 1):
+        mode = os.stat("/".join(parts[:i]) or "/").st_mode
+        if not mode & stat.S_IXOTH or (i == len(parts) and not mode & stat.S_IROTH):
+            return False
+    return True
 
 
 def _rmtree(path):
