@@ -30,6 +30,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from aftraj.errors import UsageError
 from aftraj.schema import Step, Trajectory
 
 # --------------------------------------------------------------------------- system prompt
@@ -111,7 +112,7 @@ def render_header(traj: Trajectory, *, reference_answer: bool = False) -> str:
     head = f"<task>\n{escape(traj.task)}\n</task>\n"
     if reference_answer:
         if traj.reference_answer is None:
-            raise ValueError(f"trajectory {traj.id!r} has no reference_answer to show")
+            raise UsageError(f"trajectory {traj.id!r} has no reference_answer to show")
         head += f"<reference_answer>\n{escape(traj.reference_answer)}\n</reference_answer>\n"
     return head + "<trajectory>\n"
 
@@ -131,6 +132,10 @@ class PromptBudgetError(ValueError):
     """The prefix does not fit the budget and no bounded view could make it fit."""
 
 
+class PrefixRangeError(UsageError, IndexError):
+    """A prefix t outside the trajectory's steps (a user error: `inspect --prompt 99`)."""
+
+
 @dataclass(frozen=True)
 class Rendered:
     """A prompt split where caching cares. Without a bounded view, `stable` for t is a prefix of
@@ -148,8 +153,8 @@ def render_prompt(traj: Trajectory, t: int, budget: int | None = None, *,
                   reference_answer: bool = False) -> Rendered:
     """Render prefix t (steps 0..t) of `traj` as chat messages, with its split points."""
     if not 0 <= t < len(traj.steps):
-        raise IndexError(f"prefix t={t} is out of range for trajectory {traj.id!r} "
-                         f"with {len(traj.steps)} steps")
+        raise PrefixRangeError(f"prefix t={t} is out of range for trajectory {traj.id!r} "
+                               f"with {len(traj.steps)} steps (0..{len(traj.steps) - 1})")
     header = render_header(traj, reference_answer=reference_answer)
     suffix = render_suffix(t)
     body = "".join(render_step(s) for s in traj.steps[: t + 1])

@@ -11,7 +11,7 @@ import sys
 import time
 
 from aftraj.corpus.build import build_corpus
-from aftraj.corpus.config import ConfigError, load_corpus_config
+from aftraj.corpus.config import load_corpus_config
 
 
 def register(sub) -> None:
@@ -31,11 +31,7 @@ def register(sub) -> None:
 
 
 def run_build(args) -> int:
-    try:
-        cfg = load_corpus_config(args.config)
-    except ConfigError as e:
-        print(f"aftraj corpus build: {e}", file=sys.stderr)
-        return 2
+    cfg = load_corpus_config(args.config)
     t0 = time.perf_counter()
     res = build_corpus(cfg, args.out, seed=args.seed, progress=not args.no_progress and sys.stderr.isatty())
     secs = time.perf_counter() - t0
@@ -51,11 +47,7 @@ def run_verify(args) -> int:
     from aftraj.corpus.verify import verify_corpus
     from aftraj.readers import load_trajectories
 
-    try:
-        cfg = load_corpus_config(args.config)
-    except ConfigError as e:
-        print(f"aftraj corpus verify: {e}", file=sys.stderr)
-        return 2
+    cfg = load_corpus_config(args.config)
     path = Path(args.corpus)
     trajs = load_trajectories(path / "corpus.jsonl" if path.is_dir() else path, "jsonl")
     t0 = time.perf_counter()

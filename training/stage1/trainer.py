@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from aftraj.errors import UsageError
 from training.stage1.config import Stage1Config
 from training.stage1.data import (TokenizedPair, collate, load_training_trajectories, micro_batch_indices,
                                   tokenize_records)
@@ -85,7 +86,7 @@ def _preferences(cfg, out: Path, model, tok, data: str, acc) -> tuple[list[dict]
         count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
         prompts, bstats = boundary_prompts(trajs, budget=cfg.max_prompt_tokens - 32, count_tokens=count)
         if not prompts:
-            raise ValueError(f"{src}: no unsafe trajectory, so no boundary pair to train on")
+            raise UsageError(f"{src}: no unsafe trajectory, so no boundary pair to train on")
         sampler = make_sampler(cfg, model.to(acc.device), tok)
         t0 = time.perf_counter()
         records, pstats = build_preferences(prompts, sampler, cfg.samples_per_prompt)
@@ -219,7 +220,7 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
         was, now = yaml.safe_load((out / "config.yaml").read_text()), cfg.to_dict()
         changed = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k) and k not in _RESUMABLE)
         if changed:   # the cached preferences, reference log-probs and schedule belong to the old config
-            raise ValueError(f"{out}: --resume with settings that differ from the run's "
+            raise UsageError(f"{out}: --resume with settings that differ from the run's "
                              f"{out / 'config.yaml'}: {', '.join(changed)}; resume with the same config")
     out.mkdir(parents=True, exist_ok=True)
     set_seed(cfg.seed)
