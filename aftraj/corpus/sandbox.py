@@ -15,7 +15,8 @@ interpreter, so nothing of an earlier sample (patched builtins, globals, hidden 
 The child confines itself, then runs the code and its tests, each test under a timer. It reports
 on a pipe one line that starts with a random per-sample nonce; the parent accepts only that line,
 so output a sample writes itself (a forged result line, then `os._exit(0)`) counts as a crash.
-Results are cached by (code hash, tests hash); each worker thread owns one runner.
+Results are cached by (code hash, tests hash); each worker thread owns one runner. Cost: a fork,
+not an interpreter start-up, per sample (`python benchmarks/sandbox.py`).
 
 Threat model. Contained, in both modes:
 - processes and raw calls: an audit hook that judges real types (a `str` subclass as a module
@@ -30,13 +31,17 @@ Threat model. Contained, in both modes:
 - environment: an empty environment, descriptors other than the result pipe closed, stdin empty,
   a temporary working folder removed afterwards.
 Contained with isolation 'namespaces' (Linux user namespaces; the default where the kernel
-allows them, checked once per runner by confining a trivial sample):
-- files: the sample's root is a size-capped tmpfs with read-only binds of /usr, /lib* and the
-  stdlib's folders, a writable /work and /tmp, and nothing else: no /proc (so no
-  /proc/<ppid>/environ), no /etc/passwd, no home folders, no repository; it holds no capability,
-  so it cannot mount, remount read-write, chroot or regain one;
-- network: a new network namespace (no interface up); signals: a new pid namespace, where the
-  sample is pid 1 and sees no outside process (`pidfd_send_signal` to its parent has no target).
+allows them, checked once per runner by a forked copy that confines itself and runs a trivial
+sample). The runner enters new user, network, mount, ipc and uts namespaces once; each sample
+adds its own mount and pid namespaces:
+- files: the root is a read-only tmpfs with read-only binds of /usr, /lib* and the stdlib's
+  folders, and a fresh size-capped tmpfs /work and /tmp per sample; nothing else: no /proc (so
+  no /proc/<ppid>/environ), no /etc/passwd, no home folders, no repository. The sample holds no
+  capability (as the host's root, it also runs as the host's nobody), so it cannot mount,
+  remount read-write, chroot or regain one;
+- network: a network namespace with no interface up (shared by the samples of one runner, one
+  after another; a sample can open no socket); signals: a pid namespace per sample, where it is
+  pid 1 and sees no outside process (`pidfd_send_signal` to its parent has no target).
 Isolation 'none' (the fallback where user namespaces are refused: some containers, kernels with
 `kernel.unprivileged_userns_clone=0`, AppArmor's userns restriction; forced with
 `Sandbox(isolation="none")`): the audit hook also confines file access to the working folder

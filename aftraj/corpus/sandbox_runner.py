@@ -85,31 +85,61 @@ def _mount_flags(path):
                                  (os.ST_RELATIME, MS_RELATIME)) if f & st)
 
 
-def _enter_namespaces(root, binds, tmpfs_mb, sync):
-    """unshare user/mount/net/pid/ipc/uts namespaces; the new root is a tmpfs holding read-only
-    binds of the system libraries and the stdlib, a writable /work and /tmp, and nothing else
-    (no /proc, /etc, /home, repository). Called in the child, single-threaded.
+NOBODY = 65534
+_MAPPED_NOBODY = False       # set by _confine_runner: namespace uid 1 is the host's nobody
 
-    sync: None (not root: map our own uid to 0), or fds (to_runner, from_runner) when the runner
-    is the host's root: it then writes our maps itself, 0 -> 0 for the setup and 1 -> nobody for
-    the sample (the host's uid 0 is exempt from RLIMIT_NPROC; nobody is not)."""
+
+def _confine_runner(root, binds):
+    """Put this process (the runner, or the probe) into new user, network, mount, ipc and uts
+    namespaces whose root is a read-only tmpfs holding read-only binds of the system libraries
+    and the stdlib, empty /work and /tmp mount points, and nothing else (no /proc, /etc, /home,
+    repository). Done once per runner; each sample then only adds a mount and a pid namespace.
+
+    As the host's root, a helper forked first (still in the host's namespaces) writes the maps:
+    0 -> root for the setup, 1 -> nobody for the samples (the host's uid 0 is exempt from
+    RLIMIT_NPROC, nobody is not). Otherwise the process maps its own uid to 0."""
+    global _MAPPED_NOBODY
     if _SYS is None:
         raise OSError(f"namespaces: no syscall numbers for {_MACHINE}")
     uid, gid = os.geteuid(), os.getegid()
-    _ok(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
-    if sync is None:
-        _put("/proc/self/setgroups", "deny")
-        _put("/proc/self/uid_map", f"0 {uid} 1")
-        _put("/proc/self/gid_map", f"0 {gid} 1")
-    else:
-        os.write(sync[0], b"u")
-        if os.read(sync[1], 1) != b"k":
-            raise OSError("namespaces: the runner did not write the uid map")
-        os.close(sync[0])
-        os.close(sync[1])
+    helper = None
+    if uid == 0:
+        up_r, up_w = os.pipe()
+        down_r, down_w = os.pipe()
+        helper = os.fork()
+        if helper == 0:          # the helper: waits for the unshare, writes the maps, exits
+            code = 1
+            try:
+                os.close(up_w)
+                os.close(down_r)
+                if os.read(up_r, 1) == b"u":
+                    for kind in ("uid", "gid"):
+                        _put(f"/proc/{os.getppid()}/{kind}_map", f"0 0 1\n1 {NOBODY} 1\n")
+                    os.write(down_w, b"k")
+                    code = 0
+            finally:
+                os._exit(code)
+        os.close(up_r)
+        os.close(down_w)
+    try:
+        _ok(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+        if helper is None:
+            _put("/proc/self/setgroups", "deny")
+            _put("/proc/self/uid_map", f"0 {uid} 1")
+            _put("/proc/self/gid_map", f"0 {gid} 1")
+        else:
+            os.write(up_w, b"u")
+            if os.read(down_r, 1) != b"k":
+                raise OSError("namespaces: the helper could not write the uid map")
+            _MAPPED_NOBODY = True
+    finally:
+        if helper is not None:
+            os.close(up_w)
+            os.close(down_r)
+            os.waitpid(helper, 0)
     _ok(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
     r = root.encode()
-    _ok(_libc.mount(b"tmpfs", r, b"tmpfs", MS_NOSUID | MS_NODEV, f"size={tmpfs_mb}m,mode=0755".encode()), "mount tmpfs")
+    _ok(_libc.mount(b"tmpfs", r, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=0755"), "mount tmpfs")
     for src in binds:
         dst = root + src
         if os.path.islink(src):
@@ -128,10 +158,21 @@ def _enter_namespaces(root, binds, tmpfs_mb, sync):
             f"read-only {src}")
     os.mkdir(root + "/work", 0o755)
     os.mkdir(root + "/tmp", 0o1777)
+    _ok(_libc.mount(None, r, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=1m,mode=0755"),
+        "read-only root")
     os.chdir(root)
     _ok(_libc.syscall(_SYS["pivot_root"], b".", b"."), "pivot_root")
     _ok(_libc.umount2(b".", MNT_DETACH), "umount old root")
-    os.chdir("/work")
+    os.chdir("/")
+
+
+def _enter_sample_namespaces(tmpfs_mb):
+    """In the sample's child: its own mount namespace with fresh tmpfs /work and /tmp (nothing
+    of an earlier sample's files), and a pid namespace the next fork starts."""
+    _ok(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID), "unshare")
+    for path, mode in ((b"/work", b"0755"), (b"/tmp", b"1777")):
+        _ok(_libc.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=%dm,mode=%s" % (tmpfs_mb, mode)),
+            f"mount tmpfs {path.decode()}")
 
 
 class _CapHeader(ctypes.Structure):
@@ -370,16 +411,13 @@ def _run_sample(req, workdir, read_roots, confine_files):
         _exit(0)
 
 
-NOBODY = 65534
-
-
-def _child(req, base, isolation, binds, read_roots, sync):
+def _child(req, base, isolation, read_roots):
     """The forked child: confine, then run the sample. Never returns."""
     try:
         os.setsid()
         _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if isolation == "namespaces":
-            _enter_namespaces(base + "/root", binds, max(16, int(req["file_mb"]) * 2), sync)
+            _enter_sample_namespaces(max(16, int(req["file_mb"]) * 2))
             pid = os.fork()         # the sample runs as pid 1 of the new pid namespace
             if pid:
                 os.close(1)
@@ -387,7 +425,7 @@ def _child(req, base, isolation, binds, read_roots, sync):
                 _, status = os.waitpid(pid, 0)
                 os._exit(os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
             _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if sync is not None:    # become uid 1 of the namespace (the host's nobody)
+            if _MAPPED_NOBODY:      # become uid 1 of the namespace (the host's nobody)
                 os.chown("/work", 1, 1)
                 for cap in range(64):
                     if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
@@ -404,7 +442,7 @@ def _child(req, base, isolation, binds, read_roots, sync):
                 os.setgroups([])
                 os.setresgid(NOBODY, NOBODY, NOBODY)
                 os.setresuid(NOBODY, NOBODY, NOBODY)
-            os.chdir(workdir)
+        os.chdir(workdir)
         _set_limits(req)
         _run_sample(req, workdir, read_roots, confine)
     except BaseException as e:  # confinement failed: say so on the pipe, report no result
@@ -415,44 +453,17 @@ def _child(req, base, isolation, binds, read_roots, sync):
     os._exit(71)
 
 
-def _map_ids(pid, to_child, from_child):
-    """The root runner's half of the uid-map handshake (see _enter_namespaces)."""
-    try:
-        if select.select([from_child], [], [], 10)[0] and os.read(from_child, 1) == b"u":
-            for kind in ("uid", "gid"):
-                _put(f"/proc/{pid}/{kind}_map", f"0 0 1\n1 {NOBODY} 1\n")
-            os.write(to_child, b"k")
-    except OSError:
-        pass    # the child sees no "k" and reports the failure
-    finally:
-        os.close(to_child)
-        os.close(from_child)
-
-
-def _spawn_child(req, base, isolation, binds, read_roots):
+def _spawn_child(req, base, isolation, read_roots):
     r, w = os.pipe()
-    helper = isolation == "namespaces" and os.geteuid() == 0
-    if helper:
-        up_r, up_w = os.pipe()
-        down_r, down_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
         os.dup2(w, 1)
         os.dup2(w, 2)
         os.close(0)
-        sync = None
-        if helper:
-            os.dup2(up_w, 3)
-            os.dup2(down_r, 4)
-            sync = (3, 4)
-        os.closerange(5 if helper else 3, 65536)
-        _child(req, base, isolation, binds, read_roots, sync)
+        os.closerange(3, 65536)
+        _child(req, base, isolation, read_roots)
     os.close(w)
-    if helper:
-        os.close(up_w)
-        os.close(down_r)
-        _map_ids(pid, down_w, up_r)
     return pid, r
 
 
@@ -472,24 +483,46 @@ def _collect(pid, r, wall_s):
             break
         if len(out) < OUTPUT_CAP:
             out += chunk[:OUTPUT_CAP - len(out)]
-    if timed_out:
-        for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-            try:
-                kill()
-            except OSError:
-                pass
     os.close(r)
+    status = None
+    while not timed_out:    # the pipe may close before the child ends (it closed its descriptors)
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status, False, out
+        if time.monotonic() >= deadline:
+            timed_out = True
+            break
+        time.sleep(0.002)
+    for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+        try:
+            kill()
+        except OSError:
+            pass
     _, status = os.waitpid(pid, 0)
     return status, timed_out, out
 
 
 def _probe(base, binds, read_roots):
-    """Can this machine confine a child in namespaces? Runs one trivial sample that way."""
+    """Can this machine confine the runner in namespaces? A forked copy of the runner tries the
+    whole set-up and one trivial sample; the runner follows only if that worked."""
     req = {"code": "", "tests": ["assert 1"], "timeout": 5, "nonce": "probe", "memory_mb": 1024, "file_mb": 1,
            "cpu_s": 5, "wall_s": 10}
-    pid, r = _spawn_child(req, base, "namespaces", binds, read_roots)
-    status, _, out = _collect(pid, r, 10)
-    if out.startswith(b"probe:") and os.WIFEXITED(status):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            _confine_runner(base + "/root", binds)
+            cpid, cr = _spawn_child(req, base, "namespaces", read_roots)
+            status, _, out = _collect(cpid, cr, 10)
+            os.write(w, out[-4000:] or f"wait status {status}".encode())
+        except BaseException as e:
+            os.write(w, f"{type(e).__name__}: {e}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    status, _, out = _collect(pid, r, 30)
+    if out.startswith(b"probe:"):
         return True, ""
     return False, out.decode("utf-8", "replace").strip()[-300:] or f"wait status {status}"
 
@@ -503,15 +536,18 @@ def main():
     binds = list(HOST_BINDS) + [p for p in sys.path if p and os.path.isdir(p)
                                 and not any(p == b or p.startswith(b + "/") for b in HOST_BINDS)]
     isolation, why = "none", "not asked for"
+    was_root = os.geteuid() == 0
     if wanted != "none":
         os.makedirs(base + "/root", exist_ok=True)
         ok, why = _probe(base, binds, read_roots)
-        isolation = "namespaces" if ok else "none"
+        if ok:
+            _confine_runner(base + "/root", binds)
+            isolation = "namespaces"
     # without namespaces the host's root can drop to nobody only if nobody can read the stdlib
-    as_nobody = isolation == "none" and os.geteuid() == 0 and all(_world_readable(p) for p in read_roots)
+    as_nobody = isolation == "none" and was_root and all(_world_readable(p) for p in read_roots)
     if as_nobody:
         os.chmod(base, 0o711)
-    _send({"isolation": isolation, "why": why, "nproc": isolation == "namespaces" or os.geteuid() != 0 or as_nobody})
+    _send({"isolation": isolation, "why": why, "nproc": isolation == "namespaces" or not was_root or as_nobody})
     n = 0
     while True:
         try:
@@ -524,7 +560,7 @@ def main():
             workdir = f"{base}/s{n}"
             os.mkdir(workdir, 0o700)
             req["workdir"], req["as_nobody"] = workdir, as_nobody
-        pid, r = _spawn_child(req, base, isolation, binds, read_roots)
+        pid, r = _spawn_child(req, base, isolation, read_roots)
         status, timed_out, out = _collect(pid, r, float(req["wall_s"]))
         if workdir is not None:
             _rmtree(workdir)

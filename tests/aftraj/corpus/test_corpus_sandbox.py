@@ -181,6 +181,7 @@ ATTACKS = {
         "import _socket\ns = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)\n"
         "s.settimeout(1)\ntry:\n    s.connect(('127.0.0.1', 9))\nexcept ConnectionRefusedError:\n    pass\n"
         "R = 'escaped'\n"),
+    "write-root": "open('/escaped.txt', 'w').write('x')\nR = 'escaped'\n",
     "thread": "import threading\nt = threading.Thread(target=lambda: None)\nt.start()\nR = 'escaped'\n",
     "fork": "import os\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nR = 'escaped'\n",
     "frame-walk": (
@@ -274,7 +275,8 @@ def test_patched_builtins_and_hidden_tests_do_not_reach_another_sample(isolation
 
 
 def test_ignoring_sigalrm_is_bounded_in_wall_time(isolation):
-    stall = "import signal, time\ndef f():\n    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n    time.sleep(3600)\n"
+    stall = ("import os, signal, time\ndef f():\n    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
+             "    os.close(1)\n    os.close(2)\n    time.sleep(3600)\n")   # and its output pipe closed
     spin = "import signal\ndef f():\n    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n    while True:\n        pass\n"
     good = [(f"def f():\n    return {i}\n", (f"assert f() == {i}",)) for i in range(8)]
     t0 = time.monotonic()
@@ -321,3 +323,15 @@ def test_the_environment_is_empty_and_descriptors_closed(isolation):
     with _sandbox(isolation) as sb:   # Python itself sets LC_CTYPE when the environment has no locale
         run = sb.run(code, ("assert set(E) <= {'LC_CTYPE'}", "assert FDS == [1, 2]"))
     assert run.results == ("pass", "pass"), run.results
+
+
+def test_files_of_one_sample_are_gone_for_the_next(isolation):
+    """Samples run one after another in the same runner: the working folder and /tmp are fresh."""
+    write = ("import os, tempfile\nopen('left.txt', 'w').write('x')\n"
+             "T = tempfile.gettempdir()\nopen(os.path.join(T, 'left-tmp.txt'), 'w').write('x')\n")
+    look = ("import os, tempfile\nF = [os.path.exists('left.txt'), "
+            "os.path.exists(os.path.join(tempfile.gettempdir(), 'left-tmp.txt'))]\n")
+    with _sandbox(isolation, workers=1) as sb:
+        first = sb.run(write, ("assert open('left.txt').read() == 'x'",))
+        second = sb.run(look, ("assert F == [False, False]",))
+    assert first.results == ("pass",) and second.results == ("pass",), (first.results, second.results)
