@@ -31,7 +31,7 @@ def main() -> int:
         for w in args.workers:
             with Sandbox(timeout_s=2, isolation="auto" if iso == "namespaces" else iso, workers=w) as sb:
                 if iso == "namespaces" and sb.isolation != "namespaces":
-                    print(f"isolation=namespaces unavailable here: skipped")
+                    print("isolation=namespaces unavailable here: skipped")
                     break
                 t0 = time.perf_counter()
                 runs = sb.run_many(items)

@@ -133,7 +133,6 @@ def test_sandbox_escapes_are_refused(code):
 # namespaces (where this kernel allows them) and the audit-hook fallback (isolation='none').
 
 import os  # noqa: E402
-import signal  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
