@@ -1,5 +1,9 @@
 """The `aftraj` console script: one entry point, subcommands discovered in `aftraj.commands`.
 
+One rule for errors (`run_guarded`): an error a user can cause (the types in USER_ERRORS:
+UsageError, SchemaError, config and policy errors, OSError, ...) prints one line naming what
+was wrong and exits 2; anything else is a bug: a traceback, a request to report it, exit 1.
+
     aftraj --help
     python -m aftraj.cli convert --from whoandwhen who_and_when --out ww.jsonl
 """
