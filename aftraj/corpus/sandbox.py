@@ -251,10 +251,14 @@ class Sandbox:
         return r
 
     def _take(self) -> _Runner:
-        try:
-            return self._idle.get_nowait()
-        except queue.Empty:
-            return self._new_runner()
+        while True:
+            try:
+                r = self._idle.get_nowait()
+            except queue.Empty:
+                return self._new_runner()
+            if r.proc.poll() is None:
+                return r
+            self._drop(r)        # ended while idle (killed from outside): never hand it out
 
     def _drop(self, r: _Runner) -> None:
         with self._lock:

@@ -528,8 +528,9 @@ def _probe(base, binds, read_roots):
 
 
 def main():
+    # No PR_SET_PDEATHSIG here: it fires when the parent *thread* ends, and the Sandbox starts
+    # runners from short-lived worker threads. The runner ends when its stdin closes instead.
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     hello = _recv()
     base, wanted = hello["base"], hello["isolation"]
     read_roots = sorted({os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)})

@@ -334,3 +334,18 @@ def test_files_of_one_sample_are_gone_for_the_next(isolation):
         first = sb.run(write, ("assert open('left.txt').read() == 'x'",))
         second = sb.run(look, ("assert F == [False, False]",))
     assert first.results == ("pass",) and second.results == ("pass",), (first.results, second.results)
+
+
+def test_runners_outlive_the_worker_threads_that_started_them():
+    """Runners are started from run_many's worker threads, which end with the call: the runner
+    must not die with its thread (PR_SET_PDEATHSIG is per thread), and a dead idle runner is
+    replaced, never handed a sample."""
+    with Sandbox(timeout_s=2, workers=2) as sb:
+        first = sb.run_many([GOOD, ("def g():\n    return 1\n", ("assert g() == 1",))])
+        later = sb.run("def h():\n    return 2\n", ("assert h() == 2",))
+        assert first[1].passed and later.passed, (first[1].results, later.results)
+        for r in list(sb._runners):
+            r.proc.kill()
+            r.proc.wait()
+        again = sb.run("def k():\n    return 3\n", ("assert k() == 3",))
+    assert again.passed, again.results
