@@ -12,9 +12,9 @@ is constant in the run's length: nothing rescans history. `state.snapshot()` is 
     from aftraj.fold import fold_trajectory
     tf = fold_trajectory(traj)          # tf.visible(t), tf.first_alarm(t), tf.state
 
-A live service (the gateway) keeps one `Folder` over a database ledger:
+A live service (the gateway) keeps one `Folder` over a database (or JSONL) ledger:
 
-    folder = Folder(policy, ledger=SqlLedger("sqlite:///runs/ledger.db"))
+    folder = Folder(policy, ledger=SqlLedger("sqlite:///runs/ledger.db"))   # or JsonlLedger(path)
     folder.catch_up()                   # after a restart: fold what the ledger already holds
     folder.ingest(parse_event(record))  # False for an identical duplicate; LedgerError on conflict
     observer_view(folder.states[run_id])  # state + findings with evidence and policy revision
@@ -473,8 +473,9 @@ class Folder:
         return s
 
     def ingest(self, ev: Event) -> bool:
-        """True if the event was new and folded; False for an identical duplicate."""
-        if not self.ledger.append(ev):
+        """True if the event was folded: new, or stored but not yet folded into its run's state
+        (a folder resuming over a ledger it did not write this session); False for a duplicate."""
+        if not self.ledger.append(ev) and not self._unfolded_duplicate(ev):
             return False
         run = ev.run_id
         s = self.states.get(run)
@@ -485,13 +486,34 @@ class Folder:
         fold(s, ev)
         return True
 
+    def _unfolded_duplicate(self, ev: Event) -> bool:
+        """An identical duplicate the ledger holds under a seq above its run's folded state: it
+        is folded under that seq, so resuming over a stored ledger never skips it."""
+        seq = self.ledger.stored_seq(ev.event_id)
+        s = self.states.get(ev.run_id)
+        if seq is None or seq <= (s.last_seq if s is not None else -1):
+            return False
+        ev.seq = seq
+        return True
+
     def catch_up(self) -> int:
-        """Fold what a database ledger holds beyond each run's state (after a restart, or after
-        restoring snapshots into `self.states`): resumes every run from its last seq. Returns the
-        number of events folded."""
+        """Fold what a stored ledger (database or JSONL) holds beyond each run's state (after a
+        restart, or after restoring snapshots into `self.states`): resumes every run from its
+        last seq. Returns the number of events folded."""
+        iter_stored = getattr(self.ledger, "iter_stored", None)
+        if iter_stored is not None:         # a JSONL ledger: one pass over the file
+            n = 0
+            states = self.states
+            for ev in iter_stored(lambda run: states[run].last_seq if run in states else -1):
+                s = self.state(ev.run_id)
+                if s.category is None:
+                    _take_category(s, ev)
+                fold(s, ev)
+                n += 1
+            return n
         iter_run = getattr(self.ledger, "iter_run", None)
         if iter_run is None:
-            raise TypeError(f"{type(self.ledger).__name__} cannot be replayed by run; use ingest_file")
+            raise TypeError(f"{type(self.ledger).__name__} holds no stored events to replay; use ingest_file")
         n = 0
         for run in self.ledger.runs():
             s = self.state(run)
@@ -556,7 +578,7 @@ class Folder:
                     if run is not None and ev.run_id != run:
                         n_filt += 1
                         continue
-                    if not append(ev):
+                    if not append(ev) and not self._unfolded_duplicate(ev):
                         n_dup += 1
                         continue
                 except EventError as e:

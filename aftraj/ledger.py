@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -134,6 +135,12 @@ class Ledger:
     def append(self, ev: Event) -> bool:
         return self.admit(ev)
 
+    def stored_seq(self, event_id: str) -> int | None:
+        """The seq under which `event_id` is stored (None when it is not): a folder that sees a
+        duplicate it has not folded yet (its run state is behind) folds it under this seq."""
+        ix = self._index.get(event_id)
+        return None if ix is None else ix[6]
+
     def _forget(self, ev: Event, had_seq: bool, last: int | None) -> None:
         """Undo `admit(ev)` when storing it failed, so a retry is appended, not ignored as a
         duplicate of an event that was never stored. `last`: the run's last seq before."""
@@ -228,7 +235,12 @@ def is_torn(raw: bytes) -> bool:
 
 
 class JsonlLedger(Ledger):
-    """A ledger stored as one JSONL file; existing records are indexed when it is opened."""
+    """A ledger stored as one JSONL file; existing records are indexed when it is opened.
+
+    Every record this ledger writes starts on a line of its own: a last line without its
+    newline (written by another tool, or cut by a crash or a failed write) is completed before
+    the next append, never glued to it. `iter_stored` replays what the file holds, so a
+    `Folder` over a JSONL ledger resumes with `catch_up()` as over a database."""
 
     def __init__(self, path: str | Path) -> None:
         super().__init__()
@@ -248,16 +260,27 @@ class JsonlLedger(Ledger):
                 except LedgerError as e:
                     self.report.reject(e.located(str(self.path), line))
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "ab")
-        if self.report.pending_bytes:
-            # a torn last line (a crash mid-append): end it, so new records start on their own
-            # line instead of being glued onto it (the torn bytes are rejected on the next open)
+        self._f = open(self.path, "a+b")     # readable too: _terminate reads the last byte
+        # a last line without its newline: a complete record (indexed above) is completed; a
+        # torn one (a crash mid-append) is ended, so it stays a rejected line of its own
+        self._unterminated = True
+        self._terminate()
+
+    def _terminate(self) -> None:
+        """End the file's last line if it lacks its newline (checked only when it may)."""
+        if not self._unterminated:
+            return
+        fd = self._f.fileno()
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
             self._f.write(b"\n")
             self._f.flush()
+        self._unterminated = False
 
     def append(self, ev: Event) -> bool:
         had_seq, last = ev.seq is not None, self._last_seq.get(ev.run_id)
         line = ev.dumps()                   # before admit: an unwritable event is not indexed
+        self._terminate()
         if not self.admit(ev):
             return False
         if not had_seq:                     # admit assigned the seq
@@ -266,9 +289,30 @@ class JsonlLedger(Ledger):
             self._f.write(line + b"\n")
             self._f.flush()
         except BaseException:
+            # part of the line may have reached the file: the next append completes it first
+            self._unterminated = True
             self._forget(ev, had_seq, last)
             raise
         return True
+
+    def iter_stored(self, after_seq=lambda run_id: -1) -> Iterator[Event]:
+        """The events this ledger holds, in file order, each once, as they were indexed (a
+        rejected or conflicting record never comes back), skipping those whose seq is not above
+        `after_seq(run_id)` (evaluated as the replay goes: a folder passes its runs' last seq)."""
+        self._f.flush()
+        seen: dict[str, int] = {}
+        for _, _, item in read_events(self.path):
+            if isinstance(item, EventError):
+                continue
+            ix = self._index.get(item.event_id)
+            run = item.run_id
+            if item.seq is None:            # indexed with the seq admit assigned on open
+                item.seq = seen.get(run, -1) + 1
+            if ix is None or ix[0] != run or ix[6] != item.seq or ix[4] != item.fingerprint:
+                continue
+            seen[run] = item.seq
+            if item.seq > after_seq(run):
+                yield item
 
     def close(self) -> None:
         self._f.close()

@@ -13,7 +13,7 @@ import sys
 import time
 
 from aftraj.corpus.build import build_corpus
-from aftraj.corpus.config import ConfigError, load_corpus_config
+from aftraj.corpus.config import load_corpus_config
 
 
 def register(sub) -> None:
@@ -33,11 +33,7 @@ def register(sub) -> None:
 
 
 def run_build(args) -> int:
-    try:
-        cfg = load_corpus_config(args.config)
-    except ConfigError as e:
-        print(f"aftraj corpus build: {e}", file=sys.stderr)
-        return 2
+    cfg = load_corpus_config(args.config)
     from aftraj.corpus.policies import EndpointUnreachable
 
     t0 = time.perf_counter()
@@ -59,11 +55,7 @@ def run_verify(args) -> int:
     from aftraj.corpus.verify import verify_corpus
     from aftraj.readers import load_trajectories
 
-    try:
-        cfg = load_corpus_config(args.config)
-    except ConfigError as e:
-        print(f"aftraj corpus verify: {e}", file=sys.stderr)
-        return 2
+    cfg = load_corpus_config(args.config)
     from aftraj.corpus.build import attach_provenance, read_provenance
 
     path = Path(args.corpus)

@@ -11,7 +11,6 @@ tiny test model. Nothing is downloaded.
 from __future__ import annotations
 
 import json
-import sys
 import time
 
 
@@ -29,11 +28,7 @@ def run(args) -> int:
     from training.models import prepare_model
 
     t0 = time.perf_counter()
-    try:
-        out = prepare_model(args.name, args.out, force=args.force)
-    except FileNotFoundError as e:
-        print(f"aftraj models prepare: {e}", file=sys.stderr)
-        return 2
+    out = prepare_model(args.name, args.out, force=args.force)
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
     print(json.dumps({"model": args.name, "path": str(out), "bytes": size,
                       "seconds": round(time.perf_counter() - t0, 1)}))

@@ -344,3 +344,123 @@ def test_sql_ledger_failed_write_is_not_remembered(tmp_path, monkeypatch):
     monkeypatch.setattr(led.engine, "begin", real_begin)
     assert led.append(ev) is True and ev.seq == 1
     assert [e.event_id for e in led.iter_run("r")] == ["r/0", "r/1"]
+
+
+# --------------------------------------------------------------------------- issue 14: JSONL resume
+
+def test_jsonl_ledger_completes_a_last_record_without_its_newline(tmp_path):
+    """A complete last record without its newline used to get the next append glued to it;
+    on reopen both acknowledged events were rejected."""
+    p = tmp_path / "l.jsonl"
+    p.write_bytes(orjson.dumps(good(0)) + b"\n" + orjson.dumps(good(1)))      # no final newline
+    with JsonlLedger(p) as led:
+        assert len(led) == 2 and led.report.n_rejected == 0
+        assert led.append(parse_event(good(2)))
+    with JsonlLedger(p) as led:
+        assert len(led) == 3 and led.report.n_rejected == 0 and led.last_seq("r") == 2
+    assert p.read_bytes().count(b"\n") == 3
+
+
+def test_jsonl_ledger_ends_a_line_a_failed_write_left_before_the_next_append(tmp_path):
+    p = tmp_path / "l.jsonl"
+    led = JsonlLedger(p)
+    led.append(parse_event(good(0)))
+
+    class Half:
+        """A file whose write stores half the line, then fails (a full disk)."""
+
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, b):
+            self.f.write(b[:len(b) // 2])
+            self.f.flush()
+            raise OSError(28, "No space left on device")
+
+        def __getattr__(self, k):
+            return getattr(self.f, k)
+
+    real = led._f
+    led._f = Half(real)
+    with pytest.raises(OSError):
+        led.append(parse_event(good(1)))
+    led._f = real
+    assert "r/1" not in led
+    assert led.append(parse_event(good(1)))          # the retry: on a line of its own
+    led.close()
+    with JsonlLedger(p) as again:
+        assert len(again) == 2 and again.report.n_rejected == 1     # the half line, refused
+        assert again.report.errors[0].line == 2
+
+
+def _events_with_findings(n: int) -> list[dict]:
+    """Two 'agentic' runs where every 60th event calls a tool the policy does not permit."""
+    out = []
+    for i in range(n):
+        run = "a" if i % 2 else "b"
+        j = i // 2
+        if j % 60 == 30:
+            out.append(good(j, run=run, kind="tool_call", parent_id=None, payload={"content": "", "tool": "shell"}))
+        else:
+            out.append(good(j, run=run, meta={"category": "agentic"}))
+    return out
+
+
+def _policy():
+    from aftraj.detectors import Policy
+
+    return Policy(permitted_tools={"agentic": ["search"]})
+
+
+def test_folder_over_a_jsonl_ledger_resumes_as_over_sql(tmp_path):
+    """A JSONL-backed Folder used to treat the stored events as duplicates after a restart:
+    ingest_file folded 200 of 500 events."""
+    recs = _events_with_findings(500)
+    src = tmp_path / "events.jsonl"
+    src.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in recs))
+    whole, rep = fold_file(src, policy=_policy())
+    assert rep.n_appended == 500 and rep.n_rejected == 0
+    want = {r: s.state_hash() for r, s in whole.states.items()}
+    n_findings = sum(len(s.findings) for s in whole.states.values())
+    assert n_findings >= 4
+
+    ledger_path = tmp_path / "ledger.jsonl"
+    live = Folder(_policy(), ledger=JsonlLedger(ledger_path))
+    for r in recs[:300]:
+        live.ingest(parse_event(r))
+    live.ledger.close()                                  # the service stops (or dies) here
+
+    # restart 1: the same source file is read again from the start
+    fresh = Folder(_policy(), ledger=JsonlLedger(ledger_path))
+    rep = fresh.ingest_file(src)
+    assert rep.n_appended == 500 and rep.n_duplicates == 0
+    assert {r: s.state_hash() for r, s in fresh.states.items()} == want
+    assert sum(len(s.findings) for s in fresh.states.values()) == n_findings
+    fresh.ledger.close()
+
+    # restart 2: catch up from the ledger, then only the new events arrive
+    again = Folder(_policy(), ledger=JsonlLedger(ledger_path))
+    assert again.catch_up() == 500
+    assert again.catch_up() == 0
+    assert {r: s.state_hash() for r, s in again.states.items()} == want
+    assert again.ingest(parse_event(recs[10])) is False  # folded already: a plain duplicate
+    again.ledger.close()
+
+    # restart 3: a snapshot restored, then catch_up folds only what came after it
+    snap_folder = Folder(_policy())
+    for r in recs[:120]:
+        snap_folder.ingest(parse_event(r))
+    third = Folder(_policy(), ledger=JsonlLedger(ledger_path))
+    third.states = {r: RunState.restore(s.snapshot()) for r, s in snap_folder.states.items()}
+    assert third.catch_up() == 380
+    assert {r: s.state_hash() for r, s in third.states.items()} == want
+    third.ledger.close()
+
+
+def test_jsonl_catch_up_skips_refused_and_repeated_records(tmp_path):
+    p = tmp_path / "l.jsonl"
+    lines = [good(0), good(1), good(0, payload={"content": "conflict"}), good(1), good(2), good(1, seq=9)]
+    p.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in lines) + b"not json\n")
+    f = Folder(ledger=JsonlLedger(p))
+    assert f.catch_up() == 3
+    assert f.states["r"].last_seq == 2 and f.states["r"].n_events == 3

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,27 +38,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     import yaml
 
-    from training.stage1.config import ConfigError, load_stage1_config
+    from aftraj.errors import UsageError
+    from training.stage1.config import load_stage1_config
     from training.stage1.trainer import sample_preferences, train
 
     over = {}
     for item in args.set:
         if "=" not in item:
-            print(f"--set {item!r}: expected KEY=VALUE", file=sys.stderr)
-            return 2
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE")
         k, v = item.split("=", 1)
-        over[k.strip()] = yaml.safe_load(v)
+        try:
+            over[k.strip()] = yaml.safe_load(v)
+        except yaml.YAMLError as e:
+            raise UsageError(f"--set {item!r}: the value is not YAML ({' '.join(str(e).split())})") from None
     for key, val in (("data", args.data), ("output_dir", args.out), ("model", args.model),
                      ("max_steps", args.max_steps)):
         if val is not None:
             over[key] = val
     if args.max_steps is not None:
         over["num_epochs"] = None
-    try:
-        cfg = load_stage1_config(args.config, over)
-    except (ConfigError, FileNotFoundError) as e:
-        print(f"stage1: {e}", file=sys.stderr)
-        return 2
+    cfg = load_stage1_config(args.config, over)    # ConfigError, OSError: the CLI's user-error rule
     if args.print_config:
         print(json.dumps(cfg.to_dict()))
         return 0
@@ -80,6 +78,8 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from aftraj.cli import run_guarded
+
     p = argparse.ArgumentParser(prog="python -m training.stage1", description="Stage 1: BPPO training")
     add_arguments(p)
-    return run(p.parse_args(argv))
+    return run_guarded(run, p.parse_args(argv), "python -m training.stage1")

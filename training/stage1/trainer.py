@@ -54,6 +54,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from aftraj.errors import UsageError
 from training.stage1.config import Stage1Config
 from training.stage1.data import (TokenizedPair, collate, load_training_trajectories, micro_batch_indices,
                                   tokenize_records)
@@ -117,7 +118,7 @@ def sample_preferences(cfg: Stage1Config, progress: bool = True) -> dict:
     from training.models import resolve_model_spec
 
     if _launched_distributed() or dist.is_initialized():
-        raise RuntimeError(f"the preferences phase runs in one process (WORLD_SIZE="
+        raise UsageError(f"the preferences phase runs in one process (WORLD_SIZE="
                            f"{os.environ.get('WORLD_SIZE')}): run `aftraj train stage1 --phase preferences` "
                            f"without accelerate launch / torchrun, then launch --phase train")
     out = Path(cfg.output_dir)
@@ -135,7 +136,7 @@ def sample_preferences(cfg: Stage1Config, progress: bool = True) -> dict:
     count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
     prompts, bstats = boundary_prompts(trajs, budget=cfg.max_prompt_tokens - 32, count_tokens=count)
     if not prompts:
-        raise ValueError(f"{src}: no unsafe trajectory, so no boundary pair to train on")
+        raise UsageError(f"{src}: no unsafe trajectory, so no boundary pair to train on")
     n_all = len({p.traj_id for p in prompts})
     prompts = cap_pairs(prompts, cfg.max_pairs, cfg.seed)   # sample only what is trained on
     model = None
@@ -184,7 +185,7 @@ def _check_run_folder(cfg: Stage1Config, out: Path, *, resume: bool, latest) -> 
     if resume:
         changed = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k) and k not in _RESUMABLE)
         if changed:   # the cached preferences, reference log-probs and schedule belong to the old config
-            raise ValueError(f"{out}: --resume with settings that differ from the run's "
+            raise UsageError(f"{out}: --resume with settings that differ from the run's "
                              f"{out / 'config.yaml'}: {', '.join(changed)}; resume with the same config")
 
 
