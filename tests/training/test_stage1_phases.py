@@ -206,3 +206,19 @@ def test_bf16_export_loads(tiny_model_dir, handmade_corpus, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(res.final_dir, dtype="auto")
     assert next(model.parameters()).dtype == torch.bfloat16
     assert all(b.dtype == torch.float32 for n, b in model.named_buffers() if n.endswith("inv_freq"))
+
+
+def test_a_second_run_in_one_process_may_change_precision(tmp_path, monkeypatch):
+    """accelerate keeps one AcceleratorState per process: without a reset, a bf16 run followed by
+    an fp32 one in the same process (warm-up then stage 1, the test suite) raises."""
+    from accelerate.state import AcceleratorState
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    cfg = load_stage1_config(REPO / "configs" / "stage1" / "tiny-cpu.yaml",
+                             {"output_dir": str(tmp_path), "mixed_precision": "bf16"})
+    trainer.make_accelerator(cfg, tmp_path)
+    assert str(AcceleratorState().mixed_precision) == "bf16"
+    cfg = load_stage1_config(REPO / "configs" / "stage1" / "tiny-cpu.yaml",
+                             {"output_dir": str(tmp_path), "mixed_precision": "no"})
+    trainer.make_accelerator(cfg, tmp_path)
+    assert str(AcceleratorState().mixed_precision) == "no"

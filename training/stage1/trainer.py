@@ -215,6 +215,13 @@ def make_accelerator(cfg: Stage1Config, out: Path):
     if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
         kw["fsdp_plugin"] = FullyShardedDataParallelPlugin(mixed_precision_policy=fsdp_mixed_precision(cfg))
     pg = InitProcessGroupKwargs(timeout=timedelta(minutes=cfg.process_group_timeout_minutes))
+    if not _launched_distributed():
+        # accelerate keeps one AcceleratorState per process and refuses a second Accelerator with
+        # another precision: a second run in the same process (warm-up then stage 1, a notebook,
+        # the tests) would fail. One process, no process group: nothing to lose by starting anew.
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._reset_state()
     return Accelerator(mixed_precision=cfg.mixed_precision, log_with=cfg.report_to or None,
                        project_dir=str(out / "tb"), kwargs_handlers=[pg], **kw)
 
