@@ -139,25 +139,23 @@ def _peft_config(cfg: Stage2Config):
                       target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM")
 
 
-class _MetricsFile:
-    """A TrainerCallback writing each log row to metrics.jsonl (step, reward, kl, components)."""
+def _metrics_callback(path: Path):
+    """A TrainerCallback appending each logged step (reward, components, kl, loss, ...) to metrics.jsonl."""
+    from transformers import TrainerCallback
 
-    def __new__(cls, path: Path):
-        from transformers import TrainerCallback
+    class MetricsFile(TrainerCallback):
+        def __init__(self):
+            self.rows: list[dict] = []
 
-        class _CB(TrainerCallback):
-            def __init__(self):
-                self.rows: list[dict] = []
+        def on_log(self, args, state, control, logs=None, **kw):
+            if not logs or not state.is_world_process_zero or "loss" not in logs:
+                return
+            row = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
+            self.rows.append(row)
+            with path.open("a", encoding="utf-8") as f:
+                f.write(json.dumps(row) + "\n")
 
-            def on_log(self, args, state, control, logs=None, **kw):
-                if not logs or not state.is_world_process_zero or "loss" not in logs:
-                    return
-                row = {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
-                self.rows.append(row)
-                with path.open("a", encoding="utf-8") as f:
-                    f.write(json.dumps(row) + "\n")
-
-        return _CB()
+    return MetricsFile()
 
 
 def train(cfg: Stage2Config, *, resume: bool = False, progress: bool = True) -> RunResult:
@@ -188,7 +186,7 @@ def train(cfg: Stage2Config, *, resume: bool = False, progress: bool = True) -> 
     build_stage2_data(cfg, tok, out / "data")
     dataset = trl_dataset(read_records(out / "data" / "records.jsonl"))
 
-    metrics = _MetricsFile(out / "metrics.jsonl")
+    metrics = _metrics_callback(out / "metrics.jsonl")
     trainer = GRPOTrainer(model=str(model_path), reward_funcs=[make_reward_func(cfg.reward, cfg.max_completion_length)],
                           args=grpo_args(cfg, out, progress=progress), train_dataset=dataset,
                           processing_class=tok, peft_config=_peft_config(cfg), callbacks=[metrics])
