@@ -92,6 +92,9 @@ def test_checkpoints_and_run_record(runs, init_dir):
     assert stats["n_safe_gold"] == stats["n_unsafe_gold"] > 0          # balanced, unsafe_fraction 0.5
     for name in ("train.parquet", "val.parquet", "records.jsonl"):
         assert (out / "data" / name).is_file()
+    from datasets import load_from_disk
+
+    assert len(load_from_disk(str(out / "data" / "trl"))) == stats["n_prompts"]
 
 
 def test_resume_continues_and_matches_the_uninterrupted_run(runs):

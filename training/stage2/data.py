@@ -12,8 +12,8 @@ are left out by `meta.split`); Who&When is refused (evaluation only). One record
      "extra_info": {"index": i, "split": "train", "traj_id": …, "t": 3, "agents": [steps 0..t's agents]}}
 
 written as verl parquet (`train.parquet`, `val.parquet`) and as a `datasets` dataset for TRL
-(`trl_dataset()`: prompt, ground_truth, t, agents columns; TRL passes the extra columns to the
-reward function).
+(`trl/`, `datasets.load_from_disk`; `trl_dataset()`: prompt, ground_truth, t, agents, traj_id
+columns; TRL passes the extra columns to the reward function).
 
     python -m training.stage2.data --config configs/stage2/tiny-cpu.yaml --out runs/stage2-data
 """
@@ -126,7 +126,7 @@ def check_prompt_lengths(records: list[dict], tokenizer, max_prompt_tokens: int)
 
 
 def build_stage2_data(cfg, tokenizer, out_dir: str | Path) -> dict:
-    """Build (or reuse) `out_dir`/{records.jsonl, train.parquet, val.parquet, stats.json}."""
+    """Build (or reuse) `out_dir`/{records.jsonl, train.parquet, val.parquet, trl/, stats.json}."""
     out = Path(out_dir)
     stats_path = out / "stats.json"
     if stats_path.exists():
@@ -141,6 +141,7 @@ def build_stage2_data(cfg, tokenizer, out_dir: str | Path) -> dict:
     write_records(records, out / "records.jsonl")
     write_parquet(records, out / "train.parquet")
     write_parquet(records[: cfg.val_prompts], out / "val.parquet")
+    trl_dataset(records).save_to_disk(str(out / "trl"))
     stats = {"data": src, **asdict(st), "n_prompts": len(records), "longest_prompt_tokens": longest,
              "val_note": "val.parquet is a monitor slice of the train prompts (verl needs val_files); "
                          "held-out evaluation is `aftraj eval` on the test split"}

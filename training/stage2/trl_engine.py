@@ -11,7 +11,7 @@ reward (`training.reward.compute_score` plus DAPO's soft overlong penalty, the f
 `aftraj eval --auditor hf --model OUT/final` loads (LoRA: merged weights, adapter in final/adapter).
 
 Run folder: config.yaml, run.json (seeds, versions, init model), data/ (records.jsonl, the verl
-parquet files, stats.json; built once, reused on --resume), metrics.jsonl (one line per logged
+parquet files, the `datasets` dataset trl/, stats.json; built once, reused on --resume), metrics.jsonl (one line per logged
 step: reward, its components, kl, loss, ...), runs/ (TensorBoard), checkpoint-N/, final/.
 
     aftraj train stage2 --engine trl --config configs/stage2/tiny-cpu.yaml --out runs/stage2-tiny
@@ -32,7 +32,7 @@ import yaml
 
 from training.reward import COMPONENTS, RewardConfig, compute_score, overlong_penalty
 from training.stage2.config import Stage2Config
-from training.stage2.data import DATA_SOURCE, build_stage2_data, read_records, trl_dataset
+from training.stage2.data import DATA_SOURCE, build_stage2_data
 
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 # settings a resumed run may change: they touch neither data, model nor optimisation
@@ -160,6 +160,7 @@ def _metrics_callback(path: Path):
 
 def train(cfg: Stage2Config, *, resume: bool = False, progress: bool = True) -> RunResult:
     """Run (or resume) stage 2 with TRL as configured."""
+    from datasets import load_from_disk
     from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
@@ -184,7 +185,7 @@ def train(cfg: Stage2Config, *, resume: bool = False, progress: bool = True) -> 
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     build_stage2_data(cfg, tok, out / "data")
-    dataset = trl_dataset(read_records(out / "data" / "records.jsonl"))
+    dataset = load_from_disk(str(out / "data" / "trl"))
 
     metrics = _metrics_callback(out / "metrics.jsonl")
     trainer = GRPOTrainer(model=str(model_path), reward_funcs=[make_reward_func(cfg.reward, cfg.max_completion_length)],
