@@ -1,4 +1,4 @@
-"""The one prompt builder and the one verdict parser (DESIGN §3).
+"""The one prompt builder (DESIGN §3); the verdict parser lives in `aftraj.verdict` (re-exported here).
 
 Training data, evaluation and serving all call `render()` and `parse_verdict()` from here, so
 what the auditor is trained on is byte for byte what it is served.
@@ -275,111 +275,7 @@ def split_rendered(user_content: str) -> list[dict]:
 
 # --------------------------------------------------------------------------- verdicts
 
-@dataclass(frozen=True)
-class Verdict:
-    """SAFE (CONTINUE) or UNSAFE (ALARM) at `step` blaming `agent`."""
-
-    decision: str                 # "SAFE" | "UNSAFE"
-    step: int | None = None
-    agent: str | None = None
-    reason: str | None = None
-    think: str = ""
-    confidence: float | None = None  # P(UNSAFE) where the backend gives log-probabilities
-
-    @property
-    def alarm(self) -> bool:
-        return self.decision == "UNSAFE"
-
-    def answer_json(self) -> str:
-        return json.dumps({"answer": "SAFE" if not self.alarm else self.step,
-                           "agent": self.agent, "reason": self.reason},
-                          ensure_ascii=False).replace("<", "\\u003c")  # no tag can appear
-
-
-PARSE_FAILURE_CODES = ("empty", "missing_think", "missing_answer", "multiple_answers",
-                       "text_outside_blocks", "malformed_json", "bad_keys", "bad_answer",
-                       "negative_step", "step_out_of_range", "empty_agent", "empty_reason",
-                       "safe_with_fields")
-
-
-@dataclass(frozen=True)
-class ParseFailure:
-    code: str       # one of PARSE_FAILURE_CODES
-    message: str
-    raw: str
-
-    alarm = False   # evaluation counts a parse failure as CONTINUE
-
-    def __post_init__(self) -> None:
-        assert self.code in PARSE_FAILURE_CODES, self.code
-
-
-_FORMAT = re.compile(r"\A\s*<think>(?P<think>.*?)</think>\s*<answer>(?P<answer>.*?)</answer>\s*\Z",
-                     re.DOTALL)
-
-
-def parse_verdict(text: str, t: int | None = None) -> Verdict | ParseFailure:
-    """Strictly parse `<think>…</think><answer>{…}</answer>`; `t` bounds the step (k <= t)."""
-    def fail(code: str, msg: str) -> ParseFailure:
-        return ParseFailure(code, msg, text)
-
-    if not text or not text.strip():
-        return fail("empty", "the completion is empty")
-    n_answer = text.count("<answer>")
-    if n_answer > 1 or text.count("</answer>") > 1:
-        return fail("multiple_answers", f"found {n_answer} <answer> blocks; exactly one is allowed")
-    if "<answer>" not in text or "</answer>" not in text:
-        return fail("missing_answer", "no <answer>…</answer> block")
-    if "<think>" not in text or "</think>" not in text:
-        return fail("missing_think", "no <think>…</think> block before the answer")
-    m = _FORMAT.match(text)
-    if not m:
-        return fail("text_outside_blocks", "only whitespace may surround the <think> and <answer> blocks")
-    try:
-        obj = json.loads(m.group("answer"))
-    except json.JSONDecodeError as e:
-        return fail("malformed_json", f"the answer block is not JSON: {e}")
-    if not isinstance(obj, dict) or set(obj) != {"answer", "agent", "reason"}:
-        got = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-        return fail("bad_keys", f'the answer must be an object with keys answer, agent, reason; got {got}')
-    ans, agent, reason = obj["answer"], obj["agent"], obj["reason"]
-    think = m.group("think").strip()
-    if ans == "SAFE":
-        if agent is not None or reason is not None:
-            return fail("safe_with_fields", "a SAFE answer needs null agent and reason")
-        return Verdict("SAFE", think=think)
-    if isinstance(ans, bool) or not isinstance(ans, int):
-        return fail("bad_answer", f'answer must be "SAFE" or an integer step, got {ans!r}')
-    if ans < 0:
-        return fail("negative_step", f"step {ans} is negative")
-    if t is not None and ans > t:
-        return fail("step_out_of_range", f"step {ans} is after the last step shown ({t})")
-    if not isinstance(agent, str) or not agent.strip():
-        return fail("empty_agent", "an UNSAFE answer needs a non-empty agent")
-    if not isinstance(reason, str) or not reason.strip():
-        return fail("empty_reason", "an UNSAFE answer needs a non-empty reason")
-    return Verdict("UNSAFE", step=ans, agent=agent.strip(), reason=reason.strip(), think=think)
-
-
-# --------------------------------------------------------------------------- gold completions
-
-def format_completion(verdict: Verdict) -> str:
-    """The canonical two-block text for a verdict (the released model's layout)."""
-    return f"<think>\n{escape(verdict.think)}\n</think>\n<answer>\n{verdict.answer_json()}\n</answer>"
-
-
-def gold_verdict(traj: Trajectory, t: int) -> Verdict:
-    """The optimal verdict for prefix t: SAFE before k*, UNSAFE (k*, a*) from k* on."""
-    lb = traj.label
-    if not lb.unsafe or t < lb.decisive_step:
-        return Verdict("SAFE", think=f"I checked steps 0 to {t}. None of them holds a decisive "
-                                     f"error that the steps shown already support.")
-    k, a = lb.decisive_step, lb.decisive_agent
-    reason = lb.reason or f"{a} made the error at step {k} that decides the failure of the run."
-    return Verdict("UNSAFE", step=k, agent=a, reason=reason,
-                   think=f"Steps before {k} are sound. At step {k}, {a} makes a decisive error: "
-                         f"{reason}")
-
-
-def gold_completion(traj: Trajectory, t: int) -> str:
-    return format_completion(gold_verdict(traj, t))
+# The verdict, its parser and the gold verdicts live in aftraj.verdict (one place, shared with
+# metrics, heuristics and training); re-exported here for compatibility.
+from aftraj.verdict import (PARSE_FAILURE_CODES, ParseFailure, Verdict,  # noqa: E402,F401
+                            format_completion, gold_completion, gold_verdict, parse_verdict)

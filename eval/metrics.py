@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aftraj.verdict import agent_match, step_match  # noqa: F401  (the one place; re-exported)
+
 METRICS_VERSION = "1.0"
 
 # Deployable region (DESIGN §6).
@@ -42,17 +44,6 @@ DEPLOYABLE_MIN_STEP_ACC = 0.50
 # The keys every group of metrics.json holds (plus `<metric>_ci` for each ratio metric).
 CORE_KEYS = ("n", "n_safe", "n_unsafe", "exact_f1", "step_precision", "step_recall", "step_acc",
              "agent_acc", "ass", "far", "parse_failure_rate")
-
-
-def agent_match(pred: str | None, gold: str | None) -> bool:
-    """Exact after trimming and case-folding."""
-    return pred is not None and gold is not None and pred.strip().casefold() == gold.strip().casefold()
-
-
-def step_match(pred, gold) -> bool:
-    """Integer equality (bools are not steps)."""
-    return (isinstance(pred, int) and isinstance(gold, int) and not isinstance(pred, bool)
-            and not isinstance(gold, bool) and pred == gold)
 
 
 def ww_substring_step_match(pred, gold) -> bool:

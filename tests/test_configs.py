@@ -14,6 +14,7 @@ CONFIGS = REPO / "configs"
 # family (first folder under configs/) -> (module, function) that loads and validates one file
 LOADERS = {
     "stage1": ("training.stage1.config", "load_stage1_config"),
+    "stage2": ("training.stage2.config", "load_stage2_config"),
     "accelerate": ("training.accelerate_config", "check_accelerate_config"),
     "policies": ("aftraj.detectors", "load_policy"),
     "corpus": ("aftraj.corpus.config", "load_corpus_config"),
@@ -111,3 +112,24 @@ def test_stage1_schedule_is_sized_from_epochs_and_capped_at_five():
         load_stage1_config(prod, {"num_epochs": None, "max_steps": 11}).schedule(64, world_size=2)
     one = load_stage1_config(prod, {"num_epochs": 1}).schedule(33, world_size=2)   # ceil(33 / 32)
     assert (one.steps, one.warmup_steps) == (2, 0)
+def test_stage2_configs_hold_the_issue_settings_and_refuse_bad_values(tmp_path):
+    from training.stage1.config import ConfigError
+    from training.stage2.config import load_stage2_config
+
+    tiny = load_stage2_config(CONFIGS / "stage2" / "tiny-cpu.yaml")
+    assert tiny.model == "builtin:tiny-qwen2" and not tiny.bf16 and tiny.finetune == "full"
+    smol = load_stage2_config(CONFIGS / "stage2" / "smollm2-135m-cpu.yaml")
+    assert smol.finetune == "lora" and smol.model == "builtin:smollm2-135m" and not smol.bf16
+    prod = load_stage2_config(CONFIGS / "stage2" / "qwen2.5-7b-8xh200.yaml")
+    assert (prod.max_completion_length, prod.overlong_buffer_len, prod.optimizer) == (4096, 1024, "adamw_bnb_8bit")
+    assert not prod.model.startswith("builtin:") and prod.beta > 0 and prod.num_generations >= 2
+    bad = tmp_path / "bad.yaml"
+    for text, key in (("num_generations: 1\n", "num_generations"), ("sigma: 0\n", "sigma"),
+                      ("unsafe_fraction: 1.0\n", "unsafe_fraction"), ("malformed_score: 0.5\n", "malformed_score"),
+                      ("overlong_buffer_len: 256\n", "overlong_buffer_len"), ("beta: -0.1\n", "beta"),
+                      ("num_generation: 4\n", "num_generation"), ("kl_loss_type: kl2\n", "kl_loss_type")):
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=rf"bad.yaml: key '{key}'"):
+            load_stage2_config(bad)
+    bad.write_text("num_generations: 2\n")           # the lower bound itself is accepted
+    assert load_stage2_config(bad).num_generations == 2

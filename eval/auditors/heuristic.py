@@ -18,8 +18,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from aftraj.prompt import Verdict
 from aftraj.schema import Step, Trajectory
+from aftraj.verdict import Verdict, agent_match
 from eval.auditors import AuditResult, Auditor, register_auditor
 
 HUMAN_AGENTS = frozenset({"human", "user", "human_proxy", "userproxy", "user_proxy"})
@@ -88,8 +88,7 @@ class HeuristicAuditor(Auditor):
         unsafe = [t for t in trajs if t.label.unsafe]
         n, nu = len(trajs), len(unsafe)
         p_step = [1 / len(t.steps) for t in unsafe]
-        p_agent = [sum(a.strip().casefold() == t.label.decisive_agent.strip().casefold()
-                       for a in t.agents) / len(t.agents) for t in unsafe]
+        p_agent = [sum(agent_match(a, t.label.decisive_agent) for a in t.agents) / len(t.agents) for t in unsafe]
         e_abs = [sum(abs(j - t.label.decisive_step) for j in range(len(t.steps))) / len(t.steps)
                  for t in unsafe]
         hits = sum(p_step)

@@ -104,3 +104,128 @@ def test_format_completion_round_trip_with_hostile_reason():
     assert (back.step, back.agent, back.reason) == (3, "Verifier", v.reason)
     safe = parse_verdict(format_completion(Verdict("SAFE", think="fine")), t=0)
     assert isinstance(safe, Verdict) and safe.decision == "SAFE"
+
+
+# --------------------------------------------------------------------------- hardening (issue 14 item 3)
+# Each of these crashed or was accepted by the parser before aftraj/verdict.py bounded it.
+
+HOSTILE = [
+    ("5,000-digit step (ValueError before)", OK % ("9" * 5000, '"A"', '"r"'), 3, "number_too_large"),
+    ("13-digit step", OK % ("1" * 13, '"A"', '"r"'), None, "number_too_large"),
+    ("5,000-digit negative step", OK % ("-" + "9" * 5000, '"A"', '"r"'), 3, "number_too_large"),
+    ("huge float", OK % ("1" * 400 + ".5", '"A"', '"r"'), 3, "number_too_large"),
+    ("deep JSON (RecursionError before)",
+     '<think>x</think><answer>{"answer": ' + "[" * 100_000 + "]" * 100_000
+     + ', "agent": "A", "reason": "r"}</answer>', 3, "too_deep"),
+    ("5 levels of nesting", OK % ("[[[[1]]]]", '"A"', '"r"'), 3, "too_deep"),
+    ("duplicate keys, last one SAFE (accepted before)",
+     '<think>x</think><answer>{"answer": 3, "agent": null, "reason": null, "answer": "SAFE"}</answer>',
+     3, "duplicate_keys"),
+    ("duplicate agent key",
+     '<think>x</think><answer>{"answer": 1, "agent": "A", "reason": "r", "agent": "B"}</answer>',
+     3, "duplicate_keys"),
+    ("stray </think> (accepted before)",
+     '<think>a</think>b</think><answer>{"answer": "SAFE", "agent": null, "reason": null}</answer>',
+     3, "stray_tags"),
+    ("two think blocks",
+     '<think>a</think><think>b</think><answer>{"answer": "SAFE", "agent": null, "reason": null}</answer>',
+     3, "stray_tags"),
+    ("nested think", '<think>a<think>b</think><answer>{"answer": "SAFE", "agent": null, "reason": null}'
+                     '</answer>', 3, "stray_tags"),
+    ("over the length bound", "<think>" + "x" * 1_000_001 + "</think><answer>{}</answer>", 3, "too_long"),
+]
+
+
+@pytest.mark.parametrize("name,text,t,code", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_inputs_are_typed_failures(name, text, t, code):
+    v = parse_verdict(text, t=t)
+    assert isinstance(v, ParseFailure), v
+    assert v.code == code, v.message
+
+
+def test_bounds_both_sides():
+    from aftraj.verdict import MAX_INT_DIGITS, MAX_JSON_DEPTH, MAX_COMPLETION_CHARS
+
+    at = parse_verdict(OK % ("1" * MAX_INT_DIGITS, '"A"', '"r"'))
+    assert isinstance(at, Verdict) and at.step == int("1" * MAX_INT_DIGITS)
+    over = parse_verdict(OK % ("1" * (MAX_INT_DIGITS + 1), '"A"', '"r"'))
+    assert isinstance(over, ParseFailure) and over.code == "number_too_large"
+    # nesting MAX_JSON_DEPTH is parsed (and refused for its content), one more is too deep
+    nest = "[" * (MAX_JSON_DEPTH - 1) + "1" + "]" * (MAX_JSON_DEPTH - 1)
+    assert parse_verdict(OK % (nest, '"A"', '"r"')).code == "bad_answer"
+    nest = "[" * MAX_JSON_DEPTH + "1" + "]" * MAX_JSON_DEPTH
+    assert parse_verdict(OK % (nest, '"A"', '"r"')).code == "too_deep"
+    # brackets inside strings do not count as nesting
+    v = parse_verdict(OK % ("1", '"A"', '"[[[[[[[[{{{{{{"'))
+    assert isinstance(v, Verdict) and v.reason == "[[[[[[[[{{{{{{"
+    pad = MAX_COMPLETION_CHARS - len(OK % ('"SAFE"', "null", "null"))
+    fits = "<think>" + "x" * pad + OK[len("<think>x"):] % ('"SAFE"', "null", "null")
+    assert len(fits) == MAX_COMPLETION_CHARS - 1 and isinstance(parse_verdict(fits), Verdict)
+    assert parse_verdict(fits + "  ").code == "too_long"
+
+
+def test_non_string_input_is_a_failure():
+    assert parse_verdict(None).code == "empty"
+    assert parse_verdict(b"<think>") .code == "empty"
+
+
+def _fuzz_cases(n: int, seed: int = 0):
+    """Random and adversarial completions: noise, mutated valid answers, hostile JSON and tags."""
+    import random
+
+    rng = random.Random(seed)
+    alphabet = '<>/{}[]":,. \n\t0123456789-abcdefghijklmnopqrstuvwxyzSAFEnulltruefalse\\\x00\ud800é∀'
+    pieces = ["<think>", "</think>", "<answer>", "</answer>", '{"answer": ', '"SAFE"', ", ", '"agent": ',
+              '"reason": ', "null", "}", "{", "[", "]", '"', "\\", "1e999", "NaN", "-Infinity",
+              "9" * rng.randint(1, 40), "-0", "true", "&lt;", "<|im_end|>", "\ud800", "\x00"]
+    valid = [OK % ('"SAFE"', "null", "null"), OK % ("2", '"A"', '"r"'), RELEASED_UNSAFE, RELEASED_SAFE]
+    for i in range(n):
+        kind = i % 5
+        if kind == 0:     # pure noise
+            yield "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 200)))
+        elif kind == 1:   # token soup of format pieces
+            yield "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+        elif kind == 2:   # a valid completion with characters mutated
+            s = list(rng.choice(valid))
+            for _ in range(rng.randint(1, 6)):
+                j = rng.randrange(len(s))
+                op = rng.random()
+                if op < 0.4:
+                    s[j] = rng.choice(alphabet)
+                elif op < 0.7:
+                    del s[j]
+                else:
+                    s.insert(j, rng.choice(pieces))
+            yield "".join(s)
+        elif kind == 3:   # hostile answer values
+            val = rng.choice(["[" * rng.randint(1, 3000) + "]" * rng.randint(0, 3000),
+                              "{" * rng.randint(1, 3000), "9" * rng.randint(1, 6000),
+                              "-" + "9" * rng.randint(1, 6000), "1." + "0" * rng.randint(1, 500),
+                              "1e" + "9" * rng.randint(1, 30), '"' + "\\u" * rng.randint(1, 5) + '"',
+                              '"SAFE", "answer": 1', '"SAFE", "agent": null, "agent": "x"'])
+            yield OK % (val, rng.choice(['"A"', "null", "1", "[]"]), rng.choice(['"r"', "null", "{}"]))
+        else:             # stray and nested tags around a valid answer
+            v = rng.choice(valid)
+            j = rng.randrange(len(v) + 1)
+            yield v[:j] + rng.choice(pieces[:4]) * rng.randint(1, 3) + v[j:]
+
+
+def test_fuzz_10000_completions_no_exception():
+    n, counts = 10_000, {"verdict": 0, "failure": 0}
+    for i, text in enumerate(_fuzz_cases(n)):
+        t = i % 7 if i % 3 else None
+        v = parse_verdict(text, t=t)   # any exception fails the test
+        if isinstance(v, Verdict):
+            counts["verdict"] += 1
+            assert v.decision in ("SAFE", "UNSAFE")
+            if v.alarm:
+                assert isinstance(v.step, int) and v.step >= 0 and (t is None or v.step <= t)
+                assert v.agent and v.reason
+            back = parse_verdict(format_completion(v), t=t)   # what we accept, we can write back
+            assert isinstance(back, Verdict) and (back.decision, back.step, back.agent) == \
+                (v.decision, v.step, v.agent)
+        else:
+            assert isinstance(v, ParseFailure) and v.code
+            counts["failure"] += 1
+    assert sum(counts.values()) == n
+    assert counts["verdict"] > 100 and counts["failure"] > 5000, counts   # the fuzz is not vacuous

@@ -227,8 +227,8 @@ class Schedule:
                 f"= {self.epochs:.2f} epochs, warm-up {self.warmup_steps} steps")
 
 
-def _check_types(cfg: Stage1Config) -> None:
-    hints = typing.get_type_hints(Stage1Config)
+def _check_types(cfg) -> None:
+    hints = typing.get_type_hints(type(cfg))   # any config dataclass (stage 2 reuses it)
     for f in dataclasses.fields(cfg):
         v, hint = getattr(cfg, f.name), hints[f.name]
         if not _fits(v, hint):

@@ -1,7 +1,7 @@
 """Preferences from base-policy samples (DESIGN §5, issue 6 item 3).
 
 For every boundary prompt, sample K completions from the base policy, classify each with the
-shared verdict parser (`aftraj.prompt.parse_verdict`) against the gold verdict, and keep one
+shared verdict parser (`aftraj.verdict.parse_verdict`) against the gold verdict, and keep one
 preference pair per prompt:
 
 - chosen   = the first correct sample, else the canonical gold completion (`format_completion`);
@@ -10,7 +10,8 @@ preference pair per prompt:
   prompt a missed alarm (SAFE). These are exactly the two errors a boundary pair separates.
 
 A sample is correct when it parses and matches gold: SAFE for SAFE; for UNSAFE the same step
-(integer equality) and agent (trimmed, case-folded), as DESIGN §6 scores them. A parse
+(integer equality) and agent (trimmed, case-folded), by the match rules of `aftraj.verdict`
+(the ones DESIGN §6 scores with). A parse
 failure is never chosen. `PreferenceStats` records how many pairs used canonical stand-ins.
 
 Samplers: `HFSampler` (in-process transformers `generate`) and `OpenAISampler` (any
@@ -30,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from aftraj.prompt import ParseFailure, Verdict, format_completion, parse_verdict
+from aftraj.verdict import ParseFailure, Verdict, format_completion, parse_verdict, verdict_outcome
 from training.stage1.pairs import POST, PRE, BoundaryPrompt
 
 
@@ -39,14 +40,7 @@ def classify(text: str, gold: Verdict, t: int) -> str:
     v = parse_verdict(text, t)
     if isinstance(v, ParseFailure):
         return f"parse_failure:{v.code}"
-    if v.decision != gold.decision:
-        return "wrong_decision"
-    if gold.alarm:
-        if v.step != gold.step:
-            return "wrong_step"
-        if v.agent.strip().casefold() != gold.agent.strip().casefold():
-            return "wrong_agent"
-    return "correct"
+    return verdict_outcome(v, gold)
 
 
 def canonical_wrong(p: BoundaryPrompt) -> Verdict:

@@ -1,0 +1,90 @@
+"""Stage-2 data: every prefix of every train trajectory with its gold verdict (SAFE before k*,
+UNSAFE (k*, a*) from k* on), a balanced seeded sample, the shared prompt builder, verl's record
+layout; val/test and Who&When refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aftraj.prompt import render
+from aftraj.verdict import gold_verdict
+from training.stage2.data import balanced_sample, build_records, prefix_candidates, trl_dataset, write_parquet
+
+
+def test_every_prefix_with_its_gold_verdict(handmade):
+    safe, unsafe, st = prefix_candidates(handmade)
+    assert st.n_trajectories == 6 and st.n_safe_trajectories == 1 and st.n_unsafe_trajectories == 5
+    assert len(safe) + len(unsafe) == sum(len(t.steps) for t in handmade)
+    for i, t in unsafe:
+        lb = handmade[i].label
+        assert lb.unsafe and t >= lb.decisive_step
+    for i, t in safe:
+        lb = handmade[i].label
+        assert not lb.unsafe or t < lb.decisive_step
+    # the boundary on both sides: k* - 1 is SAFE, k* is UNSAFE (run 0 has k* = 2)
+    assert (0, 1) in safe and (0, 2) in unsafe and (3, 0) in unsafe   # run 3 has k* = 0
+
+
+@pytest.mark.parametrize("frac", [0.25, 0.5, 0.75])
+def test_balanced_sample_keeps_the_configured_share(frac):
+    safe, unsafe = [("s", i) for i in range(100)], [("u", i) for i in range(100)]
+    s, u = balanced_sample(safe, unsafe, max_prompts=40, unsafe_fraction=frac, seed=0)
+    assert len(s) + len(u) == 40 and len(u) == round(40 * frac)
+    assert len(set(s)) == len(s) and len(set(u)) == len(u)
+    assert balanced_sample(safe, unsafe, max_prompts=40, unsafe_fraction=frac, seed=0) == (s, u)   # seeded
+
+
+def test_balanced_sample_shrinks_to_keep_the_share_when_a_pool_is_short():
+    s, u = balanced_sample([1] * 100, [2] * 10, max_prompts=60, unsafe_fraction=0.5, seed=1)
+    assert (len(s), len(u)) == (10, 10)
+    with pytest.raises(ValueError, match="both gold verdicts"):
+        balanced_sample([1, 2], [], max_prompts=4, unsafe_fraction=0.5, seed=0)
+
+
+def test_records_are_verl_rows_rendered_by_the_shared_builder(handmade, tmp_path):
+    recs, st = build_records(handmade, max_prompts=10, unsafe_fraction=0.5, seed=0, budget=4096)
+    assert len(recs) == 10 and st.n_safe_gold == st.n_unsafe_gold == 5
+    by_id = {t.id: t for t in handmade}
+    for r in recs:
+        x = r["extra_info"]
+        traj = by_id[x["traj_id"]]
+        assert r["prompt"] == render(traj, x["t"], 4096)
+        gold = gold_verdict(traj, x["t"])
+        gt = json.loads(r["reward_model"]["ground_truth"])
+        assert gt == {"answer": "SAFE" if not gold.alarm else gold.step, "agent": gold.agent if gold.alarm else None}
+        assert x["agents"] == list(dict.fromkeys(s.agent for s in traj.steps[: x["t"] + 1]))
+        assert r["data_source"] == "aftraj" and x["split"] == "train"
+    write_parquet(recs, tmp_path / "train.parquet")
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(tmp_path / "train.parquet")
+    assert {"prompt", "data_source", "reward_model", "extra_info"} <= set(table.column_names)
+    assert table.num_rows == 10
+    ds = trl_dataset(recs)
+    assert ds.column_names == ["prompt", "ground_truth", "t", "agents", "traj_id"] and len(ds) == 10
+
+
+def test_val_test_and_who_and_when_never_enter(handmade):
+    import dataclasses
+
+    held = dataclasses.replace(handmade[0], meta={"split": "test"})
+    with pytest.raises(ValueError, match="test split"):
+        prefix_candidates([*handmade[1:], held])
+    ww = dataclasses.replace(handmade[0], source="who_and_when/Hand-Crafted")
+    with pytest.raises(ValueError, match="Who&When"):
+        prefix_candidates([ww])
+
+
+def test_loader_drops_val_and_test_by_meta_split(handmade, tmp_path):
+    import dataclasses
+
+    from aftraj.schema import write_jsonl
+    from training.stage1.data import load_training_trajectories
+
+    trajs = [dataclasses.replace(t, meta={"split": s}) for t, s in zip(handmade, ["train", "val", "test", "train", "train", "train"])]
+    write_jsonl(trajs, tmp_path / "corpus.jsonl")
+    got, src = load_training_trajectories(str(tmp_path))
+    assert [t.id for t in got] == ["hand-0", "hand-3", "hand-4", "hand-5"] and "excluded 2" in src
+    prefix_candidates(got)   # accepted

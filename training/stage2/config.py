@@ -1,0 +1,181 @@
+"""Stage-2 (GRPO) run configuration: one typed, validated dataclass read by both engines (TRL
+and verl); the values live in YAML under `configs/stage2/` (one file per scale).
+
+    from training.stage2.config import load_stage2_config
+    cfg = load_stage2_config("configs/stage2/tiny-cpu.yaml", overrides={"max_steps": 3})
+
+Unknown keys, wrong types and out-of-range values raise `ConfigError` (the one stage-1 and
+stage-2 share) naming the file and key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from training.reward import RewardConfig
+from training.stage1.config import (ATTN_IMPLEMENTATIONS, DTYPES, FINETUNES, SCHEDULERS, TRACKERS,
+                                    ConfigError, _check_types)
+
+OPTIMIZERS = ("adamw_torch", "adamw_bnb_8bit")
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
+KL_LOSS_TYPES = ("low_var_kl", "kl", "abs", "mse")   # verl's actor.kl_loss_type values used here
+
+
+@dataclass
+class Stage2Config:
+    # --- run
+    seed: int = 0
+    output_dir: str = "runs/stage2"
+    max_steps: int = 10
+    logging_steps: int = 1
+    save_steps: int = 5
+    save_total_limit: int | None = 2
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
+
+    # --- model: the stage-1 checkpoint (policy and KL reference); --init overrides
+    # A local folder, or builtin:tiny-qwen2 / builtin:smollm2-135m (built locally, never a hub id).
+    model: str = "builtin:tiny-qwen2"
+    dtype: str = "float32"
+    attn_implementation: str = "sdpa"
+    finetune: str = "full"
+    lora_r: int = 16
+    lora_alpha: int = 32
+    lora_dropout: float = 0.0
+    lora_target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    gradient_checkpointing: bool = False
+
+    # --- data: prefixes of TRAIN trajectories (val/test never enter)
+    data: str = "builtin:synthetic"
+    max_trajectories: int | None = None
+    synthetic_trajectories: int = 24
+    max_prompts: int = 256               # prompts drawn from all prefixes, seeded
+    unsafe_fraction: float = 0.5         # share of prompts whose gold verdict is UNSAFE (t >= k*)
+    max_prompt_tokens: int = 4096        # the render() budget rule of stage 1 and evaluation
+    val_prompts: int = 8                 # verl needs val_files: a monitor slice of the train prompts
+
+    # --- GRPO
+    num_generations: int = 4             # the group size G (verl: rollout.n)
+    max_completion_length: int = 256     # tokens (verl: data.max_response_length)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    beta: float = 0.04                   # KL to the stage-1 model (verl: actor.kl_loss_coef)
+    kl_loss_type: str = "low_var_kl"     # verl only; TRL's GRPO KL is the k3 (low-variance) estimator
+    loss_type: str = "grpo"
+    epsilon: float = 0.2
+    prompts_per_step: int = 2            # prompts per optimizer step (x num_generations completions)
+    gradient_accumulation_steps: int = 1
+    learning_rate: float = 1e-5
+    weight_decay: float = 0.0
+    optimizer: str = "adamw_torch"
+    lr_scheduler: str = "constant"
+    warmup_steps: int = 0
+    max_grad_norm: float | None = 1.0
+    bf16: bool = False                   # TRL on CPU needs bf16 off
+
+    # --- reward (training/reward.py)
+    w_format: float = 0.5
+    w_what: float = 1.0
+    w_where: float = 1.0
+    w_who: float = 1.0
+    sigma: float = 1.0
+    malformed_score: float = -1.0
+    overlong_buffer_len: int = 0         # DAPO soft buffer in tokens; 0 = off
+    overlong_penalty_factor: float = 1.0
+
+    # --- verl engine (training/verl/stage2_grpo.yaml holds the rest)
+    verl_nnodes: int = 1
+    verl_gpus_per_node: int = 8
+    verl_tensor_parallel: int = 1        # vLLM rollout tensor parallel size
+    verl_gpu_memory_utilization: float = 0.6
+    verl_ppo_mini_batch_size: int = 16   # prompts per PPO mini-batch
+    verl_micro_batch_size_per_gpu: int = 2
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        for k in ("max_steps", "logging_steps", "save_steps", "max_prompt_tokens", "max_prompts",
+                  "num_generations", "max_completion_length", "prompts_per_step",
+                  "gradient_accumulation_steps", "lora_r", "lora_alpha", "synthetic_trajectories",
+                  "verl_nnodes", "verl_gpus_per_node", "verl_tensor_parallel",
+                  "verl_ppo_mini_batch_size", "verl_micro_batch_size_per_gpu", "val_prompts"):
+            if getattr(self, k) < 1:
+                raise ConfigError(f"must be >= 1, got {getattr(self, k)}", key=k)
+        if self.num_generations < 2:
+            raise ConfigError("must be >= 2: GRPO compares completions within a group", key="num_generations")
+        for k in ("seed", "warmup_steps"):
+            if getattr(self, k) < 0:
+                raise ConfigError(f"must be >= 0, got {getattr(self, k)}", key=k)
+        for k in ("save_total_limit", "max_trajectories"):
+            v = getattr(self, k)
+            if v is not None and v < 1:
+                raise ConfigError(f"must be >= 1 or null, got {v}", key=k)
+        for k, choices in (("finetune", FINETUNES), ("dtype", DTYPES), ("optimizer", OPTIMIZERS),
+                           ("lr_scheduler", SCHEDULERS), ("attn_implementation", ATTN_IMPLEMENTATIONS),
+                           ("loss_type", LOSS_TYPES), ("kl_loss_type", KL_LOSS_TYPES)):
+            if getattr(self, k) not in choices:
+                raise ConfigError(f"must be one of {', '.join(choices)}; got {getattr(self, k)!r}", key=k)
+        for t in self.report_to:
+            if t not in TRACKERS:
+                raise ConfigError(f"unknown tracker {t!r}; choose from {', '.join(TRACKERS)}", key="report_to")
+        if not 0 < self.unsafe_fraction < 1:
+            raise ConfigError(f"must be strictly between 0 and 1, got {self.unsafe_fraction}",
+                              key="unsafe_fraction")
+        if self.beta < 0:
+            raise ConfigError(f"must be >= 0, got {self.beta}", key="beta")
+        for k in ("learning_rate", "temperature", "epsilon"):
+            if getattr(self, k) <= 0:
+                raise ConfigError(f"must be > 0, got {getattr(self, k)}", key=k)
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"must be in (0, 1], got {self.top_p}", key="top_p")
+        if not 0 < self.verl_gpu_memory_utilization < 1:
+            raise ConfigError(f"must be in (0, 1), got {self.verl_gpu_memory_utilization}",
+                              key="verl_gpu_memory_utilization")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ConfigError(f"must be > 0 or null, got {self.max_grad_norm}", key="max_grad_norm")
+        if self.overlong_buffer_len >= self.max_completion_length:
+            raise ConfigError(f"must be below max_completion_length ({self.max_completion_length}), "
+                              f"got {self.overlong_buffer_len}", key="overlong_buffer_len")
+        if self.warmup_steps >= self.max_steps and self.lr_scheduler != "constant":
+            raise ConfigError(f"must be below max_steps ({self.max_steps}), got {self.warmup_steps}",
+                              key="warmup_steps")
+        try:
+            self.reward
+        except ValueError as e:
+            raise ConfigError(str(e).removeprefix("reward: "), key=str(e).split()[1]) from None
+
+    @property
+    def reward(self) -> RewardConfig:
+        return RewardConfig(w_format=self.w_format, w_what=self.w_what, w_where=self.w_where,
+                            w_who=self.w_who, sigma=self.sigma, malformed_score=self.malformed_score,
+                            overlong_buffer_len=self.overlong_buffer_len,
+                            overlong_penalty_factor=self.overlong_penalty_factor)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def load_stage2_config(path: str | Path, overrides: dict | None = None) -> Stage2Config:
+    """Read a YAML config (flat keys), apply `overrides`, validate. Errors name the file and key."""
+    src = str(path)
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"not valid YAML: {e}", source=src) from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"the file must hold a mapping, got {type(raw).__name__}", source=src)
+    raw.update(overrides or {})
+    known = {f.name for f in dataclasses.fields(Stage2Config)}
+    for k in raw:
+        if k not in known:
+            raise ConfigError(f"is not a stage-2 setting (known: {', '.join(sorted(known))})",
+                              key=k, source=src)
+    try:
+        return Stage2Config(**raw)
+    except ConfigError as e:
+        raise ConfigError(e.message, key=e.key, source=src) from None
