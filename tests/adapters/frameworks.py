@@ -64,3 +64,127 @@ SMOL_SCRIPT = [
     ("call", "lookup", {"city": "Paris"}),
     ("call", "final_answer", {"answer": "408 pens; Paris: 2.1 million"}),
 ]
+
+
+class _Msg(dict):
+    """An OpenAI-style chat message: a dict (what AG2 stores) with attribute access."""
+
+    def __init__(self, content=None, tool_calls=None):
+        super().__init__(content=content, role="assistant", function_call=None)
+        if tool_calls:
+            self["tool_calls"] = tool_calls
+
+    def __getattr__(self, k):
+        if k in ("content", "role", "function_call", "tool_calls"):
+            return self.get(k)
+        raise AttributeError(k)
+
+
+class _Choice:
+    def __init__(self, msg):
+        self.message, self.finish_reason = msg, "tool_calls" if msg.tool_calls else "stop"
+
+
+class _Resp:
+    def __init__(self, msg, model):
+        self.choices, self.model, self.cost, self.usage = [_Choice(msg)], model, 0.0, {}
+
+
+AG2_SCRIPTS: dict[str, list] = {}
+
+
+class AG2ScriptedClient:
+    """An AG2 custom ModelClient (`model_client_cls`): answers each agent's turn from
+    AG2_SCRIPTS[model] in order: ("text", str) or ("call", id, tool, arguments)."""
+
+    def __init__(self, config, **kwargs):
+        self.model = config["model"]
+
+    def create(self, params):
+        item = AG2_SCRIPTS[self.model].pop(0)
+        if item[0] == "text":
+            return _Resp(_Msg(content=item[1]), self.model)
+        return _Resp(_Msg(tool_calls=[{"id": item[1], "type": "function",
+                                       "function": {"name": item[2], "arguments": json.dumps(item[3])}}]), self.model)
+
+    def message_retrieval(self, response):
+        return [c.message for c in response.choices]
+
+    def cost(self, response):
+        return 0.0
+
+    @staticmethod
+    def get_usage(response):
+        return {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0, "cost": 0.0, "model": response.model}
+
+
+def ag2_llm_config(model: str) -> dict:
+    return {"config_list": [{"model": model, "model_client_cls": "AG2ScriptedClient", "api_key": "none"}],
+            "cache_seed": None}
+
+
+def openai_agents_model(script):
+    """An OpenAI Agents SDK Model answering from `script` in order: ("text", str) or
+    ("call", call_id, tool, arguments). Like the SDK's own models it records each answer in a
+    generation span, so the trace holds what the model said."""
+    from agents import Model, ModelResponse, Usage
+    from agents.tracing import generation_span
+    from openai.types.responses import (ResponseFunctionToolCall, ResponseOutputMessage,
+                                        ResponseOutputText)
+
+    class Scripted(Model):
+        def __init__(self):
+            self.i = 0
+
+        async def get_response(self, system_instructions, input, model_settings, tools, output_schema,
+                               handoffs, tracing, *, previous_response_id=None, conversation_id=None,
+                               prompt=None):
+            item = script[self.i]
+            self.i += 1
+            with generation_span(model="scripted", input=input if isinstance(input, list) else
+                                 [{"role": "user", "content": input}]) as span:
+                if item[0] == "text":
+                    out = [ResponseOutputMessage(id=f"msg_{self.i}", type="message", role="assistant",
+                                                 status="completed", content=[ResponseOutputText(
+                                                     type="output_text", text=item[1], annotations=[])])]
+                    span.span_data.output = [{"role": "assistant", "content": item[1]}]
+                else:
+                    out = [ResponseFunctionToolCall(id=f"fc_{self.i}", call_id=item[1], type="function_call",
+                                                    name=item[2], arguments=json.dumps(item[3]))]
+                    span.span_data.output = [{"role": "assistant", "content": None, "tool_calls": [
+                        {"id": item[1], "type": "function",
+                         "function": {"name": item[2], "arguments": json.dumps(item[3])}}]}]
+                span.span_data.usage = {"input_tokens": 10, "output_tokens": 5}
+            return ModelResponse(output=out, usage=Usage(requests=1, input_tokens=10, output_tokens=5,
+                                                         total_tokens=15), response_id=f"resp_{self.i}")
+
+        def stream_response(self, *a, **kw):
+            raise NotImplementedError("the scripted model does not stream")
+
+    return Scripted()
+
+
+class TraceCollector:
+    """An OpenAI Agents SDK TracingProcessor keeping every trace and span export (the SDK's own
+    export format, as a file exporter would write it)."""
+
+    def __init__(self):
+        self.records: list[dict] = []
+
+    def on_trace_start(self, trace):
+        pass
+
+    def on_trace_end(self, trace):
+        self.records.append(trace.export())
+
+    def on_span_start(self, span):
+        pass
+
+    def on_span_end(self, span):
+        self.records.append(span.export())
+
+    def shutdown(self):
+        pass
+
+    def force_flush(self):
+        pass
