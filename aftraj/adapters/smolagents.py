@@ -123,6 +123,8 @@ def _action(rb: RunBuilder, d: dict, agent: str, field: str, managed: tuple[str,
                  tool=last_call[1] if last_call else None, call_id=last_call[0] if last_call else None,
                  field=f"{field}.error")
         if etype == "AgentMaxStepsError" or (msg and "max steps" in str(msg).lower()):
+            if d.get("action_output") is not None:    # the answer smolagents asks for at the limit
+                rb.final(agent, d["action_output"], field=f"{field}.action_output")
             rb.terminate("step_limit")
         elif msg and "interrupted" in str(msg).lower():
             rb.terminate("cancelled")

@@ -188,3 +188,42 @@ class TraceCollector:
 
     def force_flush(self):
         pass
+
+
+def otel_agent_run(exporter_provider):
+    """Spans an instrumented two-agent run writes with the OpenTelemetry SDK, following the GenAI
+    semantic conventions: invoke_agent(planner) > chat, invoke_agent(calc) > chat, execute_tool
+    (one failing), chat. Returns nothing; the spans are in the provider's exporter."""
+    from opentelemetry.trace import Status, StatusCode
+    tracer = exporter_provider.get_tracer("scripted-agent")
+    msgs = lambda role, *parts: json.dumps([{"role": role, "parts": list(parts)}])
+    text = lambda t: {"type": "text", "content": t}
+    call = lambda i, n, a: {"type": "tool_call", "id": i, "name": n, "arguments": a}
+    with tracer.start_as_current_span("invoke_agent planner", attributes={
+            "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "planner",
+            "gen_ai.output.messages": msgs("assistant", text("408 pens"))}):
+        with tracer.start_as_current_span("chat scripted", attributes={
+                "gen_ai.operation.name": "chat", "gen_ai.request.model": "scripted",
+                "gen_ai.input.messages": msgs("user", text("How many pens in 17 boxes of 24?")),
+                "gen_ai.output.messages": msgs("assistant", text("Ask calc to multiply.")),
+                "gen_ai.usage.input_tokens": 12, "gen_ai.usage.output_tokens": 4}):
+            pass
+        with tracer.start_as_current_span("invoke_agent calc", attributes={
+                "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "calc"}):
+            with tracer.start_as_current_span("chat scripted", attributes={
+                    "gen_ai.operation.name": "chat", "gen_ai.response.id": "r1",
+                    "gen_ai.output.messages": msgs("assistant", call("c1", "lookup", {"city": "Atlantis"}),
+                                                   call("c2", "multiply", {"a": 17, "b": 24}))}):
+                pass
+            with tracer.start_as_current_span("execute_tool lookup", attributes={
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "lookup",
+                    "gen_ai.tool.call.id": "c1"}) as sp:
+                sp.set_status(Status(StatusCode.ERROR, "no such city"))
+            with tracer.start_as_current_span("execute_tool multiply", attributes={
+                    "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "multiply",
+                    "gen_ai.tool.call.id": "c2", "gen_ai.tool.call.result": "408"}):
+                pass
+            with tracer.start_as_current_span("chat scripted", attributes={
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.output.messages": msgs("assistant", text("17 * 24 = 408"))}):
+                pass

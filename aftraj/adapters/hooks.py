@@ -1,0 +1,164 @@
+"""Live hooks: each framework's step hook posts the new step's events to the gateway through
+`serve.client.GatewayClient` and stops the run when a verdict says ALARM (or the gateway's
+intervention action is pause/halt), as serve/example_agent.py does for a scripted loop.
+
+    from serve.client import GatewayClient
+    from aftraj.adapters.hooks import SmolagentsGatewayHook
+    with GatewayClient("http://127.0.0.1:8080", api_key=KEY) as gw:
+        hook = SmolagentsGatewayHook(gw)
+        agent = ToolCallingAgent(tools=..., model=..., step_callbacks=hook.step_callbacks())
+        agent.run(task)          # raises smolagents' AgentError "Agent interrupted." after an ALARM
+        hook.alarm               # the ALARM verdict (None when the run was never flagged)
+
+- smolagents: `step_callbacks` (ActionStep, PlanningStep, FinalAnswerStep); on ALARM the hook calls
+  `agent.interrupt()`, so no further step runs.
+- AG2: `AG2GatewayHook.attach(*agents)` registers a `process_message_before_send` hook on each
+  agent; on ALARM it raises `RunStopped` before the flagged message is delivered.
+- OpenTelemetry: `GatewaySpanProcessor` (add it to the TracerProvider) posts each GenAI span's
+  events as spans start and end; an SDK span processor cannot stop the traced code, so on ALARM it
+  records the verdict (`.alarm`), calls `on_alarm(verdict)` (where the caller stops its agent)
+  and posts nothing more for that trace.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Callable
+
+from aftraj.adapters import autogen as _autogen
+from aftraj.adapters import otel as _otel
+from aftraj.adapters import smolagents as _smol
+from aftraj.adapters.base import RunBuilder
+
+
+class RunStopped(RuntimeError):
+    """Raised by a hook to stop a run the gateway flagged; `.verdict` is the gateway's verdict."""
+
+    def __init__(self, verdict: dict):
+        super().__init__(f"stopped by the auditor at step {verdict.get('t')}: {verdict.get('reason')}")
+        self.verdict = verdict
+
+
+def is_alarm(v: dict) -> bool:
+    return v.get("decision") == "ALARM" or v.get("action") in ("pause", "halt")
+
+
+class _GatewayRun:
+    """One run on the gateway: created on the first post, then each batch of new events posted."""
+
+    def __init__(self, gw, *, task: str | None = None, agents=(), category: str | None = None,
+                 run_id: str | None = None):
+        self.gw, self.task, self.agents, self.category = gw, task, list(agents), category
+        self.run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
+        self.created = False
+        self.verdicts: list[dict] = []
+        self.alarm: dict | None = None
+
+    def post(self, events, task: str | None = None) -> dict | None:
+        if not events or self.alarm is not None:
+            return None
+        if not self.created:
+            self.run_id = self.gw.create_run(task or self.task or "", agents=self.agents, category=self.category,
+                                             run_id=self.run_id)
+            self.created = True
+        v = self.gw.post_events(self.run_id, events)
+        self.verdicts.append(v)
+        if is_alarm(v):
+            self.alarm = v
+        return v
+
+
+class SmolagentsGatewayHook(_GatewayRun):
+    """A smolagents step callback (see the module docstring)."""
+
+    def __init__(self, gw, **kw):
+        super().__init__(gw, **kw)
+        self.rb = _smol.new_builder(self.run_id)
+        self.stopped_at_step: int | None = None
+
+    def step_callbacks(self) -> dict:
+        from smolagents.memory import ActionStep, FinalAnswerStep, PlanningStep
+        return {ActionStep: self, PlanningStep: self, FinalAnswerStep: self}
+
+    def __call__(self, memory_step, agent=None) -> None:
+        if self.alarm is not None:
+            return
+        name = getattr(agent, "name", None) or "agent"
+        events = _smol.add_step(self.rb, memory_step, name, field=f"step {getattr(memory_step, 'step_number', '')}")
+        v = self.post(events, task=getattr(agent, "task", None))
+        if v is not None and self.alarm is not None:
+            self.stopped_at_step = getattr(memory_step, "step_number", None)
+            if agent is not None:
+                agent.interrupt()
+
+
+class AG2GatewayHook(_GatewayRun):
+    """AG2 `process_message_before_send` hooks (see the module docstring)."""
+
+    def __init__(self, gw, **kw):
+        super().__init__(gw, **kw)
+        self.rb = _autogen.new_builder(self.run_id)
+
+    def attach(self, *agents) -> "AG2GatewayHook":
+        for a in agents:
+            a.register_hook("process_message_before_send", self._before_send)
+            if a.name not in self.agents:
+                self.agents.append(a.name)
+        return self
+
+    def _before_send(self, sender, message, recipient, silent):
+        m = dict(message) if isinstance(message, dict) else {"content": message}
+        m.setdefault("name", sender.name)
+        events = _autogen.add_message(self.rb, m, field=f"message from {sender.name}")
+        v = self.post(events, task=self.rb.task)
+        if v is not None and self.alarm is not None:
+            raise RunStopped(self.alarm)
+        return message
+
+
+class GatewaySpanProcessor:
+    """An OpenTelemetry SDK SpanProcessor posting GenAI spans to the gateway, one run per trace."""
+
+    def __init__(self, gw, *, on_alarm: Callable[[dict], Any] | None = None, category: str | None = None):
+        self.gw, self.on_alarm, self.category = gw, on_alarm, category
+        self.runs: dict[str, tuple[_otel.OtelRun, _GatewayRun]] = {}
+        self.alarm: dict | None = None
+
+    def _run(self, s: dict):
+        if s["trace"] not in self.runs:
+            self.runs[s["trace"]] = (_otel.OtelRun(s["trace"]),
+                                     _GatewayRun(self.gw, run_id=s["trace"], category=self.category))
+        return self.runs[s["trace"]]
+
+    def _post(self, s: dict, events) -> None:
+        orun, grun = self._run(s)
+        if grun.alarm is not None:
+            return
+        v = grun.post(events, task=orun.task)
+        if v is not None and grun.alarm is not None:
+            self.alarm = grun.alarm
+            if self.on_alarm is not None:
+                self.on_alarm(grun.alarm)
+
+    def on_start(self, span, parent_context=None) -> None:
+        s = _otel.span_from_sdk(span)
+        orun, _ = self._run(s)
+        self._post(s, orun.start(s, f"span {span.name}"))
+
+    def on_end(self, span) -> None:
+        s = _otel.span_from_sdk(span)
+        orun, _ = self._run(s)
+        self._post(s, orun.end(s, f"span {span.name}"))
+
+    def _on_ending(self, span) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+__all__ = ["AG2GatewayHook", "GatewaySpanProcessor", "RunBuilder", "RunStopped", "SmolagentsGatewayHook",
+           "is_alarm"]

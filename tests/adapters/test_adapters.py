@@ -1,0 +1,313 @@
+"""Framework runs -> trajectories, on records the frameworks themselves produce (smolagents,
+AG2, OpenAI Agents SDK, OpenTelemetry SDK + the official OTLP encoder), each driven by a scripted
+model the framework accepts: counts of steps, tool calls, results and agents; call ids, handoffs,
+errors and termination kept; JSONL and event round trips; `aftraj convert --from …`; errors that
+name the file and field. Needs the `adapters` extra (each test skips without its framework)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from aftraj.adapters import ADAPTERS, AdapterError, read_runs
+from aftraj.cli import main as cli
+from aftraj.events import events_to_steps, trajectory_to_events
+from aftraj.schema import iter_jsonl, write_jsonl
+
+_spec = importlib.util.spec_from_file_location("scripted_frameworks", Path(__file__).with_name("scripted_frameworks.py"))
+fw = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(fw)
+
+
+def kinds(t):
+    """Event kinds of a trajectory's steps (handoff/error/thinking kept under meta)."""
+    return [s.meta.get("aftraj_event", {}).get("kind", s.kind) for s in t.steps]
+
+
+def round_trips(t, tmp_path):
+    out = tmp_path / f"{t.source}.jsonl"
+    write_jsonl([t], out)
+    (back,) = list(iter_jsonl(out))
+    assert back == t
+    evs = trajectory_to_events(t)
+    assert events_to_steps(evs[:-1], t.id) == list(t.steps)
+    assert evs[-1].kind == "termination" and evs[-1].payload["reason"] == t.termination
+
+
+def convert(tmp_path, fmt, src) -> tuple[int, list]:
+    out = tmp_path / "out.jsonl"
+    rc = cli(["convert", "--from", fmt, str(src), "--out", str(out)])
+    return rc, (list(iter_jsonl(out)) if rc == 0 else [])
+
+
+# --------------------------------------------------------------------------- smolagents
+
+def smol_run(script, max_steps=6):
+    pytest.importorskip("smolagents")
+    from smolagents import ToolCallingAgent
+    a = ToolCallingAgent(tools=fw.smolagents_tools(), model=fw.smolagents_model(script), name="calc",
+                         verbosity_level=0, max_steps=max_steps)
+    return a
+
+
+def test_smolagents_memory_steps_keep_calls_results_errors_and_the_answer(tmp_path):
+    from aftraj.adapters.smolagents import from_memory
+    a = smol_run(fw.SMOL_SCRIPT)
+    assert a.run("How many pens?") == "408 pens; Paris: 2.1 million"
+    t = from_memory(a.memory.steps, agent=a.name, run_id="r1")
+    assert kinds(t) == ["tool_call", "tool_result", "tool_call", "error", "tool_call", "tool_result",
+                        "final_answer"]
+    calls = [s for s in t.steps if s.kind == "tool_call"]
+    assert [(s.tool, s.arguments, s.event_id) for s in calls] == [
+        ("multiply", {"a": 17, "b": 24}, "r1/call_1"), ("lookup", {"city": "Atlantis"}, "r1/call_2"),
+        ("lookup", {"city": "Paris"}, "r1/call_3")]
+    res = [s for s in t.steps if s.kind == "tool_result"]
+    assert [(s.content, s.tool, s.meta["aftraj_event"]["parent_id"]) for s in res] == [
+        ("408", "multiply", "r1/call_1"), ("Paris: 2.1 million", "lookup", "r1/call_3")]
+    assert all(s.result_ids is None for s in res)      # smolagents records none: unknown, not ()
+    err = t.steps[3]
+    assert err.error.startswith("AgentToolExecutionError") and "no such city" in err.error
+    assert err.meta["aftraj_event"]["parent_id"] == "r1/call_2"
+    assert (t.agents, t.task, t.final_answer, t.termination) == (["calc"], "How many pens?",
+                                                                "408 pens; Paris: 2.1 million", "completed")
+    assert t.steps[0].meta["aftraj_event"]["usage"] == {"input_tokens": 10, "output_tokens": 5}
+    assert t.label.provenance == {"unlabeled": True} and t.meta["unlabeled"] is True
+    round_trips(t, tmp_path)
+    # the same run from its JSON dump (get_full_steps), through the CLI
+    src = tmp_path / "memory.json"
+    src.write_text(json.dumps({"agent": "calc", "run_id": "r1", "steps": a.memory.get_full_steps()}, default=str))
+    rc, (back,) = convert(tmp_path, "smolagents", src)
+    assert rc == 0 and back.steps == t.steps and back.final_answer == t.final_answer
+
+
+def test_smolagents_max_steps_is_a_step_limit():
+    from aftraj.adapters.smolagents import from_memory
+    a = smol_run([("call", "multiply", {"a": 1, "b": 2}), ("call", "multiply", {"a": 2, "b": 3}),
+                  ("text", "I give up: 6")], max_steps=2)
+    a.run("keep multiplying")
+    t = from_memory(a.memory.steps, agent=a.name, run_id="r2")
+    assert t.termination == "step_limit" and t.final_answer == "I give up: 6"
+    assert Counter(kinds(t))["tool_call"] == 2 and "error" in kinds(t)
+
+
+def test_smolagents_managed_agent_call_is_a_handoff():
+    from aftraj.adapters.smolagents import from_memory
+    pytest.importorskip("smolagents")
+    from smolagents import ToolCallingAgent
+    worker = ToolCallingAgent(tools=fw.smolagents_tools(), name="worker", description="multiplies",
+                              model=fw.smolagents_model([("call", "multiply", {"a": 3, "b": 4}),
+                                                         ("call", "final_answer", {"answer": "12"})]),
+                              verbosity_level=0)
+    boss = ToolCallingAgent(tools=[], managed_agents=[worker], name="boss", verbosity_level=0,
+                            model=fw.smolagents_model([("call", "worker", {"task": "3*4"}),
+                                                       ("call", "final_answer", {"answer": "12"})]))
+    assert str(boss.run("what is 3*4")) == "12"
+    t = from_memory(boss.memory.steps, agent="boss", run_id="r3", managed_agents=["worker"])
+    hand = t.steps[0]
+    assert kinds(t)[0] == "handoff" and hand.meta["aftraj_event"]["payload"] == {"to": "worker"}
+    assert hand.content == "3*4"
+
+
+# --------------------------------------------------------------------------- AG2
+
+def ag2_groupchat():
+    pytest.importorskip("autogen")
+    from autogen import ConversableAgent, GroupChat, GroupChatManager, UserProxyAgent
+    fw.AG2_SCRIPTS.clear()
+    fw.AG2_SCRIPTS.update({"planner": [("text", "Plan: multiply 17 by 24."), ("text", "Report the total.")],
+                           "calc": [("call", "call_a", "multiply", {"a": 17, "b": 24}),
+                                    ("text", "17 * 24 = 408. TERMINATE")]})
+    term = lambda m: "TERMINATE" in (m.get("content") or "")
+    planner = ConversableAgent("planner", llm_config=fw.ag2_llm_config("planner"), human_input_mode="NEVER")
+    calc = ConversableAgent("calc", llm_config=fw.ag2_llm_config("calc"), human_input_mode="NEVER")
+    executor = UserProxyAgent("executor", human_input_mode="NEVER", code_execution_config=False,
+                              is_termination_msg=term)
+
+    def multiply(a: int, b: int) -> int:
+        return a * b
+    calc.register_for_llm(name="multiply", description="multiply two integers")(multiply)
+    executor.register_for_execution(name="multiply")(multiply)
+    for ag in (planner, calc):
+        ag.register_model_client(model_client_cls=fw.AG2ScriptedClient)
+    gc = GroupChat(agents=[executor, planner, calc], messages=[], max_round=8,
+                   speaker_selection_method="round_robin")
+    mgr = GroupChatManager(gc, llm_config=False, is_termination_msg=term)
+    return executor, mgr, gc, (planner, calc)
+
+
+def test_ag2_group_chat_messages(tmp_path):
+    from aftraj.adapters.autogen import from_messages
+    executor, mgr, gc, _ = ag2_groupchat()
+    executor.initiate_chat(mgr, message="How many pens in 17 boxes of 24?", silent=True)
+    t = from_messages(gc.messages, run_id="g1")
+    assert kinds(t) == ["message", "message", "tool_call", "tool_result", "message", "message"]
+    assert t.agents == ["executor", "planner", "calc"] and t.task == "How many pens in 17 boxes of 24?"
+    call, res = t.steps[2], t.steps[3]
+    assert (call.agent, call.tool, call.arguments, call.event_id, call.content) == (
+        "calc", "multiply", {"a": 17, "b": 24}, "g1/call_a", "")          # AG2's "None" content is empty
+    assert (res.agent, res.tool, res.content, res.meta["aftraj_event"]["parent_id"]) == (
+        "executor", "multiply", "408", "g1/call_a")
+    assert t.termination == "completed" and t.final_answer is None     # AG2 marks no final answer
+    round_trips(t, tmp_path)
+    src = tmp_path / "chat.json"
+    src.write_text(json.dumps({"run_id": "g1", "messages": gc.messages}))
+    rc, (back,) = convert(tmp_path, "autogen", src)
+    assert rc == 0 and back.steps == t.steps
+
+
+def test_agentchat_task_result_shape():
+    """AutoGen AgentChat `TaskResult.model_dump()` (documented JSON shape: autogen-agentchat
+    itself cannot be installed beside this project's protobuf, see DEVELOPERS.md)."""
+    from aftraj.adapters.autogen import from_messages
+    msgs = [
+        {"type": "TextMessage", "source": "user", "content": "Find the population of Paris"},
+        {"type": "ToolCallRequestEvent", "source": "researcher",
+         "content": [{"id": "c1", "name": "lookup", "arguments": '{"city": "Paris"}'}]},
+        {"type": "ToolCallExecutionEvent", "source": "researcher",
+         "content": [{"call_id": "c1", "name": "lookup", "content": "2.1 million", "is_error": False}]},
+        {"type": "HandoffMessage", "source": "researcher", "target": "writer", "content": "over to you"},
+        {"type": "TextMessage", "source": "writer", "content": "Paris has 2.1 million people."},
+        {"type": "StopMessage", "source": "writer", "content": "done"}]
+    t = from_messages(msgs, run_id="ac1", stop_reason="Text 'done' mentioned")
+    assert kinds(t) == ["message", "tool_call", "tool_result", "handoff", "message", "message"]
+    assert t.steps[2].meta["aftraj_event"]["parent_id"] == "ac1/c1" and t.termination == "completed"
+    assert t.steps[3].meta["aftraj_event"]["payload"] == {"to": "writer"} and t.agents == ["user", "researcher", "writer"]
+
+
+# --------------------------------------------------------------------------- OpenAI Agents SDK
+
+def oai_run(script, max_turns=10):
+    pytest.importorskip("agents")
+    from agents import Agent, RunConfig, Runner, function_tool, set_trace_processors
+    coll = fw.TraceCollector()
+    set_trace_processors([coll])
+
+    @function_tool
+    def multiply(a: int, b: int) -> int:
+        """Multiply two integers."""
+        if a < 0:
+            raise ValueError("negative")
+        return a * b
+    model = fw.openai_agents_model(script)
+    math = Agent(name="math", instructions="do math", tools=[multiply], model=model)
+    triage = Agent(name="triage", instructions="route", handoffs=[math], model=model)
+    try:
+        res = Runner.run_sync(triage, "How many pens in 17 boxes of 24?", max_turns=max_turns,
+                              run_config=RunConfig(workflow_name="pens"))
+    except Exception as e:   # noqa: BLE001 - the run's own error is part of what is traced
+        res = e
+    return res, coll.records
+
+
+def test_openai_agents_trace_export(tmp_path):
+    from aftraj.adapters.openai_agents import from_records
+    res, recs = oai_run([("call", "call_h", "transfer_to_math", {}),
+                         ("call", "call_m", "multiply", {"a": 17, "b": 24}), ("text", "408 pens")])
+    assert res.final_output == "408 pens"
+    t = from_records(recs)
+    assert kinds(t) == ["tool_call", "handoff", "tool_call", "tool_result", "message"]
+    assert t.agents == ["triage", "math"] and t.task == "How many pens in 17 boxes of 24?"
+    hand = t.steps[1]
+    assert hand.agent == "triage" and hand.meta["aftraj_event"]["payload"] == {"to": "math"}
+    assert hand.meta["aftraj_event"]["parent_id"] == t.steps[0].event_id
+    res_step = t.steps[3]
+    assert (res_step.tool, res_step.content, res_step.meta["aftraj_event"]["parent_id"]) == (
+        "multiply", "408", t.steps[2].event_id)
+    assert t.steps[2].event_id.endswith("/call_m") and res_step.result_ids is None
+    assert (t.termination, t.final_answer, t.meta["workflow_name"]) == ("completed", "408 pens", "pens")
+    round_trips(t, tmp_path)
+    src = tmp_path / "trace.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    rc, (back,) = convert(tmp_path, "openai-agents", src)
+    assert rc == 0 and back.steps == t.steps
+
+
+def test_openai_agents_tool_error_and_max_turns():
+    from aftraj.adapters.openai_agents import from_records
+    res, recs = oai_run([("call", "call_h", "transfer_to_math", {}),
+                         ("call", "call_m", "multiply", {"a": -1, "b": 2}),
+                         ("call", "call_n", "multiply", {"a": 2, "b": 2})], max_turns=3)
+    assert type(res).__name__ == "MaxTurnsExceeded"
+    t = from_records(recs)
+    bad = next(s for s in t.steps if s.kind == "tool_result")
+    assert bad.error is not None and bad.tool == "multiply"
+    assert t.termination == "step_limit" and t.final_answer is None and "error" in kinds(t)
+
+
+# --------------------------------------------------------------------------- OpenTelemetry
+
+def otel_export(tmp_path):
+    pytest.importorskip("opentelemetry.sdk")
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.common")
+    from google.protobuf.json_format import MessageToDict
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    exp = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exp))
+    fw.otel_agent_run(tp)
+    src = tmp_path / "spans.json"
+    src.write_text(json.dumps(MessageToDict(encode_spans(exp.get_finished_spans()))))
+    return src, exp.get_finished_spans()
+
+
+def test_otel_genai_spans_from_an_otlp_json_export(tmp_path):
+    src, spans = otel_export(tmp_path)
+    (t,) = read_runs(src, "otel")
+    assert kinds(t) == ["message", "handoff", "tool_call", "tool_call", "tool_result", "tool_result", "message",
+                        "final_answer"]
+    assert t.id == format(spans[0].context.trace_id, "032x")          # hex, as OTLP JSON spells it
+    assert t.agents == ["planner", "calc"] and t.task == "How many pens in 17 boxes of 24?"
+    failed, ok = t.steps[4], t.steps[5]
+    assert (failed.tool, failed.error, failed.meta["aftraj_event"]["parent_id"]) == ("lookup", "no such city",
+                                                                                     f"{t.id}/c1")
+    assert (ok.tool, ok.content, ok.error) == ("multiply", "408", None)
+    assert t.steps[0].meta["aftraj_event"]["usage"] == {"input_tokens": 12, "output_tokens": 4, "model": "scripted"}
+    assert (t.termination, t.final_answer) == ("completed", "408 pens")
+    round_trips(t, tmp_path)
+    rc, (back,) = convert(tmp_path, "otel", src)
+    assert rc == 0 and back == t
+
+
+# --------------------------------------------------------------------------- errors
+
+@pytest.mark.parametrize("fmt, doc, field", [
+    ("smolagents", {"steps": [{"step_number": 1, "tool_calls": [{"id": "c"}]}]}, "steps[0].tool_calls[0].function"),
+    ("smolagents", {"steps": [{"what": 1}]}, "steps[0]"),
+    ("smolagents", {"nosteps": []}, "steps"),
+    ("autogen", [{"content": "hi", "role": "user"}], "messages[0].name"),
+    ("autogen", [{"content": "x", "name": "a", "tool_calls": [{"id": "c", "function": {"name": ""}}]}],
+     "messages[0].tool_calls[0].tool"),
+    ("openai-agents", [{"object": "trace.span", "id": "s", "trace_id": "t"}], "records[0].span_data"),
+    ("openai-agents", [{"object": "trace.span", "id": "s"}], "records[0].trace_id"),
+    ("otel", {"resourceSpans": [{"scopeSpans": [{"spans": [{"spanId": "ab"}]}]}]},
+     "resourceSpans[0].scopeSpans[0].spans[0].traceId"),
+    ("otel", {"spans": []}, "resourceSpans"),
+])
+def test_bad_input_names_the_file_and_the_field(tmp_path, capsys, fmt, doc, field):
+    src = tmp_path / "bad.json"
+    src.write_text(json.dumps(doc))
+    with pytest.raises(AdapterError) as e:
+        read_runs(src, fmt)
+    assert e.value.source == str(src) and field in e.value.field, str(e.value)
+    rc, _ = convert(tmp_path, fmt, src)
+    err = capsys.readouterr().err
+    assert rc == 2 and str(src) in err and field in err
+
+
+def test_not_json_and_unknown_source(tmp_path):
+    src = tmp_path / "bad.json"
+    src.write_text("{not json")
+    with pytest.raises(AdapterError, match="invalid JSON"):
+        read_runs(src, "otel")
+    with pytest.raises(AdapterError, match="unknown source"):
+        read_runs(src, "crewai")
+    with pytest.raises(AdapterError, match="no such file"):
+        read_runs(tmp_path / "missing.json", "autogen")
+    assert set(ADAPTERS) == {"autogen", "smolagents", "openai-agents", "otel"}
