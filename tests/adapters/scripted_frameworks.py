@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 
 def smolagents_model(script):
     """A smolagents Model answering with `script` in order: each item is ("text", str) or
@@ -227,3 +229,28 @@ def otel_agent_run(exporter_provider):
                     "gen_ai.operation.name": "chat",
                     "gen_ai.output.messages": msgs("assistant", text("17 * 24 = 408"))}):
                 pass
+
+
+def ag2_groupchat():
+    pytest.importorskip("autogen")
+    from autogen import ConversableAgent, GroupChat, GroupChatManager, UserProxyAgent
+    AG2_SCRIPTS.clear()
+    AG2_SCRIPTS.update({"planner": [("text", "Plan: multiply 17 by 24."), ("text", "Report the total.")],
+                           "calc": [("call", "call_a", "multiply", {"a": 17, "b": 24}),
+                                    ("text", "17 * 24 = 408. TERMINATE")]})
+    term = lambda m: "TERMINATE" in (m.get("content") or "")
+    planner = ConversableAgent("planner", llm_config=ag2_llm_config("planner"), human_input_mode="NEVER")
+    calc = ConversableAgent("calc", llm_config=ag2_llm_config("calc"), human_input_mode="NEVER")
+    executor = UserProxyAgent("executor", human_input_mode="NEVER", code_execution_config=False,
+                              is_termination_msg=term)
+
+    def multiply(a: int, b: int) -> int:
+        return a * b
+    calc.register_for_llm(name="multiply", description="multiply two integers")(multiply)
+    executor.register_for_execution(name="multiply")(multiply)
+    for ag in (planner, calc):
+        ag.register_model_client(model_client_cls=AG2ScriptedClient)
+    gc = GroupChat(agents=[executor, planner, calc], messages=[], max_round=8,
+                   speaker_selection_method="round_robin")
+    mgr = GroupChatManager(gc, llm_config=False, is_termination_msg=term)
+    return executor, mgr, gc, (planner, calc)

@@ -114,34 +114,9 @@ def test_smolagents_managed_agent_call_is_a_handoff():
 
 # --------------------------------------------------------------------------- AG2
 
-def ag2_groupchat():
-    pytest.importorskip("autogen")
-    from autogen import ConversableAgent, GroupChat, GroupChatManager, UserProxyAgent
-    fw.AG2_SCRIPTS.clear()
-    fw.AG2_SCRIPTS.update({"planner": [("text", "Plan: multiply 17 by 24."), ("text", "Report the total.")],
-                           "calc": [("call", "call_a", "multiply", {"a": 17, "b": 24}),
-                                    ("text", "17 * 24 = 408. TERMINATE")]})
-    term = lambda m: "TERMINATE" in (m.get("content") or "")
-    planner = ConversableAgent("planner", llm_config=fw.ag2_llm_config("planner"), human_input_mode="NEVER")
-    calc = ConversableAgent("calc", llm_config=fw.ag2_llm_config("calc"), human_input_mode="NEVER")
-    executor = UserProxyAgent("executor", human_input_mode="NEVER", code_execution_config=False,
-                              is_termination_msg=term)
-
-    def multiply(a: int, b: int) -> int:
-        return a * b
-    calc.register_for_llm(name="multiply", description="multiply two integers")(multiply)
-    executor.register_for_execution(name="multiply")(multiply)
-    for ag in (planner, calc):
-        ag.register_model_client(model_client_cls=fw.AG2ScriptedClient)
-    gc = GroupChat(agents=[executor, planner, calc], messages=[], max_round=8,
-                   speaker_selection_method="round_robin")
-    mgr = GroupChatManager(gc, llm_config=False, is_termination_msg=term)
-    return executor, mgr, gc, (planner, calc)
-
-
 def test_ag2_group_chat_messages(tmp_path):
     from aftraj.adapters.autogen import from_messages
-    executor, mgr, gc, _ = ag2_groupchat()
+    executor, mgr, gc, _ = fw.ag2_groupchat()
     executor.initiate_chat(mgr, message="How many pens in 17 boxes of 24?", silent=True)
     t = from_messages(gc.messages, run_id="g1")
     assert kinds(t) == ["message", "message", "tool_call", "tool_result", "message", "message"]
