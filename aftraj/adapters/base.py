@@ -143,12 +143,13 @@ class RunBuilder:
 
     def tool_result(self, agent, content, *, tool=None, call_id=None, result_ids=None, error=None,
                     field="tool_result", **kw) -> Event:
-        parent = self.calls.get(call_id) if call_id else None
+        given = kw.pop("parent_id", None)
+        parent = (self.calls.get(call_id) if call_id else None) or given
         want = f"{call_id}/result" if call_id else None
         return self._add("tool_result", agent, {"content": text_of(content), "tool": tool,
                                                 "result_ids": None if result_ids is None else list(result_ids),
                                                 "error": error},
-                         field=field, want_id=want, parent_id=parent or kw.pop("parent_id", None), **kw)
+                         field=field, want_id=want, parent_id=parent, **kw)
 
     def handoff(self, agent, to, content="", *, field="handoff", **kw) -> Event:
         return self._add("handoff", agent, {"content": text_of(content), "to": to}, field=field, **kw)
@@ -167,17 +168,20 @@ class RunBuilder:
         if final_answer is not None:
             self.final_answer = final_answer
 
+    def termination_event(self) -> Event | None:
+        """The run's end as an event (seq after the last step), when the source recorded it."""
+        if self.termination is None:
+            return None
+        p = {"reason": self.termination}
+        if self.final_answer is not None:
+            p["final_answer"] = self.final_answer
+        return make_event(event_id=f"{self.run_id}/termination", run_id=self.run_id, kind="termination",
+                          agent="system", payload=p, seq=len(self.events) + 1, meta={"source": self.source})
+
     def all_events(self) -> list[Event]:
         """The run's events, ending with a termination event when the source recorded the end."""
-        out = list(self.events)
-        if self.termination is not None:
-            p = {"reason": self.termination}
-            if self.final_answer is not None:
-                p["final_answer"] = self.final_answer
-            out.append(make_event(event_id=self._eid("termination"), run_id=self.run_id,
-                                  kind="termination", agent="system", payload=p, seq=len(out) + 1,
-                                  meta={"source": self.source}))
-        return out
+        end = self.termination_event()
+        return self.events + ([end] if end is not None else [])
 
     def trajectory(self, task: str | None = None, *, meta: dict | None = None) -> Trajectory:
         """The run as a trajectory (domain `external`, unlabeled). The termination is held in

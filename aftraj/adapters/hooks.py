@@ -28,7 +28,6 @@ from typing import Any, Callable
 from aftraj.adapters import autogen as _autogen
 from aftraj.adapters import otel as _otel
 from aftraj.adapters import smolagents as _smol
-from aftraj.adapters.base import RunBuilder
 
 
 class RunStopped(RuntimeError):
@@ -50,11 +49,16 @@ class _GatewayRun:
                  run_id: str | None = None):
         self.gw, self.task, self.agents, self.category = gw, task, list(agents), category
         self.run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
-        self.created = False
+        self.created = self.ended = False
         self.verdicts: list[dict] = []
         self.alarm: dict | None = None
 
-    def post(self, events, task: str | None = None) -> dict | None:
+    def post(self, events, task: str | None = None, rb=None) -> dict | None:
+        """Post `events` (plus, once, the run's termination when `rb` has recorded it)."""
+        events = list(events)
+        if rb is not None and rb.termination is not None and not self.ended:
+            events.append(rb.termination_event())
+            self.ended = True
         if not events or self.alarm is not None:
             return None
         if not self.created:
@@ -85,7 +89,7 @@ class SmolagentsGatewayHook(_GatewayRun):
             return
         name = getattr(agent, "name", None) or "agent"
         events = _smol.add_step(self.rb, memory_step, name, field=f"step {getattr(memory_step, 'step_number', '')}")
-        v = self.post(events, task=getattr(agent, "task", None))
+        v = self.post(events, task=getattr(agent, "task", None), rb=self.rb)
         if v is not None and self.alarm is not None:
             self.stopped_at_step = getattr(memory_step, "step_number", None)
             if agent is not None:
@@ -110,7 +114,7 @@ class AG2GatewayHook(_GatewayRun):
         m = dict(message) if isinstance(message, dict) else {"content": message}
         m.setdefault("name", sender.name)
         events = _autogen.add_message(self.rb, m, field=f"message from {sender.name}")
-        v = self.post(events, task=self.rb.task)
+        v = self.post(events, task=self.rb.task, rb=self.rb)
         if v is not None and self.alarm is not None:
             raise RunStopped(self.alarm)
         return message
@@ -134,7 +138,7 @@ class GatewaySpanProcessor:
         orun, grun = self._run(s)
         if grun.alarm is not None:
             return
-        v = grun.post(events, task=orun.task)
+        v = grun.post(events, task=orun.task, rb=orun.rb)
         if v is not None and grun.alarm is not None:
             self.alarm = grun.alarm
             if self.on_alarm is not None:
@@ -160,5 +164,4 @@ class GatewaySpanProcessor:
         return True
 
 
-__all__ = ["AG2GatewayHook", "GatewaySpanProcessor", "RunBuilder", "RunStopped", "SmolagentsGatewayHook",
-           "is_alarm"]
+__all__ = ["AG2GatewayHook", "GatewaySpanProcessor", "RunStopped", "SmolagentsGatewayHook", "is_alarm"]

@@ -31,6 +31,7 @@ def smol_agent(hook):
     ("Paris: 2.1", 3, 3),        # step 3's observation
 ])
 def test_smolagents_run_stops_at_the_step_the_gateway_flags(live_gateway, trigger, stop_step, n_model_calls):
+    pytest.importorskip("smolagents")
     from serve.client import GatewayClient
     from smolagents.utils import AgentError
     url, key, auditor = live_gateway(trigger)
@@ -57,8 +58,9 @@ def test_smolagents_unflagged_run_posts_every_step(live_gateway):
         agent, model = smol_agent(hook)
         assert agent.run("How many pens?") == "408 pens; Paris: 2.1 million"
     assert hook.alarm is None and hook.stopped_at_step is None
-    # 4 action steps + the FinalAnswerStep (which adds only the termination: nothing to post)
-    assert len(hook.verdicts) == 4 and all(v["decision"] == "CONTINUE" for v in hook.verdicts)
+    # 4 action steps, then the FinalAnswerStep: the termination event
+    assert len(hook.verdicts) == 5 and all(v["decision"] == "CONTINUE" for v in hook.verdicts)
+    assert hook.verdicts[-1]["seq"] == 8 and hook.ended      # 7 events, then the termination
     assert [e.kind for e in hook.rb.events] == ["tool_call", "tool_result", "tool_call", "error", "tool_call",
                                                 "tool_result", "final_answer"]
 
