@@ -11,9 +11,9 @@ Two native shapes, told apart per message:
   that is read as empty.
 - AutoGen AgentChat `TaskResult.model_dump()`: {"messages": [{"type": "TextMessage" |
   "ToolCallRequestEvent" | "ToolCallExecutionEvent" | "ToolCallSummaryMessage" |
-  "HandoffMessage" | "ThoughtEvent" | "StopMessage", "source", "content", …}], "stop_reason"}.
-  (autogen-agentchat cannot be installed beside this project's pins, see DEVELOPERS.md, so this
-  shape is read from its documented JSON form.)
+  "HandoffMessage" | "ThoughtEvent" | "StopMessage", "source", "content", …}], "stop_reason"}
+  (or the message objects themselves). A tool result with `is_error` is an error event; the stop
+  reason of a max-messages condition ends the run with `step_limit`, any other with `completed`.
 
 The file is one run (a list of messages, or {"messages": [...], "run_id"?, "task"?}) or a list /
 JSON Lines of such runs.
@@ -81,12 +81,16 @@ def _ag2(rb: RunBuilder, m: dict, field: str) -> None:
 
 def _agentchat(rb: RunBuilder, m: dict, field: str) -> None:
     t, agent, content = m["type"], m.get("source"), m.get("content")
+    mu = m.get("models_usage") if isinstance(m.get("models_usage"), dict) else {}
+    usage = {k: mu[src] for k, src in (("input_tokens", "prompt_tokens"), ("output_tokens", "completion_tokens"))
+             if isinstance(mu.get(src), int)} or None
     if rb.task is None and not rb.events and t == "TextMessage":
         rb.task = text_of(content)
     if t == "ToolCallRequestEvent":
         for j, fc in enumerate(content or []):
             rb.tool_call(agent, fc.get("name"), fc.get("arguments"), call_id=fc.get("id"),
-                         field=f"{field}.content[{j}]")
+                         field=f"{field}.content[{j}]", usage=usage)
+            usage = None
             rb.call_tools[fc.get("id")] = fc.get("name")
     elif t == "ToolCallExecutionEvent":
         for j, r in enumerate(content or []):
@@ -105,8 +109,8 @@ def _agentchat(rb: RunBuilder, m: dict, field: str) -> None:
     elif t == "StopMessage":
         rb.message(agent, content, field=field)
         rb.terminate("completed")
-    elif t in ("TextMessage", "ToolCallSummaryMessage", "MultiModalMessage", "StructuredMessage"):
-        rb.message(agent, content, field=field)
+    elif t in ("TextMessage", "MultiModalMessage", "StructuredMessage"):
+        rb.message(agent, content, field=field, usage=usage)
     else:
         rb.message(agent, content, field=field, meta={"autogen_type": t})
 

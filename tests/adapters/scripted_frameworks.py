@@ -254,3 +254,52 @@ def ag2_groupchat():
                    speaker_selection_method="round_robin")
     mgr = GroupChatManager(gc, llm_config=False, is_termination_msg=term)
     return executor, mgr, gc, (planner, calc)
+
+
+def agentchat_client(script):
+    """An AutoGen AgentChat ChatCompletionClient answering from `script` in order: ("text", str)
+    or ("call", call_id, tool, arguments)."""
+    from autogen_core import FunctionCall
+    from autogen_core.models import ChatCompletionClient, CreateResult, ModelInfo, RequestUsage
+
+    class Scripted(ChatCompletionClient):
+        def __init__(self):
+            self.i = 0
+
+        async def create(self, messages, *, tools=(), tool_choice="auto", json_output=None, extra_create_args={},
+                         cancellation_token=None):
+            item = script[self.i]
+            self.i += 1
+            usage = RequestUsage(prompt_tokens=10, completion_tokens=5)
+            if item[0] == "text":
+                return CreateResult(finish_reason="stop", content=item[1], usage=usage, cached=False)
+            return CreateResult(finish_reason="function_calls", usage=usage, cached=False,
+                                content=[FunctionCall(id=item[1], name=item[2], arguments=json.dumps(item[3]))])
+
+        def create_stream(self, *a, **kw):
+            raise NotImplementedError("the scripted client does not stream")
+
+        async def close(self):
+            pass
+
+        def actual_usage(self):
+            return RequestUsage(prompt_tokens=0, completion_tokens=0)
+
+        total_usage = actual_usage
+
+        def count_tokens(self, messages, *, tools=()):
+            return 0
+
+        def remaining_tokens(self, messages, *, tools=()):
+            return 100000
+
+        @property
+        def capabilities(self):
+            return self.model_info
+
+        @property
+        def model_info(self):
+            return ModelInfo(vision=False, function_calling=True, json_output=False, family="unknown",
+                             structured_output=False)
+
+    return Scripted()

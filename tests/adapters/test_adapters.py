@@ -134,23 +134,53 @@ def test_ag2_group_chat_messages(tmp_path):
     assert rc == 0 and back.steps == t.steps
 
 
-def test_agentchat_task_result_shape():
-    """AutoGen AgentChat `TaskResult.model_dump()` (documented JSON shape: autogen-agentchat
-    itself cannot be installed beside this project's protobuf, see DEVELOPERS.md)."""
+def test_agentchat_swarm_task_result(tmp_path):
+    """AutoGen AgentChat (autogen-agentchat, installed --no-deps: see scripts/setup.sh): a Swarm
+    whose researcher's first tool call fails, then hands off to the writer."""
+    pytest.importorskip("autogen_agentchat")
+    import asyncio
+
+    from autogen_agentchat.agents import AssistantAgent
+    from autogen_agentchat.conditions import MaxMessageTermination, TextMentionTermination
+    from autogen_agentchat.teams import Swarm
+
     from aftraj.adapters.autogen import from_messages
-    msgs = [
-        {"type": "TextMessage", "source": "user", "content": "Find the population of Paris"},
-        {"type": "ToolCallRequestEvent", "source": "researcher",
-         "content": [{"id": "c1", "name": "lookup", "arguments": '{"city": "Paris"}'}]},
-        {"type": "ToolCallExecutionEvent", "source": "researcher",
-         "content": [{"call_id": "c1", "name": "lookup", "content": "2.1 million", "is_error": False}]},
-        {"type": "HandoffMessage", "source": "researcher", "target": "writer", "content": "over to you"},
-        {"type": "TextMessage", "source": "writer", "content": "Paris has 2.1 million people."},
-        {"type": "StopMessage", "source": "writer", "content": "done"}]
-    t = from_messages(msgs, run_id="ac1", stop_reason="Text 'done' mentioned")
-    assert kinds(t) == ["message", "tool_call", "tool_result", "handoff", "message", "message"]
-    assert t.steps[2].meta["aftraj_event"]["parent_id"] == "ac1/c1" and t.termination == "completed"
-    assert t.steps[3].meta["aftraj_event"]["payload"] == {"to": "writer"} and t.agents == ["user", "researcher", "writer"]
+
+    def lookup(city: str) -> str:
+        """Look up a city's population."""
+        if city == "Atlantis":
+            raise ValueError("no such city")
+        return f"{city}: 2.1 million"
+
+    def team(writer_says, max_messages=20):
+        researcher = AssistantAgent("researcher", tools=[lookup], handoffs=["writer"], model_client=fw.agentchat_client(
+            [("call", "c1", "lookup", {"city": "Atlantis"}), ("call", "c2", "lookup", {"city": "Paris"}),
+             ("call", "c3", "transfer_to_writer", {})]))
+        writer = AssistantAgent("writer", handoffs=["researcher"], model_client=fw.agentchat_client(writer_says))
+        return Swarm([researcher, writer], termination_condition=TextMentionTermination("TERMINATE")
+                     | MaxMessageTermination(max_messages))
+
+    res = asyncio.run(team([("text", "Paris has 2.1 million people. TERMINATE")]).run(
+        task="Find the population of Paris"))
+    t = from_messages(res.messages, run_id="ac1", stop_reason=res.stop_reason)
+    assert kinds(t) == ["message", "tool_call", "error", "message", "tool_call", "tool_result", "message",
+                        "tool_call", "tool_result", "handoff", "message"]
+    assert t.agents == ["user", "researcher", "writer"] and t.task == "Find the population of Paris"
+    err, ok, hand = t.steps[2], t.steps[5], t.steps[9]
+    assert (err.error, err.tool, err.meta["aftraj_event"]["parent_id"]) == ("no such city", "lookup", "ac1/c1")
+    assert (ok.content, ok.meta["aftraj_event"]["parent_id"]) == ("Paris: 2.1 million", "ac1/c2")
+    assert hand.agent == "researcher" and hand.meta["aftraj_event"]["payload"] == {"to": "writer"}
+    assert t.steps[1].meta["aftraj_event"]["usage"] == {"input_tokens": 10, "output_tokens": 5}
+    assert t.termination == "completed" and Counter(kinds(t))["tool_call"] == 3
+    round_trips(t, tmp_path)
+    src = tmp_path / "task_result.json"
+    src.write_text(json.dumps({"run_id": "ac1", **res.model_dump(mode="json")}))
+    rc, (back,) = convert(tmp_path, "autogen", src)
+    assert rc == 0 and back.steps == t.steps
+    # the max-messages condition: a step limit
+    res = asyncio.run(team([], max_messages=3).run(task="Paris?"))   # task + 2 tool summaries
+    t = from_messages(res.messages, run_id="ac2", stop_reason=res.stop_reason)
+    assert t.termination == "step_limit" and "Maximum" in t.meta["stop_reason"]
 
 
 # --------------------------------------------------------------------------- OpenAI Agents SDK
