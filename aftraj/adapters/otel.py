@@ -13,7 +13,8 @@ per trace id. Spans are read in start order, by `gen_ai.operation.name`:
   first user input message is the task.
 - `execute_tool`: the tool's result (`gen_ai.tool.call.result`, linked by `gen_ai.tool.call.id`);
   a span with status ERROR is an error result (the status message, else `error.type`).
-Token counts come from `gen_ai.usage.*`. Result ids: the conventions have none, so None.
+Token counts come from `gen_ai.usage.*`. Result ids: the conventions have none, so None. A chat
+or tool span outside any invoke_agent span is attributed to `assistant` (the output role).
 `OtelSpanSource` gives the same mapping for the SDK's own `ReadableSpan`s (the live processor).
 """
 

@@ -7,6 +7,7 @@ the result of the call, the step's error), `FinalAnswerStep` (final answer, term
 The file is `agent.memory.get_full_steps()` (or `RunResult.steps`) written as JSON: a list of
 step dicts, or {"agent": NAME, "run_id": ID, "steps": [...]}, or JSON Lines of such objects.
 In Python, `from_memory(agent.memory.steps, agent=agent.name)` takes the objects themselves.
+Memory does not name its agent: the file's "agent" (else `agent`) names every step.
 A call to a managed agent (a tool named after it) is a handoff. `AgentMaxStepsError` ends the
 run with `step_limit`, "Agent interrupted" with `cancelled`; a final answer with `completed`.
 """

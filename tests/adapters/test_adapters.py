@@ -94,6 +94,18 @@ def test_smolagents_max_steps_is_a_step_limit():
     assert Counter(kinds(t))["tool_call"] == 2 and "error" in kinds(t)
 
 
+def test_smolagents_planning_step_is_thinking():
+    from aftraj.adapters.smolagents import from_memory
+    a = smol_run([("text", "1. multiply 17 by 24\n2. answer"), ("call", "multiply", {"a": 17, "b": 24}),
+                  ("call", "final_answer", {"answer": "408"})])
+    a.planning_interval = 5
+    assert str(a.run("How many pens?")) == "408"
+    assert [type(s).__name__ for s in a.memory.steps] == ["TaskStep", "PlanningStep", "ActionStep", "ActionStep"]
+    t = from_memory(a.memory.steps, agent="calc", run_id="r4")
+    assert kinds(t) == ["thinking", "tool_call", "tool_result", "final_answer"]
+    assert "1. multiply 17 by 24\n2. answer" in t.steps[0].content      # PlanningStep.plan, as smolagents wrote it
+
+
 def test_smolagents_managed_agent_call_is_a_handoff():
     from aftraj.adapters.smolagents import from_memory
     pytest.importorskip("smolagents")
@@ -316,3 +328,7 @@ def test_not_json_and_unknown_source(tmp_path):
     with pytest.raises(AdapterError, match="no such file"):
         read_runs(tmp_path / "missing.json", "autogen")
     assert set(ADAPTERS) == {"autogen", "smolagents", "openai-agents", "otel"}
+    ok = tmp_path / "ok.json"
+    ok.write_text(json.dumps([{"content": "hi", "name": "a"}]))
+    assert cli(["convert", "--from", "autogen", str(ok), "--out", str(tmp_path / "o.jsonl")]) == 0
+    assert cli(["convert", "--from", "autogen", str(ok), "--out", str(tmp_path / "o.jsonl"), "--skip-invalid"]) == 2
