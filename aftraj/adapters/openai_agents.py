@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
 
 from aftraj.adapters.base import AdapterError, RunBuilder, fail, load_json, text_of
 from aftraj.schema import Trajectory

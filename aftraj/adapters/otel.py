@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from aftraj.adapters.base import AdapterError, RunBuilder, fail, load_json, text_of
+from aftraj.adapters.base import AdapterError, RunBuilder, fail, load_json
 from aftraj.events import Event
 from aftraj.schema import Trajectory
 

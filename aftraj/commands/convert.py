@@ -13,7 +13,7 @@ from aftraj.schema import ReadReport, write_jsonl
 
 
 def register(sub) -> None:
-    p = sub.add_parser("convert", help="convert Who&When, AFTraj parquet or JSONL into our JSONL")
+    p = sub.add_parser("convert", help="convert Who&When, AFTraj parquet, JSONL or agent-framework runs into our JSONL")
     p.add_argument("--from", dest="fmt", choices=FORMATS + tuple(ADAPTERS), required=True, help="source layout")
     p.add_argument("src", help="source file or folder")
     p.add_argument("--out", required=True, help="destination .jsonl")
