@@ -14,6 +14,8 @@ intervention action is pause/halt), as serve/example_agent.py does for a scripte
   `agent.interrupt()`, so no further step runs.
 - AG2: `AG2GatewayHook.attach(*agents)` registers a `process_message_before_send` hook on each
   agent; on ALARM it raises `RunStopped` before the flagged message is delivered.
+- OpenAI Agents SDK: `openai_agents_hooks(gw)` is a `RunHooks` (model answers, tool results,
+  handoffs, final output); on ALARM it raises `RunStopped` out of `Runner.run`.
 - OpenTelemetry: `GatewaySpanProcessor` (add it to the TracerProvider) posts each GenAI span's
   events as spans start and end; an SDK span processor cannot stop the traced code, so on ALARM it
   records the verdict (`.alarm`), calls `on_alarm(verdict)` (where the caller stops its agent)
@@ -28,6 +30,7 @@ from typing import Any, Callable
 from aftraj.adapters import autogen as _autogen
 from aftraj.adapters import otel as _otel
 from aftraj.adapters import smolagents as _smol
+from aftraj.adapters.base import RunBuilder, text_of
 
 
 class RunStopped(RuntimeError):
@@ -120,6 +123,75 @@ class AG2GatewayHook(_GatewayRun):
         return message
 
 
+def openai_agents_hooks(gw, **kw):
+    """OpenAI Agents SDK `RunHooks` (pass as `Runner.run(..., hooks=...)`): each model answer
+    (messages, tool calls with their ids), tool result (linked by the tool context's call id),
+    handoff and final output is posted as it happens; on ALARM the hook raises `RunStopped`,
+    which ends `Runner.run`. The returned object has the run's `.alarm`, `.verdicts`, `.rb`."""
+    import asyncio
+
+    from agents import RunHooks
+    from agents.exceptions import AgentsException
+
+    class _Stopped(RunStopped, AgentsException):
+        # an AgentsException: the SDK re-raises it as is (anything else from a tool is a UserError)
+        def __init__(self, verdict):
+            RunStopped.__init__(self, verdict)
+            self.run_data = None
+
+    class _Hooks(RunHooks, _GatewayRun):
+        # RunHooks' methods do nothing; these post each event and raise on ALARM.
+        def __init__(self):
+            _GatewayRun.__init__(self, gw, **kw)
+            self.rb = RunBuilder(self.run_id, source="openai-agents")
+            self.open: dict[tuple[str, str], list[str]] = {}
+
+        async def _send(self, n0: int) -> None:
+            await asyncio.to_thread(self.post, self.rb.events[n0:], None, self.rb)
+            if self.alarm is not None:
+                raise _Stopped(self.alarm)
+
+        async def on_llm_start(self, context, agent, system_prompt, input_items) -> None:
+            if self.task is None:
+                first = input_items[0] if input_items else None
+                self.task = text_of(first.get("content")) if isinstance(first, dict) else None
+
+        async def on_llm_end(self, context, agent, response) -> None:
+            n0 = len(self.rb.events)
+            for item in response.output:
+                t = getattr(item, "type", None)
+                if t == "message":
+                    text = "".join(getattr(c, "text", "") or "" for c in item.content)
+                    if text.strip():
+                        self.rb.message(agent.name, text, field="response.output")
+                elif t == "function_call":
+                    self.rb.tool_call(agent.name, item.name, item.arguments, call_id=item.call_id,
+                                      field="response.output")
+                    self.open.setdefault((agent.name, item.name), []).append(item.call_id)
+            await self._send(n0)
+
+        async def on_tool_end(self, context, agent, tool, result) -> None:
+            n0 = len(self.rb.events)
+            cid = getattr(context, "tool_call_id", None)
+            self.rb.tool_result(agent.name, str(result), tool=tool.name, call_id=cid, field="tool result")
+            await self._send(n0)
+
+        async def on_handoff(self, context, from_agent, to_agent) -> None:
+            n0 = len(self.rb.events)
+            pending = self.open.get((from_agent.name, f"transfer_to_{to_agent.name}"))
+            parent = self.rb.calls.get(pending.pop(0)) if pending else None
+            self.rb.handoff(from_agent.name, to_agent.name, "", field="handoff", parent_id=parent)
+            await self._send(n0)
+
+        async def on_agent_end(self, context, agent, output) -> None:
+            n0 = len(self.rb.events)
+            self.rb.final(agent.name, output if isinstance(output, str) else str(output), field="final output")
+            self.rb.terminate("completed")
+            await self._send(n0)
+
+    return _Hooks()
+
+
 class GatewaySpanProcessor:
     """An OpenTelemetry SDK SpanProcessor posting GenAI spans to the gateway, one run per trace."""
 
@@ -164,4 +236,5 @@ class GatewaySpanProcessor:
         return True
 
 
-__all__ = ["AG2GatewayHook", "GatewaySpanProcessor", "RunStopped", "SmolagentsGatewayHook", "is_alarm"]
+__all__ = ["AG2GatewayHook", "GatewaySpanProcessor", "RunStopped", "SmolagentsGatewayHook", "is_alarm",
+           "openai_agents_hooks"]

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from aftraj.adapters.hooks import AG2GatewayHook, GatewaySpanProcessor, RunStopped, SmolagentsGatewayHook
+from aftraj.adapters.hooks import (AG2GatewayHook, GatewaySpanProcessor, RunStopped, SmolagentsGatewayHook,
+                                   openai_agents_hooks)
 
 _spec = importlib.util.spec_from_file_location("scripted_frameworks", Path(__file__).with_name("scripted_frameworks.py"))
 fw = importlib.util.module_from_spec(_spec)
@@ -99,3 +100,38 @@ def test_otel_span_processor_posts_spans_and_reports_the_alarm(live_gateway):
     assert [v["decision"] for v in grun.verdicts] == ["CONTINUE"] * 3 + ["ALARM"]
     assert len(view["verdicts"]) == 4
     assert [e.kind for e in orun.rb.events][:5] == ["message", "handoff", "tool_call", "tool_call", "tool_result"]
+
+
+@pytest.mark.parametrize("trigger, n_model_calls, n_verdicts", [("408", 2, 4), ("never appears", 3, 6)])
+def test_openai_agents_run_hooks_stop_the_run(live_gateway, trigger, n_model_calls, n_verdicts):
+    pytest.importorskip("agents")
+    from agents import Agent, Runner, function_tool, set_trace_processors
+    from serve.client import GatewayClient
+    set_trace_processors([])
+
+    @function_tool
+    def multiply(a: int, b: int) -> int:
+        """Multiply two integers."""
+        return a * b
+    model = fw.openai_agents_model([("call", "call_h", "transfer_to_math", {}),
+                                    ("call", "call_m", "multiply", {"a": 17, "b": 24}), ("text", "408 pens")])
+    math = Agent(name="math", instructions="do math", tools=[multiply], model=model)
+    triage = Agent(name="triage", instructions="route", handoffs=[math], model=model)
+    url, key, _ = live_gateway(trigger)
+    with GatewayClient(url, key) as gw:
+        hooks = openai_agents_hooks(gw)
+        if trigger == "408":
+            with pytest.raises(RunStopped) as stop:
+                Runner.run_sync(triage, "How many pens in 17 boxes of 24?", hooks=hooks)
+            assert stop.value.verdict["agent"] == "math"
+        else:
+            assert Runner.run_sync(triage, "How many pens in 17 boxes of 24?", hooks=hooks).final_output == "408 pens"
+    kinds = [e.kind for e in hooks.rb.events]
+    # the tool's result "408" is flagged: the model is not asked again
+    assert model.i == n_model_calls and len(hooks.verdicts) == n_verdicts
+    assert kinds[:4] == ["tool_call", "handoff", "tool_call", "tool_result"]
+    assert hooks.rb.events[3].parent_id == hooks.rb.events[2].event_id          # linked by the SDK's call id
+    assert hooks.rb.events[1].parent_id == hooks.rb.events[0].event_id
+    assert hooks.task == "How many pens in 17 boxes of 24?"
+    if trigger != "408":
+        assert kinds[4:] == ["message", "final_answer"] and hooks.ended and hooks.rb.final_answer == "408 pens"
