@@ -8,7 +8,8 @@ mapping; `AdapterError` names the source file and the field that does not fit; `
     rb.tool_result("searcher", "3 hits", tool="web_search", call_id="call_1")
     traj = rb.trajectory(task="…")
 
-What a source does not record stays None (unknown): no invented result ids, usage or labels.
+What a source does not record stays None (unknown): no invented result ids, usage, times or
+labels. Where it records them, token usage and start times become the events' `usage` and `ts`.
 The schema requires a label; an imported run carries the placeholder SAFE/`external` label with
 `provenance["unlabeled"] = True` (and `meta["unlabeled"] = True`), which no evaluation may read as
 a gold verdict.
@@ -100,6 +101,7 @@ class RunBuilder:
         self.run_id, self.source, self.origin = run_id, source, origin
         self.events: list[Event] = []
         self.calls: dict[str, str] = {}          # framework call id -> our event id
+        self.ts: float | str | None = None       # the time of the record being read (events' `ts`)
         self.termination: str | None = None
         self.final_answer: str | None = None
         self._ids: set[str] = set()
@@ -118,7 +120,8 @@ class RunBuilder:
             fail(f"{field}.agent", f"names no agent (got {agent!r})", self.origin)
         try:
             ev = make_event(event_id=self._eid(want_id), run_id=self.run_id, kind=kind, agent=agent,
-                            payload=payload, seq=len(self.events) + 1, parent_id=parent_id, ts=ts,
+                            payload=payload, seq=len(self.events) + 1, parent_id=parent_id,
+                            ts=ts if ts is not None else self.ts,
                             usage=usage or None, meta={"source": self.source, **(meta or {})})
         except EventError as e:
             raise AdapterError(e.message, field=f"{field} ({e.field})", source=self.origin) from None

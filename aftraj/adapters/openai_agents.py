@@ -64,6 +64,7 @@ def from_records(records: list[dict], *, run_id: str | None = None, origin: str 
     for i, s in sorted(spans, key=lambda x: (str(x[1].get("started_at") or ""), x[0])):
         d, f = s["span_data"], f"records[{i}]"
         t = d.get("type")
+        rb.ts = s.get("started_at") if isinstance(s.get("started_at"), str) and len(s["started_at"]) <= 64 else None
         agent = _agent_of(s, by_id)
         err = s.get("error")
         if t == "generation":

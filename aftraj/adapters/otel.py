@@ -136,6 +136,7 @@ class OtelRun:
         """The events a span stands for that are known when it starts (an agent's handoff)."""
         n0 = len(self.rb.events)
         self.parent_of[s["id"]] = s["parent"]
+        self.rb.ts = s["start"] / 1e9 if s["start"] else None
         a = s["attrs"]
         if a.get("gen_ai.operation.name") == "invoke_agent":
             name = a.get("gen_ai.agent.name") or (s["name"] or "").removeprefix("invoke_agent ").strip() or None
@@ -153,6 +154,7 @@ class OtelRun:
         """The events of a finished span."""
         n0 = len(self.rb.events)
         rb, a, origin = self.rb, s["attrs"], self.rb.origin
+        self.rb.ts = s["start"] / 1e9 if s["start"] else None
         op = a.get("gen_ai.operation.name")
         agent = self._agent(s["id"]) or a.get("gen_ai.agent.name")
         if op in CHAT_OPS:

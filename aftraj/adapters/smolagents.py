@@ -54,6 +54,8 @@ def add_step(rb: RunBuilder, step: Any, agent: str, *, field: str = "steps[0]",
     start = len(rb.events)
     d = _as_dict(step, field, rb.origin)
     kind = _kind(d)
+    timing = d.get("timing")
+    rb.ts = timing.get("start_time") if isinstance(timing, dict) and isinstance(timing.get("start_time"), (int, float)) else None
     if kind is None:
         fail(field, f"is not a smolagents memory step (keys: {', '.join(sorted(d)) or 'none'})", rb.origin)
     if kind == "task":

@@ -75,6 +75,7 @@ def test_smolagents_memory_steps_keep_calls_results_errors_and_the_answer(tmp_pa
     assert (t.agents, t.task, t.final_answer, t.termination) == (["calc"], "How many pens?",
                                                                 "408 pens; Paris: 2.1 million", "completed")
     assert t.steps[0].meta["aftraj_event"]["usage"] == {"input_tokens": 10, "output_tokens": 5}
+    assert t.steps[0].meta["aftraj_event"]["ts"] == a.memory.steps[1].timing.start_time
     assert t.label.provenance == {"unlabeled": True} and t.meta["unlabeled"] is True
     round_trips(t, tmp_path)
     # the same run from its JSON dump (get_full_steps), through the CLI
@@ -286,6 +287,8 @@ def test_otel_genai_spans_from_an_otlp_json_export(tmp_path):
                                                                                      f"{t.id}/c1")
     assert (ok.tool, ok.content, ok.error) == ("multiply", "408", None)
     assert t.steps[0].meta["aftraj_event"]["usage"] == {"input_tokens": 12, "output_tokens": 4, "model": "scripted"}
+    chat = next(sp for sp in spans if sp.name == "chat scripted")
+    assert t.steps[0].meta["aftraj_event"]["ts"] == chat.start_time / 1e9
     assert (t.termination, t.final_answer) == ("completed", "408 pens")
     round_trips(t, tmp_path)
     rc, (back,) = convert(tmp_path, "otel", src)
