@@ -93,11 +93,12 @@ def from_records(records: list[dict], *, run_id: str | None = None, origin: str 
             name = d.get("name")
             pending = open_calls.get((agent, name))
             cid = pending.pop(0) if pending else None
+            parent = None
             if cid is None:   # the model's generation was not traced: the call is known from the span
-                rb.tool_call(agent, name, d.get("input"), field=f"{f}.span_data")
+                parent = rb.tool_call(agent, name, d.get("input"), field=f"{f}.span_data").event_id
             error = (err or {}).get("message") if err else None
             rb.tool_result(agent, d.get("output") if d.get("output") is not None else "", tool=name, call_id=cid,
-                           error=error, field=f"{f}.span_data")
+                           error=error, field=f"{f}.span_data", parent_id=parent)
             last_text = None
         elif t == "handoff":
             frm, to = d.get("from_agent"), d.get("to_agent")

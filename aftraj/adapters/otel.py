@@ -188,11 +188,13 @@ class OtelRun:
             tool = a.get("gen_ai.tool.name") or (s["name"] or "").removeprefix("execute_tool ").strip() or None
             cid = a.get("gen_ai.tool.call.id")
             agent = agent or "assistant"
-            if cid is None or cid not in rb.calls:
-                rb.tool_call(agent, tool, a.get("gen_ai.tool.call.arguments"), call_id=cid, field=field)
+            parent = None
+            if cid is None or cid not in rb.calls:   # no traced chat span announced the call
+                parent = rb.tool_call(agent, tool, a.get("gen_ai.tool.call.arguments"), call_id=cid,
+                                      field=field).event_id
             res = a.get("gen_ai.tool.call.result")
             rb.tool_result(agent, res if res is not None else "", tool=tool, call_id=cid, error=s["error"],
-                           field=field)
+                           field=field, parent_id=parent)
         elif op == "invoke_agent":
             if s["error"]:
                 rb.error(agent, s["error"], field=f"{field}.status")

@@ -244,6 +244,19 @@ def test_openai_agents_trace_export(tmp_path):
     assert rc == 0 and back.steps == t.steps
 
 
+def test_openai_agents_trace_without_generation_spans():
+    """The SDK's Responses-API model records `response` spans (an id, no text): tool calls then come
+    from the function spans, and no message or final answer is invented."""
+    from aftraj.adapters.openai_agents import from_records
+    res, recs = oai_run([("call", "call_h", "transfer_to_math", {}),
+                         ("call", "call_m", "multiply", {"a": 17, "b": 24}), ("text", "408 pens")])
+    t = from_records([r for r in recs if (r.get("span_data") or {}).get("type") != "generation"])
+    assert kinds(t) == ["handoff", "tool_call", "tool_result"]
+    assert (t.steps[1].agent, t.steps[1].tool, t.steps[1].arguments) == ("math", "multiply", {"a": 17, "b": 24})
+    assert t.steps[2].meta["aftraj_event"]["parent_id"] == t.steps[1].event_id and t.task == ""
+    assert (t.termination, t.final_answer, t.meta["task_recorded"]) == ("completed", None, False)
+
+
 def test_openai_agents_tool_error_and_max_turns():
     from aftraj.adapters.openai_agents import from_records
     res, recs = oai_run([("call", "call_h", "transfer_to_math", {}),
@@ -293,6 +306,12 @@ def test_otel_genai_spans_from_an_otlp_json_export(tmp_path):
     round_trips(t, tmp_path)
     rc, (back,) = convert(tmp_path, "otel", src)
     assert rc == 0 and back == t
+    # without the chat spans (an instrumentation that records tools only): calls come from the tool spans
+    from aftraj.adapters.otel import from_spans, span_from_sdk
+    (t2,) = [from_spans([span_from_sdk(sp) for sp in spans if not sp.name.startswith("chat")])]
+    assert kinds(t2) == ["handoff", "tool_call", "tool_result", "tool_call", "tool_result", "final_answer"]
+    assert t2.steps[2].meta["aftraj_event"]["parent_id"] == t2.steps[1].event_id and t2.task == ""
+    assert (t2.steps[1].tool, t2.steps[1].arguments, t2.steps[2].error) == ("lookup", None, "no such city")
 
 
 # --------------------------------------------------------------------------- errors
