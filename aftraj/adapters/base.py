@@ -1,0 +1,199 @@
+"""What every framework adapter shares: `RunBuilder` turns a framework's records into our typed
+events (aftraj/events.py) one at a time, then into a `Trajectory` through the one steps <-> events
+mapping; `AdapterError` names the source file and the field that does not fit; `load_json`.
+
+    from aftraj.adapters.base import RunBuilder
+    rb = RunBuilder("run-1", source="smolagents")
+    call = rb.tool_call("searcher", "web_search", {"q": "x"}, call_id="call_1")
+    rb.tool_result("searcher", "3 hits", tool="web_search", call_id="call_1")
+    traj = rb.trajectory(task="…")
+
+What a source does not record stays None (unknown): no invented result ids, usage, times or
+labels. Where it records them, token usage and start times become the events' `usage` and `ts`.
+The schema requires a label; an imported run carries the placeholder SAFE/`external` label with
+`provenance["unlabeled"] = True` (and `meta["unlabeled"] = True`), which no evaluation may read as
+a gold verdict.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from aftraj.events import Event, EventError, events_to_steps, make_event
+from aftraj.schema import Label, SchemaError, Trajectory
+
+UNLABELED = Label(verdict="SAFE", label_source="external", provenance={"unlabeled": True})
+
+
+class AdapterError(SchemaError):
+    """A framework record that cannot be read; names the file (or object) and the field."""
+
+
+def fail(field: str, msg: str, source: str | None = None):
+    raise AdapterError(msg, field=field, source=source)
+
+
+def load_json(path: str | Path) -> Any:
+    """A JSON document, or JSON Lines (one object a line) when the file is not one document."""
+    p = Path(path)
+    if not p.is_file():
+        raise AdapterError("no such file", field="<file>", source=str(p))
+    text = p.read_text(encoding="utf-8")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as whole:
+        out = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                if n == 1:
+                    raise AdapterError(f"invalid JSON: {whole}", field="<file>", source=str(p)) from None
+                raise AdapterError(f"invalid JSON on line {n}: {e}", field="<record>",
+                                   source=str(p), line=n) from None
+        return out
+
+
+def text_of(content: Any) -> str:
+    """A message content as text: a string, a list of parts ({"type": "text", "text": …}), or
+    any other JSON value written as JSON; None is ''."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        parts = [p.get("text") if isinstance(p.get("text"), str) else json.dumps(p, default=str)
+                 for p in content]
+        return "\n".join(parts)
+    return json.dumps(content, default=str, ensure_ascii=False)
+
+
+def arguments_of(args: Any, field: str, source: str | None = None) -> dict | None:
+    """Tool-call arguments as an object: a dict, a JSON-object string, or None (unknown). Any
+    other value (a bare string a code agent sends, a list) is kept as {"input": value}."""
+    if args is None:
+        return None
+    if isinstance(args, str):
+        try:
+            parsed = json.loads(args)
+        except json.JSONDecodeError:
+            return {"input": args}
+        args = parsed
+    if isinstance(args, dict):
+        try:
+            return json.loads(json.dumps(args, default=str))
+        except (TypeError, ValueError) as e:
+            fail(field, f"arguments are not JSON: {e}", source)
+    return {"input": json.loads(json.dumps(args, default=str))}
+
+
+class RunBuilder:
+    """Accumulates one run's events in order (seq 1, 2, …); tool results and errors link to the
+    call they answer by `parent_id` when the framework gave a call id."""
+
+    def __init__(self, run_id: str, *, source: str, origin: str | None = None):
+        if not isinstance(run_id, str) or not run_id.strip():
+            fail("run_id", "must be a non-empty string", origin)
+        self.run_id, self.source, self.origin = run_id, source, origin
+        self.events: list[Event] = []
+        self.calls: dict[str, str] = {}          # framework call id -> our event id
+        self.ts: float | str | None = None       # the time of the record being read (events' `ts`)
+        self.termination: str | None = None
+        self.final_answer: str | None = None
+        self._ids: set[str] = set()
+
+    def _eid(self, want: str | None) -> str:
+        eid = f"{self.run_id}/{want}" if want else f"{self.run_id}/{len(self.events) + 1}"
+        while eid in self._ids:
+            eid += "'"
+        self._ids.add(eid)
+        return eid
+
+    def _add(self, kind: str, agent: str | None, payload: dict, *, field: str, want_id: str | None = None,
+             parent_id: str | None = None, ts: Any = None, usage: dict | None = None,
+             meta: dict | None = None) -> Event:
+        if not isinstance(agent, str) or not agent.strip():
+            fail(f"{field}.agent", f"names no agent (got {agent!r})", self.origin)
+        try:
+            ev = make_event(event_id=self._eid(want_id), run_id=self.run_id, kind=kind, agent=agent,
+                            payload=payload, seq=len(self.events) + 1, parent_id=parent_id,
+                            ts=ts if ts is not None else self.ts,
+                            usage=usage or None, meta={"source": self.source, **(meta or {})})
+        except EventError as e:
+            raise AdapterError(e.message, field=f"{field} ({e.field})", source=self.origin) from None
+        self.events.append(ev)
+        return ev
+
+    def message(self, agent, content, *, field="message", **kw) -> Event:
+        return self._add("message", agent, {"content": text_of(content)}, field=field, **kw)
+
+    def thinking(self, agent, content, *, field="thinking", **kw) -> Event:
+        return self._add("thinking", agent, {"content": text_of(content)}, field=field, **kw)
+
+    def tool_call(self, agent, tool, arguments, *, call_id=None, content="", field="tool_call", **kw) -> Event:
+        if not isinstance(tool, str) or not tool.strip():
+            fail(f"{field}.tool", f"names no tool (got {tool!r})", self.origin)
+        ev = self._add("tool_call", agent, {"content": text_of(content), "tool": tool,
+                                            "arguments": arguments_of(arguments, f"{field}.arguments", self.origin)},
+                       field=field, want_id=call_id, **kw)
+        if call_id:
+            self.calls[call_id] = ev.event_id
+        return ev
+
+    def tool_result(self, agent, content, *, tool=None, call_id=None, result_ids=None, error=None,
+                    field="tool_result", **kw) -> Event:
+        given = kw.pop("parent_id", None)
+        parent = (self.calls.get(call_id) if call_id else None) or given
+        want = f"{call_id}/result" if call_id else None
+        return self._add("tool_result", agent, {"content": text_of(content), "tool": tool,
+                                                "result_ids": None if result_ids is None else list(result_ids),
+                                                "error": error},
+                         field=field, want_id=want, parent_id=parent, **kw)
+
+    def handoff(self, agent, to, content="", *, field="handoff", **kw) -> Event:
+        return self._add("handoff", agent, {"content": text_of(content), "to": to}, field=field, **kw)
+
+    def error(self, agent, error, *, content="", tool=None, call_id=None, field="error", **kw) -> Event:
+        parent = self.calls.get(call_id) if call_id else None
+        return self._add("error", agent, {"content": text_of(content), "error": str(error) or "error",
+                                          "tool": tool}, field=field, parent_id=parent, **kw)
+
+    def final(self, agent, content, *, field="final_answer", **kw) -> Event:
+        self.final_answer = text_of(content)
+        return self._add("final_answer", agent, {"content": self.final_answer}, field=field, **kw)
+
+    def terminate(self, reason: str, final_answer: str | None = None) -> None:
+        self.termination = reason
+        if final_answer is not None:
+            self.final_answer = final_answer
+
+    def termination_event(self) -> Event | None:
+        """The run's end as an event (seq after the last step), when the source recorded it."""
+        if self.termination is None:
+            return None
+        p = {"reason": self.termination}
+        if self.final_answer is not None:
+            p["final_answer"] = self.final_answer
+        return make_event(event_id=f"{self.run_id}/termination", run_id=self.run_id, kind="termination",
+                          agent="system", payload=p, seq=len(self.events) + 1, meta={"source": self.source})
+
+    def all_events(self) -> list[Event]:
+        """The run's events, ending with a termination event when the source recorded the end."""
+        end = self.termination_event()
+        return self.events + ([end] if end is not None else [])
+
+    def trajectory(self, task: str | None = None, *, meta: dict | None = None) -> Trajectory:
+        """The run as a trajectory (domain `external`, unlabeled). The termination is held in
+        `termination` (`completed` where the source did not record one: see meta["termination_recorded"])."""
+        if not self.events:
+            fail("<record>", "holds no step (no message, tool call or answer)", self.origin)
+        steps = events_to_steps(self.events, self.run_id)
+        m = {"unlabeled": True, "framework": self.source, "termination_recorded": self.termination is not None,
+             "task_recorded": task is not None, **(meta or {})}
+        return Trajectory(id=self.run_id, family_id=self.run_id, domain="external", source=self.source,
+                          task=task or "", steps=steps, label=UNLABELED, final_answer=self.final_answer,
+                          termination=self.termination or "completed", outcome="unknown", meta=m)
