@@ -141,6 +141,12 @@ def _run_eval(args) -> int:
     if not trajs:
         print(f"aftraj eval: no trajectories in {args.data}", file=sys.stderr)
         return 2
+    unlabeled = [t.id for t in trajs if (t.label.provenance or {}).get("unlabeled")]
+    if unlabeled:   # runs imported by an adapter carry a placeholder label: no gold to score against
+        print(f"aftraj eval: {args.data}: {len(unlabeled)} of {len(trajs)} trajectories carry no gold "
+              f"label (imported from an agent framework, e.g. {unlabeled[0]!r}); label them first, or "
+              f"audit them with `aftraj fold` / the gateway", file=sys.stderr)
+        return 2
     kw = dict(model=args.model, endpoint=args.endpoint, api_model=args.api_model,
               api_key_env=args.api_key_env, concurrency=args.concurrency, timeout=args.timeout,
               retries=args.retries, max_new_tokens=args.max_new_tokens, budget=args.budget,

@@ -168,3 +168,23 @@ def test_eval_against_a_slow_drip_server_ends_within_its_deadlines(tmp_path, mak
     assert time.perf_counter() - t0 < 10
     calls = json.loads((tmp_path / "o" / "metrics.json").read_text())["calls"]
     assert calls["errors_by_kind"] == {kind: calls["n"]} and calls["n"] == 5
+
+
+def test_runs_without_gold_labels_are_refused(tmp_path, make_traj, capsys):
+    """Runs imported by an adapter carry a placeholder SAFE label marked `unlabeled`: scoring them
+    would count every alarm as a false alarm. One such run makes the evaluation refuse, by name."""
+    from dataclasses import replace
+
+    from aftraj.adapters.base import UNLABELED
+
+    runs = [make_traj(0, 5, 2), make_traj(1, 4, None)]
+    data = tmp_path / "set.jsonl"
+    write_jsonl(runs, data)
+    assert main(["eval", "--auditor", "dummy:gold", "--data", str(data), "--out", str(tmp_path / "a"),
+                 "--no-progress", "--n-boot", "20"]) == 0          # labelled: evaluated
+    write_jsonl([runs[0], replace(runs[1], label=UNLABELED)], data)
+    assert main(["eval", "--auditor", "dummy:gold", "--data", str(data), "--out", str(tmp_path / "b"),
+                 "--no-progress", "--n-boot", "20"]) == 2
+    err = capsys.readouterr().err
+    assert "1 of 2 trajectories carry no gold label" in err and "'t1'" in err
+    assert not (tmp_path / "b" / "metrics.json").exists()
