@@ -137,8 +137,9 @@ def test_compare_writes_table_and_plot(tmp_path, make_traj):
 
 
 def test_compare_refuses_a_folder_without_metrics(tmp_path, capsys):
-    with pytest.raises(FileNotFoundError):
-        main(["eval", "compare", str(tmp_path), "--out", str(tmp_path / "c")])
+    # a user error: one line naming the folder, exit 2 (aftraj.cli's rule), never a traceback
+    assert main(["eval", "compare", str(tmp_path), "--out", str(tmp_path / "c")]) == 2
+    assert f"{tmp_path}: no metrics.json" in capsys.readouterr().err
     assert main(["eval", "cmp", str(tmp_path), "--out", str(tmp_path / "c")]) == 2
     assert main(["eval", "--out", str(tmp_path / "c")]) == 2
     assert "--auditor is required" in capsys.readouterr().err
