@@ -69,9 +69,12 @@ def test_records_are_verl_rows_rendered_by_the_shared_builder(handmade, tmp_path
 def test_val_test_and_who_and_when_never_enter(handmade):
     import dataclasses
 
-    held = dataclasses.replace(handmade[0], meta={"split": "test"})
-    with pytest.raises(ValueError, match="test split"):
-        prefix_candidates([*handmade[1:], held])
+    for split in ("val", "test"):
+        held = dataclasses.replace(handmade[0], meta={"split": split})
+        with pytest.raises(ValueError, match=f"'hand-0' is in the {split} split"):
+            prefix_candidates([*handmade[1:], held])
+    train = dataclasses.replace(handmade[0], meta={"split": "train"})   # the train side is accepted
+    assert prefix_candidates([*handmade[1:], train])[2].n_trajectories == len(handmade)
     ww = dataclasses.replace(handmade[0], source="who_and_when/Hand-Crafted")
     with pytest.raises(ValueError, match="Who&When"):
         prefix_candidates([ww])
