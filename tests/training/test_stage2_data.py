@@ -159,3 +159,11 @@ def test_balanced_sample_loses_no_prompt_to_float_truncation():
     # 3 safe at a 0.7 unsafe share allow exactly 10 prompts (3 / (1 - 0.7) is 9.999999999999998 in floats)
     s, u = balanced_sample(list(range(3)), list(range(1000)), max_prompts=1000, unsafe_fraction=0.7, seed=0)
     assert (len(s), len(u)) == (3, 7)
+
+
+def test_config_refuses_a_single_prompt():
+    from training.stage2.config import ConfigError, load_stage2_config
+
+    assert load_stage2_config("configs/stage2/tiny-cpu.yaml", {"max_prompts": 2}).max_prompts == 2
+    with pytest.raises(ConfigError, match="max_prompts"):
+        load_stage2_config("configs/stage2/tiny-cpu.yaml", {"max_prompts": 1})

@@ -107,6 +107,8 @@ class Stage2Config:
                 raise ConfigError(f"must be >= 1, got {getattr(self, k)}", key=k)
         if self.num_generations < 2:
             raise ConfigError("must be >= 2: GRPO compares completions within a group", key="num_generations")
+        if self.max_prompts < 2:
+            raise ConfigError("must be >= 2: the prompts hold both gold verdicts", key="max_prompts")
         for k in ("seed", "warmup_steps"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"must be >= 0, got {getattr(self, k)}", key=k)
