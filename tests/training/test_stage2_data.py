@@ -137,6 +137,8 @@ def test_decisive_agent_acting_after_k_star_is_skipped_and_counted(handmade):
         assert x["traj_id"] != "late-agent"
         sc = compute_score("aftraj", gold_completion(by_id[x["traj_id"]], x["t"]), r["reward_model"]["ground_truth"], x)
         assert sc["format"] == 1.0
+    with pytest.raises(ValueError, match="all 1 unsafe trajectories were skipped"):
+        build_records([handmade[5], bad], max_prompts=10, unsafe_fraction=0.5, seed=0)
     # the unchanged run (a* visible at k*) is kept
     _, _, st = prefix_candidates(handmade)
     assert st.skipped_decisive_agent_not_visible == 0

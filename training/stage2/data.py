@@ -5,7 +5,10 @@ rendered by the shared prompt builder with the token budget rule of stage 1 and 
 tokenizer, then the templated prompt checked against `max_prompt_tokens`).
 
 Trajectories come from `training.stage1.data.load_training_trajectories` (val/test families
-are left out by `meta.split`); Who&When is refused (evaluation only). One record per prompt:
+are left out by `meta.split`); Who&When and runs imported by an adapter (no gold label) are
+refused. An unsafe trajectory whose decisive agent a* does not act in steps 0..k* is skipped (its
+gold answer at t = k* would be ungrounded, i.e. malformed for the reward) and counted in
+stats.json as `skipped_decisive_agent_not_visible`. One record per prompt:
 
     {"prompt": [system, user], "data_source": "aftraj", "ability": "audit",
      "reward_model": {"style": "rule", "ground_truth": "{\"answer\": 3, \"agent\": \"Coder\"}"},
@@ -109,6 +112,9 @@ def build_records(trajs: Sequence[Trajectory], *, max_prompts: int, unsafe_fract
                   ) -> tuple[list[dict], PrefixStats]:
     """verl-style records (see the module doc), shuffled with `seed`."""
     safe, unsafe, st = prefix_candidates(trajs)
+    if not unsafe and st.skipped_decisive_agent_not_visible:
+        raise ValueError(f"stage 2 needs UNSAFE prefixes, but all {st.skipped_decisive_agent_not_visible} unsafe "
+                         f"trajectories were skipped: their decisive agent does not act in steps 0..k*")
     s, u = balanced_sample(safe, unsafe, max_prompts=max_prompts, unsafe_fraction=unsafe_fraction, seed=seed)
     st.n_safe_gold, st.n_unsafe_gold = len(s), len(u)
     picks = s + u
