@@ -172,7 +172,8 @@ def test_stage2_config_carries_the_credit_to_both_engines():
 
     cfg = load_stage2_config("configs/stage2/tiny-cpu.yaml", {"safe_where_who_credit": 0.25})
     assert cfg.reward.score_kwargs()["safe_where_who_credit"] == 0.25
-    assert "reward.custom_reward_function.reward_kwargs.safe_where_who_credit=0.25" in verl_overrides(cfg, "m", "d", "o")
+    overrides = verl_overrides(cfg, "m", "d", "o")
+    assert "reward.custom_reward_function.reward_kwargs.safe_where_who_credit=0.25" in overrides
     with pytest.raises(ConfigError, match="safe_where_who_credit"):
         load_stage2_config("configs/stage2/tiny-cpu.yaml", {"safe_where_who_credit": 2.0})
     with pytest.raises(ConfigError, match="overlong_penalty_factor"):
