@@ -8,7 +8,8 @@ used to define, so `from aftraj.prompt import parse_verdict` keeps working.
 The parser is total: every input (any string, any size) returns a `Verdict` or a typed
 `ParseFailure`, never an exception. Bounds: the completion is at most `MAX_COMPLETION_CHARS`
 characters, integers in the answer at most `MAX_INT_DIGITS` digits, JSON nesting at most
-`MAX_JSON_DEPTH`; duplicate JSON keys and stray `<think>`/`<answer>` tags are failures.
+`MAX_JSON_DEPTH`; duplicate JSON keys, stray `<think>`/`<answer>` tags and strings that are not
+valid UTF-8 (a lone surrogate, raw or escaped as `\\ud83d`) are failures.
 
 Match rules (one place): a step matches by integer equality (never substring, bools are not
 steps); an agent matches exactly after trimming and case-folding; a verdict is grounded in
@@ -61,7 +62,9 @@ PARSE_FAILURE_CODES = ("empty", "missing_think", "missing_answer", "multiple_ans
                        "negative_step", "step_out_of_range", "empty_agent", "empty_reason",
                        "safe_with_fields",
                        # hardening (issue 14): bounded input, no ambiguity
-                       "too_long", "stray_tags", "duplicate_keys", "number_too_large", "too_deep")
+                       "too_long", "stray_tags", "duplicate_keys", "number_too_large", "too_deep",
+                       # lone surrogates (raw or escaped as \udXXX): not UTF-8, unwritable downstream
+                       "not_utf8")
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,19 @@ def _json_depth(s: str) -> int:
     return best
 
 
+def _is_utf8(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _writable(s: str) -> str:
+    """`s` with lone surrogates spelled as backslash escapes (a failure's raw text must be writable)."""
+    return s if _is_utf8(s) else s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def parse_verdict(text: str, t: int | None = None) -> Verdict | ParseFailure:
     """Strictly parse `<think>…</think><answer>{…}</answer>`; `t` bounds the step (k <= t).
     Total: returns a `ParseFailure` for anything else, never raises."""
@@ -142,13 +158,15 @@ def parse_verdict(text: str, t: int | None = None) -> Verdict | ParseFailure:
         return ParseFailure("empty", f"the completion is not text ({type(text).__name__})", repr(text)[:200])
 
     def fail(code: str, msg: str) -> ParseFailure:
-        return ParseFailure(code, msg, text)
+        return ParseFailure(code, msg, _writable(text))
 
     if not text or not text.strip():
         return fail("empty", "the completion is empty")
     if len(text) > MAX_COMPLETION_CHARS:
         return ParseFailure("too_long", f"the completion has {len(text)} characters "
-                                        f"(at most {MAX_COMPLETION_CHARS})", text[:MAX_COMPLETION_CHARS])
+                                        f"(at most {MAX_COMPLETION_CHARS})", _writable(text[:MAX_COMPLETION_CHARS]))
+    if not _is_utf8(text):
+        return fail("not_utf8", "the completion holds a lone surrogate (not valid UTF-8)")
     n_answer = text.count("<answer>")
     if n_answer > 1 or text.count("</answer>") > 1:
         return fail("multiple_answers", f"found {n_answer} <answer> blocks; exactly one is allowed")
@@ -176,6 +194,8 @@ def parse_verdict(text: str, t: int | None = None) -> Verdict | ParseFailure:
         got = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
         return fail("bad_keys", f'the answer must be an object with keys answer, agent, reason; got {got}')
     ans, agent, reason = obj["answer"], obj["agent"], obj["reason"]
+    if any(isinstance(x, str) and not _is_utf8(x) for x in (ans, agent, reason)):
+        return fail("not_utf8", "the answer escapes a lone surrogate (\\udXXX without its pair): not valid UTF-8")
     think = m.group("think").strip()
     if ans == "SAFE":
         if agent is not None or reason is not None:

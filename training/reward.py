@@ -11,14 +11,20 @@ function. It returns a dict: `score` and its components
 - `who`    (0/1): the agent right (trimmed, case-folded: `aftraj.verdict.agent_match`).
 
 score = w_format·format + w_what·what + w_where·where + w_who·who. A right SAFE verdict has
-nothing to localise and gets where = who = 1, so a perfect SAFE and a perfect UNSAFE answer are
-worth the same (the policy is not pushed towards either). A wrong decision gets what = where =
-who = 0. A malformed or ungrounded completion gets `malformed_score` (< 0, below every
-well-formed score) and all components 0. Weights and σ come from the stage-2 config
-(`RewardConfig`); verl passes them as `custom_reward_function.reward_kwargs`.
+nothing to localise; DESIGN §5 leaves its where/who credit open, so it is a config value,
+`safe_where_who_credit` in [0, 1] (where = who = that value). The default, 1, keeps a perfect SAFE
+and a perfect UNSAFE answer worth the same; it also makes always-SAFE the better bet when the
+policy is unsure of k* and a* (e.g. at P(unsafe) = 0.6, SAFE expects 0.4·3.5 + 0.6·0.5 = 1.70,
+an UNSAFE off by one step with the wrong agent 0.4·0.5 + 0.6·(1.5 + e^-½) = 1.46); a lower
+credit removes that pull towards SAFE. A wrong decision gets what = where = who = 0. A malformed
+or ungrounded completion gets `malformed_score` (< 0, below every well-formed score) and all
+components 0. Weights, σ and the credit come from the stage-2 config (`RewardConfig`); verl
+passes them as `custom_reward_function.reward_kwargs`.
 
 The overlong penalty is DAPO's soft buffer, applied outside this function, by verl's `dapo`
-reward manager on verl and by `overlong_penalty()` (the same formula) in the TRL path.
+reward manager on verl and by `overlong_penalty()` (the same formula) in the TRL path. It costs
+at most `overlong_penalty_factor`, which the config bounds below w_format - malformed_score, so a
+well-formed answer at the length limit still scores above a malformed one.
 
 `ground_truth` is the gold verdict's answer JSON (`{"answer": "SAFE" | k*, "agent": null | a*}`,
 a string so parquet holds one type); `extra_info` holds `t` and `agents` (steps 0..t's agents).
@@ -60,6 +66,8 @@ class RewardConfig:
     # cost up to `overlong_penalty_factor` (linearly); 0 disables it (TRL path).
     overlong_buffer_len: int = 0
     overlong_penalty_factor: float = 1.0
+    # where = who credit of a right SAFE verdict (DESIGN §5 leaves it open; see the module doc)
+    safe_where_who_credit: float = 1.0
 
     def __post_init__(self) -> None:
         for k in ("w_format", "w_what", "w_where", "w_who", "overlong_penalty_factor"):
@@ -72,11 +80,20 @@ class RewardConfig:
                              f"got {self.malformed_score}")
         if self.overlong_buffer_len < 0:
             raise ValueError(f"reward: overlong_buffer_len must be >= 0, got {self.overlong_buffer_len}")
+        if not 0 <= self.safe_where_who_credit <= 1:
+            raise ValueError(f"reward: safe_where_who_credit must be in [0, 1], got {self.safe_where_who_credit}")
+        # the lowest well-formed score (w_format: a wrong decision) at the length limit (the full
+        # penalty) must stay above a malformed completion's score
+        if self.overlong_penalty_factor >= self.w_format - self.malformed_score:
+            raise ValueError(f"reward: overlong_penalty_factor must be below w_format - malformed_score "
+                             f"({self.w_format - self.malformed_score}) so a well-formed answer at the length "
+                             f"limit scores above a malformed one, got {self.overlong_penalty_factor}")
 
     def score_kwargs(self) -> dict:
         """The keyword arguments of `compute_score` (verl: custom_reward_function.reward_kwargs)."""
         d = asdict(self)
-        return {k: d[k] for k in ("w_format", "w_what", "w_where", "w_who", "sigma", "malformed_score")}
+        return {k: d[k] for k in ("w_format", "w_what", "w_where", "w_who", "sigma", "malformed_score",
+                                  "safe_where_who_credit")}
 
 
 def gold_from_ground_truth(ground_truth) -> Verdict:
@@ -99,7 +116,7 @@ def ground_truth_of(gold: Verdict) -> str:
 
 def compute_score(data_source: str, solution_str: str, ground_truth, extra_info: dict | None = None, *,
                   w_format: float = 0.5, w_what: float = 1.0, w_where: float = 1.0, w_who: float = 1.0,
-                  sigma: float = 1.0, malformed_score: float = -1.0) -> dict:
+                  sigma: float = 1.0, malformed_score: float = -1.0, safe_where_who_credit: float = 1.0) -> dict:
     """Score one completion for one prefix. Pure: same inputs, same dict. See the module doc."""
     info = extra_info or {}
     if "t" not in info or "agents" not in info:
@@ -120,7 +137,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth, extra_info:
             out["where"] = math.exp(-((v.step - gold.step) ** 2) / (2 * sigma ** 2))
             out["who"] = 1.0 if agent_match(v.agent, gold.agent) else 0.0
         else:
-            out["where"] = out["who"] = 1.0
+            out["where"] = out["who"] = float(safe_where_who_credit)
     out["score"] = (w_format * out["format"] + w_what * out["what"] + w_where * out["where"]
                     + w_who * out["who"])
     return out

@@ -16,7 +16,8 @@ them at or below 0.10 Exact-F1; every corpus evaluation report shows them beside
 Both are post-hoc (they need N) and read only `domain`, `len(steps)` and the agent of the named
 step. Options: `heuristic:length,train=PATH` fits on PATH instead of the split found next to
 `--data` (`DIR/train.jsonl` beside `DIR/test.jsonl`, or the records of a folder's corpus.jsonl
-whose `meta.split` is train).
+whose `meta.split` is train); a PATH file holding splits contributes its train records only.
+Runs imported by an adapter (placeholder label, meta.unlabeled) are refused by id.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from aftraj.adapters.base import refuse_unlabeled
 from aftraj.prompt import Verdict
 from aftraj.schema import Trajectory
 from eval.auditors import AuditResult, Auditor, register_auditor
@@ -50,13 +52,31 @@ def train_split_of(data: str | Path | None) -> list[Trajectory]:
         return list(iter_jsonl(folder / "train.jsonl"))
     if p.is_dir() and (p / "train.jsonl").is_file():
         return list(iter_jsonl(p / "train.jsonl"))
-    corpus = p if p.is_file() else folder / "corpus.jsonl"
-    if corpus.is_file():
-        train = [t for t in iter_jsonl(corpus) if t.meta.get("split") == "train"]
-        if train:
-            return train
+    # the file itself (a corpus.jsonl), else the corpus.jsonl beside it (DIR/test.jsonl) or in DIR
+    for corpus in dict.fromkeys([p, folder / "corpus.jsonl"] if p.is_file() else [p / "corpus.jsonl"]):
+        if corpus.is_file():
+            train = [t for t in iter_jsonl(corpus) if t.meta.get("split") == "train"]
+            if train:
+                return train
     raise ValueError(f"no train split found for {data} (expected train.jsonl beside it, or records "
                      f"with meta.split == 'train'); pass train=PATH")
+
+
+def train_records_of_file(path: str | Path) -> list[Trajectory]:
+    """The records of a `train=PATH` file: those with meta.split == "train" when the file holds
+    splits (a corpus.jsonl), the whole file when none has a split. Raises ValueError when the file
+    has splits but no train record."""
+    from aftraj.readers import load_trajectories
+
+    trajs = load_trajectories(path)
+    if not any("split" in t.meta for t in trajs):
+        return trajs
+    train = [t for t in trajs if t.meta.get("split") == "train"]
+    if not train:
+        splits = sorted({str(t.meta.get("split")) for t in trajs})
+        raise ValueError(f"{path}: holds splits {', '.join(splits)} but no record with meta.split == 'train'; "
+                         f"a floor fits on train records only")
+    return train
 
 
 def _rel_bin(k: int, n: int) -> int:
@@ -84,12 +104,11 @@ class _Floor(Auditor):
             path = val
         if train is not None:
             trajs = list(train)
-        elif path is not None:   # train=PATH: that file whole (or the train split of that folder)
-            from aftraj.readers import load_trajectories
-
-            trajs = train_split_of(path) if Path(path).is_dir() else load_trajectories(path)
+        elif path is not None:   # train=PATH: that file's train records (or the train split of that folder)
+            trajs = train_split_of(path) if Path(path).is_dir() else train_records_of_file(path)
         else:
             trajs = train_split_of(data)
+        refuse_unlabeled(trajs, f"heuristic:{self.rule} fit")
         unsafe = [t for t in trajs if t.label.unsafe]
         if not unsafe:
             raise ValueError(f"heuristic:{self.rule}: the train split holds no unsafe trajectory to fit on")

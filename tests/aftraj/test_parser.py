@@ -133,6 +133,12 @@ HOSTILE = [
     ("nested think", '<think>a<think>b</think><answer>{"answer": "SAFE", "agent": null, "reason": null}'
                      '</answer>', 3, "stray_tags"),
     ("over the length bound", "<think>" + "x" * 1_000_001 + "</think><answer>{}</answer>", 3, "too_long"),
+    # lone surrogates are not UTF-8: accepted before, then crashed report writing and orjson
+    ("escaped lone surrogate in agent", OK % ("1", '"A\\ud83d"', '"r"'), 3, "not_utf8"),
+    ("escaped lone surrogate in reason", OK % ("1", '"A"', '"bad \\udc00 plan"'), 3, "not_utf8"),
+    ("raw lone surrogate in the answer", OK % ("1", '"A\ud83d"', '"r"'), 3, "not_utf8"),
+    ("raw lone surrogate in think", "<think>\ud800</think>" + OK[len("<think>x</think>"):] % ('"SAFE"', "null", "null"),
+     3, "not_utf8"),
 ]
 
 
@@ -141,6 +147,14 @@ def test_hostile_inputs_are_typed_failures(name, text, t, code):
     v = parse_verdict(text, t=t)
     assert isinstance(v, ParseFailure), v
     assert v.code == code, v.message
+
+
+def test_surrogate_pairs_are_valid_and_failures_are_writable():
+    pair = parse_verdict(OK % ("1", '"A\\ud83d\\ude00"', '"r"'), t=3)     # an escaped pair is one emoji
+    assert isinstance(pair, Verdict) and pair.agent == "A\U0001F600"
+    bad = parse_verdict(OK % ("1", '"A\ud83d"', '"r"'), t=3)
+    assert isinstance(bad, ParseFailure)
+    bad.raw.encode("utf-8"), bad.message.encode("utf-8")                    # the failure itself is writable
 
 
 def test_bounds_both_sides():
@@ -177,7 +191,8 @@ def _fuzz_cases(n: int, seed: int = 0):
     alphabet = '<>/{}[]":,. \n\t0123456789-abcdefghijklmnopqrstuvwxyzSAFEnulltruefalse\\\x00\ud800é∀'
     pieces = ["<think>", "</think>", "<answer>", "</answer>", '{"answer": ', '"SAFE"', ", ", '"agent": ',
               '"reason": ', "null", "}", "{", "[", "]", '"', "\\", "1e999", "NaN", "-Infinity",
-              "9" * rng.randint(1, 40), "-0", "true", "&lt;", "<|im_end|>", "\ud800", "\x00"]
+              "9" * rng.randint(1, 40), "-0", "true", "&lt;", "<|im_end|>", "\ud800", "\x00",
+              '"\\ud83d"', '"\\ud83d\\ude00"']
     valid = [OK % ('"SAFE"', "null", "null"), OK % ("2", '"A"', '"r"'), RELEASED_UNSAFE, RELEASED_SAFE]
     for i in range(n):
         kind = i % 5
@@ -203,7 +218,11 @@ def _fuzz_cases(n: int, seed: int = 0):
                               "-" + "9" * rng.randint(1, 6000), "1." + "0" * rng.randint(1, 500),
                               "1e" + "9" * rng.randint(1, 30), '"' + "\\u" * rng.randint(1, 5) + '"',
                               '"SAFE", "answer": 1', '"SAFE", "agent": null, "agent": "x"'])
-            yield OK % (val, rng.choice(['"A"', "null", "1", "[]"]), rng.choice(['"r"', "null", "{}"]))
+            yield OK % (val, rng.choice(['"A"', "null", "1", "[]", '"A\\ud83d"']),
+                        rng.choice(['"r"', "null", "{}", '"\\udc00"']))
+        elif kind == 4 and i % 10 == 4:   # a valid UNSAFE answer naming surrogate escapes (pairs and lone)
+            esc = rng.choice(["\\ud83d", "\\ude00", "\\ud83d\\ude00", "x"])
+            yield OK % ("1", f'"A{esc}"', rng.choice(['"r"', f'"r{esc}"']))
         else:             # stray and nested tags around a valid answer
             v = rng.choice(valid)
             j = rng.randrange(len(v) + 1)
@@ -218,6 +237,9 @@ def test_fuzz_10000_completions_no_exception():
         if isinstance(v, Verdict):
             counts["verdict"] += 1
             assert v.decision in ("SAFE", "UNSAFE")
+            for field in (v.agent, v.reason, v.think):   # every accepted field is writable as UTF-8
+                if field is not None:
+                    field.encode("utf-8")
             if v.alarm:
                 assert isinstance(v.step, int) and v.step >= 0 and (t is None or v.step <= t)
                 assert v.agent and v.reason
@@ -226,6 +248,7 @@ def test_fuzz_10000_completions_no_exception():
                 (v.decision, v.step, v.agent)
         else:
             assert isinstance(v, ParseFailure) and v.code
+            v.raw.encode("utf-8"), v.message.encode("utf-8")
             counts["failure"] += 1
     assert sum(counts.values()) == n
     assert counts["verdict"] > 100 and counts["failure"] > 5000, counts   # the fuzz is not vacuous

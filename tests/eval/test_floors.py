@@ -34,13 +34,69 @@ def test_position_prior_takes_the_better_of_absolute_and_relative():
     assert pp.pick(_traj(31, 41, None, domain="coding")) == 20
 
 
+def _blind_view(t: Trajectory) -> Trajectory:
+    """`t` with everything a content-blind floor must not read changed: step content, the label
+    (unsafe <-> safe, another step), outcome, final answer, meta."""
+    k = t.label.decisive_step
+    label = (Label("UNSAFE", "injected", decisive_step=0, decisive_agent=t.steps[0].agent) if k is None
+             else Label("SAFE", "verified_safe"))
+    return replace(t, steps=tuple(replace(s, content="completely different") for s in t.steps), label=label,
+                   outcome="unknown", final_answer="other", meta={"split": "test", "note": "scrambled"})
+
+
+def _reads_only_blind_fields(floor, trajs: list[Trajectory]) -> bool:
+    return ([floor.audit(t, len(t.steps) - 1) for t in trajs]
+            == [floor.audit(_blind_view(t), len(t.steps) - 1) for t in trajs])
+
+
 def test_floors_never_read_content():
     train = [_traj(i, 10 + i % 7, 2 + i % 5) for i in range(40)] + [_traj(100 + i, 12 + i % 5, None) for i in range(30)]
     test = [_traj(200 + i, 9 + i % 9, (1 + i) % 6) for i in range(30)]
-    scrambled = [replace(t, steps=tuple(replace(s, content="completely different") for s in t.steps)) for t in test]
     for cls, rule in ((PositionPrior, "position-prior"), (LengthFloor, "length")):
-        f = cls(rule, train=train)
-        assert [f.audit(t, len(t.steps) - 1) for t in test] == [f.audit(t, len(t.steps) - 1) for t in scrambled]
+        assert _reads_only_blind_fields(cls(rule, train=train), test)
+
+    class PeekingFloor(PositionPrior):     # a floor reading the evaluated run's gold label must be caught
+        def pick(self, traj):
+            return traj.label.decisive_step
+
+    assert not _reads_only_blind_fields(PeekingFloor("position-prior", train=train), test)
+
+
+def test_floors_refuse_unlabeled_imported_runs(tmp_path):
+    from aftraj.adapters.base import UNLABELED
+
+    train = [_traj(i, 10, 3) for i in range(10)]
+    imported = replace(_traj(99, 10, None), label=UNLABELED, meta={"unlabeled": True})
+    with pytest.raises(ValueError, match="'t99'.*no gold label"):
+        PositionPrior("position-prior", train=[*train, imported])
+    write_jsonl([*train, imported], tmp_path / "train.jsonl")
+    with pytest.raises(ValueError, match="'t99'.*no gold label"):
+        get_auditor(f"heuristic:length,train={tmp_path / 'train.jsonl'}")
+    assert PositionPrior("position-prior", train=train).n_train == 10   # the labelled side fits
+
+
+def test_train_file_keeps_only_its_train_split(tmp_path):
+    train = [replace(_traj(i, 10, 3), meta={"split": "train"}) for i in range(10)]
+    held = [replace(_traj(100 + i, 10, 7), meta={"split": s}) for i, s in enumerate(["val", "test"] * 10)]
+    write_jsonl(train + held, tmp_path / "corpus.jsonl")
+    got = get_auditor(f"heuristic:position-prior,train={tmp_path / 'corpus.jsonl'}")
+    assert got.n_train == 10 and got.prior["math"] == ("abs", 3)      # val/test (k* = 7) never fitted
+    write_jsonl(held, tmp_path / "held.jsonl")
+    with pytest.raises(ValueError, match="no record with meta.split == 'train'"):
+        get_auditor(f"heuristic:position-prior,train={tmp_path / 'held.jsonl'}")
+    write_jsonl([_traj(i, 10, 3) for i in range(4)], tmp_path / "plain.jsonl")   # no splits: the file whole
+    assert get_auditor(f"heuristic:position-prior,train={tmp_path / 'plain.jsonl'}").n_train == 4
+
+
+def test_test_file_beside_corpus_jsonl_fits_on_its_train_records(tmp_path):
+    train = [replace(_traj(i, 10, 3), meta={"split": "train"}) for i in range(10)]
+    test = [replace(_traj(100 + i, 10, 3 if i % 2 else None), meta={"split": "test"}) for i in range(10)]
+    write_jsonl(train + test, tmp_path / "corpus.jsonl")
+    write_jsonl(test, tmp_path / "test.jsonl")                     # no train.jsonl beside it
+    assert [t.id for t in train_split_of(tmp_path / "test.jsonl")] == [t.id for t in train]
+    assert set(floor_metrics(tmp_path / "test.jsonl", test, n_boot=0)) == {"heuristic:position-prior",
+                                                                           "heuristic:length"}
+    assert get_auditor("heuristic:length", data=str(tmp_path / "test.jsonl")).n_train == 10
 
 
 def test_length_floor_alarms_only_where_train_runs_of_that_length_are_mostly_unsafe():

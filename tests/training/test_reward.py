@@ -106,3 +106,75 @@ def test_overlong_penalty_disabled_and_refused():
     assert overlong_penalty(4096, 4096, 1024, 0.5) == pytest.approx(-0.5)
     with pytest.raises(ValueError):
         overlong_penalty(10, 100, 200, 1.0)
+
+
+# --------------------------------------------------------------------------- the overlong penalty on top
+LIMIT, BUF = 4096, 1024   # max_resp_len and DAPO buffer: at LIMIT tokens the full factor is paid
+PEN = -1.0                # overlong_penalty(LIMIT, LIMIT, BUF, 1.0)
+
+# name, completion, ground truth, tokens, total (score + overlong penalty)
+PENALIZED = [
+    ("malformed, short", "junk", UNSAFE_GT, 10, MIN),
+    ("malformed at the length limit", "junk", UNSAFE_GT, LIMIT, MIN + PEN),
+    ("malformed half into the buffer", "<think>x</think>", SAFE_GT, LIMIT - BUF // 2, MIN + PEN / 2),
+    ("wrong decision at the length limit", SAFE, UNSAFE_GT, LIMIT, W_F + PEN),
+    ("UNSAFE exact at the length limit", ans(2, '"Coder"', '"r"'), UNSAFE_GT, LIMIT, FULL + PEN),
+    ("SAFE right, short", SAFE, SAFE_GT, 10, FULL),
+]
+
+
+@pytest.mark.parametrize("name,text,gt,n,expected", PENALIZED, ids=[r[0] for r in PENALIZED])
+def test_reward_with_overlong_penalty_table(name, text, gt, n, expected):
+    total = compute_score("aftraj", text, gt, INFO)["score"] + overlong_penalty(n, LIMIT, BUF, 1.0)
+    assert total == pytest.approx(expected), name
+
+
+def test_malformed_at_the_length_limit_is_the_minimum_and_below_every_well_formed_answer():
+    totals = {name: compute_score("aftraj", text, gt, INFO)["score"] + overlong_penalty(n, LIMIT, BUF, 1.0)
+              for name, text, gt, n, _ in PENALIZED}
+    assert min(totals.values()) == totals["malformed at the length limit"]
+    worst_well_formed_at_limit = min(compute_score("aftraj", text, gt, INFO)["score"] for _, text, gt, e in TABLE
+                                     if e[1] == 1) + PEN
+    assert worst_well_formed_at_limit > MIN                      # above even a short malformed answer
+
+
+def test_overlong_penalty_factor_is_bounded_by_format_minus_malformed():
+    # w_format - malformed_score = 0.5 + 1 = 1.5: a wrong but well-formed answer at the limit scores
+    # 0.5 - factor, which must stay above -1
+    ok = RewardConfig(overlong_penalty_factor=1.49)
+    assert ok.w_format - ok.overlong_penalty_factor > ok.malformed_score
+    for bad in (1.5, 2.0):
+        with pytest.raises(ValueError, match="overlong_penalty_factor"):
+            RewardConfig(overlong_penalty_factor=bad)
+    RewardConfig(overlong_penalty_factor=2.9, malformed_score=-2.5)   # the bound follows the config
+
+
+@pytest.mark.parametrize("credit", [0.0, 0.5, 1.0])
+def test_safe_where_who_credit_is_a_config_value(credit):
+    kw = RewardConfig(safe_where_who_credit=credit).score_kwargs()
+    r = compute_score("aftraj", SAFE, SAFE_GT, INFO, **kw)
+    assert (r["where"], r["who"]) == (credit, credit)
+    assert r["score"] == pytest.approx(W_F + W_WHAT + (W_WHERE + W_WHO) * credit)
+    # UNSAFE answers and wrong SAFE answers are untouched by it
+    assert compute_score("aftraj", ans(2, '"Coder"', '"r"'), UNSAFE_GT, INFO, **kw)["score"] == pytest.approx(FULL)
+    assert compute_score("aftraj", SAFE, UNSAFE_GT, INFO, **kw)["score"] == pytest.approx(W_F)
+
+
+@pytest.mark.parametrize("bad", [-0.01, 1.01])
+def test_safe_where_who_credit_is_bounded(bad):
+    with pytest.raises(ValueError, match="safe_where_who_credit"):
+        RewardConfig(safe_where_who_credit=bad)
+
+
+def test_stage2_config_carries_the_credit_to_both_engines():
+    from training.stage2.config import ConfigError, load_stage2_config
+    from training.stage2.verl_engine import verl_overrides
+
+    cfg = load_stage2_config("configs/stage2/tiny-cpu.yaml", {"safe_where_who_credit": 0.25})
+    assert cfg.reward.score_kwargs()["safe_where_who_credit"] == 0.25
+    overrides = verl_overrides(cfg, "m", "d", "o")
+    assert "reward.custom_reward_function.reward_kwargs.safe_where_who_credit=0.25" in overrides
+    with pytest.raises(ConfigError, match="safe_where_who_credit"):
+        load_stage2_config("configs/stage2/tiny-cpu.yaml", {"safe_where_who_credit": 2.0})
+    with pytest.raises(ConfigError, match="overlong_penalty_factor"):
+        load_stage2_config("configs/stage2/tiny-cpu.yaml", {"overlong_penalty_factor": 1.5})

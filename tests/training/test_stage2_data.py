@@ -69,9 +69,12 @@ def test_records_are_verl_rows_rendered_by_the_shared_builder(handmade, tmp_path
 def test_val_test_and_who_and_when_never_enter(handmade):
     import dataclasses
 
-    held = dataclasses.replace(handmade[0], meta={"split": "test"})
-    with pytest.raises(ValueError, match="test split"):
-        prefix_candidates([*handmade[1:], held])
+    for split in ("val", "test"):
+        held = dataclasses.replace(handmade[0], meta={"split": split})
+        with pytest.raises(ValueError, match=f"'hand-0' is in the {split} split"):
+            prefix_candidates([*handmade[1:], held])
+    train = dataclasses.replace(handmade[0], meta={"split": "train"})   # the train side is accepted
+    assert prefix_candidates([*handmade[1:], train])[2].n_trajectories == len(handmade)
     ww = dataclasses.replace(handmade[0], source="who_and_when/Hand-Crafted")
     with pytest.raises(ValueError, match="Who&When"):
         prefix_candidates([ww])
@@ -88,3 +91,81 @@ def test_loader_drops_val_and_test_by_meta_split(handmade, tmp_path):
     got, src = load_training_trajectories(str(tmp_path))
     assert [t.id for t in got] == ["hand-0", "hand-3", "hand-4", "hand-5"] and "excluded 2" in src
     prefix_candidates(got)   # accepted
+
+
+def _imported(traj):
+    """`traj` as an adapter imports it: the placeholder SAFE label marked unlabeled."""
+    import dataclasses
+
+    from aftraj.adapters.base import UNLABELED
+
+    return dataclasses.replace(traj, label=UNLABELED, meta={"unlabeled": True}, outcome="unknown")
+
+
+def test_unlabeled_imported_runs_are_refused_by_name(handmade, tmp_path):
+    from aftraj.schema import write_jsonl
+    from training.stage1.data import load_training_trajectories
+
+    imported = _imported(handmade[1])
+    with pytest.raises(ValueError, match="'hand-1'.*no gold label"):
+        prefix_candidates([*handmade[:1], imported, *handmade[2:]])
+    write_jsonl([*handmade[:1], imported, *handmade[2:]], tmp_path / "train.jsonl")
+    with pytest.raises(ValueError, match="'hand-1'.*no gold label"):
+        load_training_trajectories(str(tmp_path))
+    write_jsonl(handmade, tmp_path / "train.jsonl")   # the labelled side is accepted
+    assert len(load_training_trajectories(str(tmp_path))[0]) == len(handmade)
+
+
+def test_decisive_agent_acting_after_k_star_is_skipped_and_counted(handmade):
+    """The gold answer at t = k* must be grounded (a* in steps 0..k*), else it scores malformed."""
+    import dataclasses
+
+    from training.reward import compute_score
+    from aftraj.verdict import gold_completion
+
+    run = handmade[0]                         # k* = 2
+    late = next(s.agent for s in run.steps[3:] if s.agent not in {x.agent for x in run.steps[:3]})
+    bad = dataclasses.replace(run, id="late-agent", label=dataclasses.replace(run.label, decisive_agent=late))
+    safe, unsafe, st = prefix_candidates([*handmade, bad])
+    assert st.skipped_decisive_agent_not_visible == 1 and st.n_unsafe_trajectories == 5
+    assert all(i != len(handmade) for i, _ in safe + unsafe)
+    # every kept UNSAFE prefix's gold answer earns the full score (grounded)
+    recs, _ = build_records([*handmade, bad], max_prompts=100, unsafe_fraction=0.5, seed=0)
+    by_id = {t.id: t for t in handmade}
+    for r in recs:
+        x = r["extra_info"]
+        assert x["traj_id"] != "late-agent"
+        sc = compute_score("aftraj", gold_completion(by_id[x["traj_id"]], x["t"]), r["reward_model"]["ground_truth"], x)
+        assert sc["format"] == 1.0
+    with pytest.raises(ValueError, match="all 1 unsafe trajectories were skipped"):
+        build_records([handmade[5], bad], max_prompts=10, unsafe_fraction=0.5, seed=0)
+    # the unchanged run (a* visible at k*) is kept
+    _, _, st = prefix_candidates(handmade)
+    assert st.skipped_decisive_agent_not_visible == 0
+
+
+@pytest.mark.parametrize("max_prompts", [2, 3, 7, 40])
+@pytest.mark.parametrize("frac", [0.1, 0.3, 0.5, 0.7, 0.9])
+def test_balanced_sample_never_exceeds_max_prompts(max_prompts, frac):
+    s, u = balanced_sample(list(range(100)), list(range(100)), max_prompts=max_prompts,
+                           unsafe_fraction=frac, seed=0)
+    assert len(s) + len(u) == max_prompts and len(s) >= 1 and len(u) >= 1   # the cap, reached exactly
+    with pytest.raises(ValueError, match="max_prompts"):   # one prompt cannot hold both verdicts
+        balanced_sample(list(range(100)), list(range(100)), max_prompts=1, unsafe_fraction=frac, seed=0)
+
+
+def test_balanced_sample_loses_no_prompt_to_float_truncation():
+    # 0.3 * 10 is 2.9999999999999996 in floats: 10 unsafe at a 0.3 share allow 33 prompts, not 32 or 30
+    s, u = balanced_sample(list(range(1000)), list(range(10)), max_prompts=1000, unsafe_fraction=0.3, seed=0)
+    assert (len(s), len(u)) == (23, 10)
+    # 3 safe at a 0.7 unsafe share allow exactly 10 prompts (3 / (1 - 0.7) is 9.999999999999998 in floats)
+    s, u = balanced_sample(list(range(3)), list(range(1000)), max_prompts=1000, unsafe_fraction=0.7, seed=0)
+    assert (len(s), len(u)) == (3, 7)
+
+
+def test_config_refuses_a_single_prompt():
+    from training.stage2.config import ConfigError, load_stage2_config
+
+    assert load_stage2_config("configs/stage2/tiny-cpu.yaml", {"max_prompts": 2}).max_prompts == 2
+    with pytest.raises(ConfigError, match="max_prompts"):
+        load_stage2_config("configs/stage2/tiny-cpu.yaml", {"max_prompts": 1})

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from aftraj.adapters.base import refuse_unlabeled
 from aftraj.readers import load_trajectories
 from aftraj.schema import Label, Step, Trajectory
 
@@ -43,7 +44,8 @@ def resolve_data_path(spec: str | Path) -> Path:
 
 def load_training_trajectories(spec: str, *, max_trajectories: int | None = None,
                                synthetic_n: int = 24, seed: int = 0) -> tuple[list[Trajectory], str]:
-    """(trajectories, description of the source)."""
+    """(trajectories, description of the source). Refuses runs imported by an adapter (placeholder
+    label, meta.unlabeled), naming the first: their SAFE is not gold."""
     if spec == "builtin:synthetic":
         trajs, src = synthetic_trajectories(synthetic_n, seed=seed), f"builtin:synthetic(n={synthetic_n}, seed={seed})"
     else:
@@ -53,6 +55,7 @@ def load_training_trajectories(spec: str, *, max_trajectories: int | None = None
         if held_out:   # corpus.jsonl holds every split: train on the train families only
             trajs = [t for t in trajs if t.meta.get("split") not in ("val", "test")]
             src += f" (excluded {len(held_out)} val/test trajectories by meta.split)"
+    refuse_unlabeled(trajs, src)
     if max_trajectories is not None:
         trajs = trajs[:max_trajectories]
     return trajs, src

@@ -85,7 +85,8 @@ class Stage2Config:
     sigma: float = 1.0
     malformed_score: float = -1.0
     overlong_buffer_len: int = 0         # DAPO soft buffer in tokens; 0 = off
-    overlong_penalty_factor: float = 1.0
+    overlong_penalty_factor: float = 1.0  # < w_format - malformed_score (checked)
+    safe_where_who_credit: float = 1.0   # where = who of a right SAFE verdict, in [0, 1]
 
     # --- verl engine (training/verl/stage2_grpo.yaml holds the rest)
     verl_nnodes: int = 1
@@ -106,6 +107,8 @@ class Stage2Config:
                 raise ConfigError(f"must be >= 1, got {getattr(self, k)}", key=k)
         if self.num_generations < 2:
             raise ConfigError("must be >= 2: GRPO compares completions within a group", key="num_generations")
+        if self.max_prompts < 2:
+            raise ConfigError("must be >= 2: the prompts hold both gold verdicts", key="max_prompts")
         for k in ("seed", "warmup_steps"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"must be >= 0, got {getattr(self, k)}", key=k)
@@ -152,7 +155,8 @@ class Stage2Config:
         return RewardConfig(w_format=self.w_format, w_what=self.w_what, w_where=self.w_where,
                             w_who=self.w_who, sigma=self.sigma, malformed_score=self.malformed_score,
                             overlong_buffer_len=self.overlong_buffer_len,
-                            overlong_penalty_factor=self.overlong_penalty_factor)
+                            overlong_penalty_factor=self.overlong_penalty_factor,
+                            safe_where_who_credit=self.safe_where_who_credit)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -5,7 +5,10 @@ rendered by the shared prompt builder with the token budget rule of stage 1 and 
 tokenizer, then the templated prompt checked against `max_prompt_tokens`).
 
 Trajectories come from `training.stage1.data.load_training_trajectories` (val/test families
-are left out by `meta.split`); Who&When is refused (evaluation only). One record per prompt:
+are left out by `meta.split`); Who&When and runs imported by an adapter (no gold label) are
+refused. An unsafe trajectory whose decisive agent a* does not act in steps 0..k* is skipped (its
+gold answer at t = k* would be ungrounded, i.e. malformed for the reward) and counted in
+stats.json as `skipped_decisive_agent_not_visible`. One record per prompt:
 
     {"prompt": [system, user], "data_source": "aftraj", "ability": "audit",
      "reward_model": {"style": "rule", "ground_truth": "{\"answer\": 3, \"agent\": \"Coder\"}"},
@@ -22,14 +25,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 from pathlib import Path
 
+from aftraj.adapters.base import refuse_unlabeled
 from aftraj.prompt import approx_tokens, render
 from aftraj.schema import Trajectory
-from aftraj.verdict import gold_verdict
+from aftraj.verdict import gold_verdict, grounded
 from training.reward import ground_truth_of
 from training.stage1.data import load_training_trajectories
 from training.stage1.pairs import is_from_who_and_when
@@ -47,10 +53,16 @@ class PrefixStats:
     candidates_unsafe_gold: int = 0
     n_safe_gold: int = 0
     n_unsafe_gold: int = 0
+    # unsafe trajectories left out because a* first acts after k*: the gold answer at t = k*
+    # would name an agent not yet visible and score as malformed (the reward's grounding rule)
+    skipped_decisive_agent_not_visible: int = 0
 
 
 def prefix_candidates(trajs: Sequence[Trajectory]) -> tuple[list[tuple[int, int]], list[tuple[int, int]], PrefixStats]:
-    """Every (trajectory index, t) of every training trajectory, split by gold verdict."""
+    """Every (trajectory index, t) of every training trajectory, split by gold verdict. Refuses
+    Who&When, val/test and unlabeled (adapter-imported) trajectories; skips, and counts in
+    `skipped_decisive_agent_not_visible`, an unsafe one whose a* does not act in steps 0..k*."""
+    refuse_unlabeled(trajs, "stage 2 data")
     safe, unsafe, st = [], [], PrefixStats()
     for i, traj in enumerate(trajs):
         if is_from_who_and_when(traj):
@@ -59,6 +71,11 @@ def prefix_candidates(trajs: Sequence[Trajectory]) -> tuple[list[tuple[int, int]
         if traj.meta.get("split") in ("val", "test"):
             raise ValueError(f"trajectory {traj.id!r} is in the {traj.meta['split']} split; only "
                              f"train families enter stage 2")
+        if traj.label.unsafe and not grounded(traj.label.decisive_step, traj.label.decisive_agent,
+                                              traj.label.decisive_step,
+                                              [s.agent for s in traj.steps[: traj.label.decisive_step + 1]]):
+            st.skipped_decisive_agent_not_visible += 1
+            continue
         st.n_trajectories += 1
         if traj.label.unsafe:
             st.n_unsafe_trajectories += 1
@@ -73,13 +90,19 @@ def prefix_candidates(trajs: Sequence[Trajectory]) -> tuple[list[tuple[int, int]
 def balanced_sample(safe: list, unsafe: list, *, max_prompts: int, unsafe_fraction: float,
                     seed: int) -> tuple[list, list]:
     """Draw the largest sample of at most `max_prompts` whose UNSAFE share is `unsafe_fraction`
-    (rounded), without replacement; seeded."""
+    (rounded half up), at least one of each, without replacement; seeded. Exact arithmetic: the
+    share is read as the decimal it prints as (0.7 is 7/10), so no prompt is lost to float error."""
     if not unsafe or not safe:
         raise ValueError(f"stage 2 needs prefixes of both gold verdicts; got {len(safe)} SAFE and "
                          f"{len(unsafe)} UNSAFE (does the data hold unsafe trajectories?)")
-    total = min(max_prompts, int(len(unsafe) / unsafe_fraction), int(len(safe) / (1 - unsafe_fraction)))
-    n_u = min(len(unsafe), max(1, round(total * unsafe_fraction)))
-    n_s = min(len(safe), max(1, total - n_u))
+    if max_prompts < 2:
+        raise ValueError(f"stage 2 needs max_prompts >= 2 (one prompt of each gold verdict), got {max_prompts}")
+    f = Fraction(repr(float(unsafe_fraction)))
+    if not 0 < f < 1:
+        raise ValueError(f"unsafe_fraction must be strictly between 0 and 1, got {unsafe_fraction}")
+    total = max(2, min(max_prompts, math.floor(len(unsafe) / f), math.floor(len(safe) / (1 - f))))
+    n_u = min(len(unsafe), total - 1, max(1, math.floor(total * f + Fraction(1, 2))))
+    n_s = min(len(safe), total - n_u)
     rng = random.Random(seed)
     return rng.sample(safe, n_s), rng.sample(unsafe, n_u)
 
@@ -89,6 +112,9 @@ def build_records(trajs: Sequence[Trajectory], *, max_prompts: int, unsafe_fract
                   ) -> tuple[list[dict], PrefixStats]:
     """verl-style records (see the module doc), shuffled with `seed`."""
     safe, unsafe, st = prefix_candidates(trajs)
+    if not unsafe and st.skipped_decisive_agent_not_visible:
+        raise ValueError(f"stage 2 needs UNSAFE prefixes, but all {st.skipped_decisive_agent_not_visible} unsafe "
+                         f"trajectories were skipped: their decisive agent does not act in steps 0..k*")
     s, u = balanced_sample(safe, unsafe, max_prompts=max_prompts, unsafe_fraction=unsafe_fraction, seed=seed)
     st.n_safe_gold, st.n_unsafe_gold = len(s), len(u)
     picks = s + u
