@@ -141,7 +141,9 @@ def _run_eval(args) -> int:
     if not trajs:
         print(f"aftraj eval: no trajectories in {args.data}", file=sys.stderr)
         return 2
-    unlabeled = [t.id for t in trajs if (t.label.provenance or {}).get("unlabeled")]
+    from aftraj.adapters.base import is_unlabeled
+
+    unlabeled = [t.id for t in trajs if is_unlabeled(t)]
     if unlabeled:   # runs imported by an adapter carry a placeholder label: no gold to score against
         print(f"aftraj eval: {args.data}: {len(unlabeled)} of {len(trajs)} trajectories carry no gold "
               f"label (imported from an agent framework, e.g. {unlabeled[0]!r}); label them first, or "
