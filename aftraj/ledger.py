@@ -330,7 +330,8 @@ class SqlLedger(Ledger):
     """The ledger in a SQL database (SQLAlchemy Core; `sqlite:///ledger.db` by default, any
     SQLAlchemy URL such as `postgresql+psycopg://…` for several writer processes).
 
-    The database is the index: idempotency is its primary key on `event_id` and per-run order
+    The database is the index: idempotency is its primary key on `event_id` (with `id_scope="run"`:
+    on `(run_id, event_id)`) and per-run order
     its unique key on `(run_id, seq)`; nothing of the table is loaded into memory (the old
     version indexed every id at open). `append_many(events)` stores a batch in one transaction
     and returns once it is committed, so an acknowledged event is durable: a duplicate
@@ -344,10 +345,17 @@ class SqlLedger(Ledger):
     `kill -9`; a power loss may drop the last commits: use `synchronous=FULL` via `sqlite_sync`).
     `iter_run(run_id, after_seq)` resumes a run from a sequence number. After `append_many`,
     `last_seq_before[run]` is each run's last seq as the committed transaction found it (a
-    reader folding the run can skip re-reading its own events when nothing came in between)."""
+    reader folding the run can skip re-reading its own events when nothing came in between).
+    `id_scope="run"` (the gateway's: tenants choose their own ids) makes an event's identity
+    `(run_id, event_id)`: the same id in two runs is two events, and a conflict names only the
+    run's own stored event; the default `"global"` keeps one id space (the folder's contract)."""
 
-    def __init__(self, url: str = "sqlite:///ledger.db", *, sqlite_sync: str = "NORMAL") -> None:
+    def __init__(self, url: str = "sqlite:///ledger.db", *, sqlite_sync: str = "NORMAL",
+                 id_scope: str = "global") -> None:
         super().__init__()
+        if id_scope not in ("global", "run"):
+            raise ValueError(f"id_scope must be 'global' or 'run', got {id_scope!r}")
+        self.id_scope = id_scope
         self.last_seq_before: dict[str, int] = {}
         import sqlalchemy as sa
 
@@ -376,9 +384,9 @@ class SqlLedger(Ledger):
             self.engine = sa.create_engine(url, pool_pre_ping=True)
         md = sa.MetaData()
         self.table = sa.Table(
-            "aftraj_events", md,
+            "aftraj_events" if id_scope == "global" else "aftraj_run_events", md,
             sa.Column("event_id", sa.String(512), primary_key=True),
-            sa.Column("run_id", sa.String(512), nullable=False, index=True),
+            sa.Column("run_id", sa.String(512), nullable=False, index=True, primary_key=id_scope == "run"),
             sa.Column("seq", sa.BigInteger, nullable=False),
             sa.Column("kind", sa.String(32), nullable=False),
             sa.Column("agent", sa.String(512), nullable=False),
@@ -456,18 +464,29 @@ class SqlLedger(Ledger):
 
     def _store(self, conn, events: list[Event]) -> list[bool]:
         sa, t = self._sa, self.table
-        ids = list({ev.event_id for ev in events})
+        per_run = self.id_scope == "run"
+
+        def key(run_id, event_id):
+            return (run_id, event_id) if per_run else event_id
+
         stored = {}
-        for i in range(0, len(ids), 500):
-            q = sa.select(t.c.event_id, t.c.run_id, t.c.seq, t.c.kind, t.c.agent, t.c.parent_id,
-                          t.c.fingerprint, t.c.usage).where(t.c.event_id.in_(ids[i:i + 500]))
-            stored.update({r[0]: r for r in conn.execute(q)})
+        groups: dict = {}
+        for ev in events:
+            groups.setdefault(ev.run_id if per_run else None, set()).add(ev.event_id)
+        for run_id, id_set in groups.items():
+            ids = sorted(id_set)
+            for i in range(0, len(ids), 500):
+                q = sa.select(t.c.event_id, t.c.run_id, t.c.seq, t.c.kind, t.c.agent, t.c.parent_id,
+                              t.c.fingerprint, t.c.usage).where(t.c.event_id.in_(ids[i:i + 500]))
+                if per_run:
+                    q = q.where(t.c.run_id == run_id)
+                stored.update({key(r[1], r[0]): r for r in conn.execute(q)})
         last: dict[str, int] = {}
         self.last_seq_before = last_before = {}   # per run, as the transaction found it
         rows, out = [], []
         for ev in events:
             usage = orjson.dumps(ev.usage, option=orjson.OPT_SORT_KEYS) if ev.usage is not None else None
-            prev = stored.get(ev.event_id)
+            prev = stored.get(key(ev.run_id, ev.event_id))
             if prev is not None:
                 if (prev[1] == ev.run_id and prev[6] == ev.fingerprint and prev[3] == ev.kind
                         and prev[4] == ev.agent and prev[5] == ev.parent_id and prev[7] == usage):
@@ -489,7 +508,7 @@ class SqlLedger(Ledger):
                                   f"seq {last[run]} (events are ordered by seq within run {run!r})",
                                   code="out_of_order", field="seq")
             last[run] = ev.seq
-            stored[ev.event_id] = (ev.event_id, run, ev.seq, ev.kind, ev.agent, ev.parent_id,
+            stored[key(run, ev.event_id)] = (ev.event_id, run, ev.seq, ev.kind, ev.agent, ev.parent_id,
                                    ev.fingerprint, usage)
             rows.append({"event_id": ev.event_id, "run_id": run, "seq": ev.seq, "kind": ev.kind,
                          "agent": ev.agent, "parent_id": ev.parent_id, "fingerprint": ev.fingerprint,

@@ -167,7 +167,7 @@ class GatewayService:
             path = cfg.ledger_url[len("sqlite:///"):]
             if path and path != ":memory:":
                 os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        self.ledger = SqlLedger(cfg.ledger_url)
+        self.ledger = SqlLedger(cfg.ledger_url, id_scope="run")   # tenants' ids never meet
         self._sa = sa
         md = self.ledger.metadata
         self.runs_table = sa.Table(
@@ -223,11 +223,12 @@ class GatewayService:
                                    **({"category": req.category} if req.category else {})})
         t = self.runs_table
         try:
-            with self.ledger.engine.begin() as conn:
+            with self.ledger.engine.begin() as conn:       # the run and its run_started, or neither
                 conn.execute(t.insert().values(run_id=run_id, owner=owner, record=orjson.dumps(rec)))
+                self.ledger._store(conn, [started])
         except self._sa.exc.IntegrityError:
-            raise GatewayError(409, f"run {run_id!r} already exists", field="run_id") from None
-        self.ledger.append_many([started])
+            # the same answer whoever holds the id: another key's run is not disclosed
+            raise GatewayError(409, "run id not available (choose another run_id)", field="run_id") from None
         self.metrics.inc("aftraj_gateway_runs_total")
         return RunCreated(run_id=run_id, event_id=started.event_id, seq=0)
 

@@ -353,3 +353,49 @@ def test_config_errors_name_the_key(tmp_path):
         config_from_dict({"kind": "gateway", "limits": {"bursts": 3}})
     with pytest.raises(ConfigError, match="intervention.warn"):
         config_from_dict({"kind": "gateway", "intervention": {"warn": 0.9, "pause": 0.5}})
+
+
+def test_tenants_ids_never_meet_and_nothing_of_another_run_is_disclosed(gw):
+    """Event identity is (run, event_id): B reusing A's ids neither sees A's event nor squats
+    A's next id; a create on another key's run id reads like any taken id."""
+    a = new_run(gw, "secret-run-A")
+    step = {"event_id": "step-1", "seq": 1, "kind": "message", "agent": "cfo", "payload": {"content": "wire $1M"}}
+    assert gw.post(f"/v1/runs/{a}/events", json={"events": [step]}, headers=A).status_code == 200
+    b = new_run(gw, "runB", headers=B)
+    mine = {**step, "agent": "x", "payload": {"content": "y"}}
+    r = gw.post(f"/v1/runs/{b}/events", json={"events": [mine, {**mine, "event_id": "step-2", "seq": 2}]},
+                headers=B)
+    assert r.status_code == 200 and r.json()["accepted"] == 2, r.text
+    r = gw.post(f"/v1/runs/{a}/events", json={"events": [{**step, "event_id": "step-2", "seq": 2}]}, headers=A)
+    assert r.status_code == 200 and r.json()["accepted"] == 1, r.text
+    r = gw.post(f"/v1/runs/{b}/events", json={"events": [{**mine, "event_id": f"{a}/run_started", "seq": 3}]},
+                headers=B)
+    assert r.status_code == 200 and r.json()["accepted"] == 1
+    # a conflict inside one's own run names only that run
+    r = gw.post(f"/v1/runs/{b}/events", json={"events": [{**mine, "payload": {"content": "z"}}]}, headers=B)
+    assert r.status_code == 409 and "cfo" not in r.text and a not in r.text
+    # create on A's id from B: same answer as A re-creating it, naming no owner
+    assert gw.get(f"/v1/runs/{a}", headers=B).status_code == 404
+    rb = gw.post("/v1/runs", json={"run_id": a, "task": "t"}, headers=B)
+    ra = gw.post("/v1/runs", json={"run_id": a, "task": "t"}, headers=A)
+    assert rb.status_code == ra.status_code == 409 and rb.json() == ra.json()
+    assert "not available" in rb.json()["detail"] and "already exists" not in rb.text
+
+
+def test_create_run_stores_run_and_run_started_in_one_transaction(tmp_path):
+    from serve.protocol import RunCreate
+    from serve.service import GatewayError
+    svc = GatewayService(make_cfg(tmp_path, auditor=AuditorConfig(backend="none")))
+    real = svc.ledger._store
+
+    def failing(conn, events):
+        raise RuntimeError("database is locked")
+    svc.ledger._store = failing
+    with pytest.raises(RuntimeError):
+        svc.create_run("a", RunCreate(run_id="r", task="t"))
+    svc.ledger._store = real
+    created = svc.create_run("a", RunCreate(run_id="r", task="t"))      # the id was not burnt
+    assert created.seq == 0 and [e.seq for e in svc.ledger.iter_run("r")] == [0]
+    with pytest.raises(GatewayError) as e:
+        svc.create_run("b", RunCreate(run_id="r", task="t"))
+    assert e.value.status == 409
