@@ -399,3 +399,14 @@ def test_create_run_stores_run_and_run_started_in_one_transaction(tmp_path):
     with pytest.raises(GatewayError) as e:
         svc.create_run("b", RunCreate(run_id="r", task="t"))
     assert e.value.status == 409
+
+
+def test_a_bad_reserved_meta_value_is_refused_before_storing(gw):
+    run = new_run(gw)
+    r = gw.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 1, meta={"aftraj_step_kind": "bogus"})]},
+                headers=A)
+    assert r.status_code == 422 and r.json()["field"] == "meta.aftraj_step_kind", r.text
+    assert f"{run}/1" not in gw.svc.ledger
+    r = gw.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 1)]}, headers=A)
+    assert r.status_code == 200 and r.json()["t"] == 0
+    assert gw.get(f"/v1/runs/{run}", headers=A).status_code == 200
