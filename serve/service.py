@@ -144,13 +144,15 @@ class Metrics:
 # --------------------------------------------------------------------------- the service
 
 class _Run:
-    __slots__ = ("run_id", "owner", "task", "agents", "category", "state", "steps", "lock", "subscribers")
+    __slots__ = ("run_id", "owner", "task", "agents", "category", "state", "steps", "step_at", "lock",
+                 "subscribers")
 
     def __init__(self, run_id, owner, task, agents, category, policy):
         self.run_id, self.owner, self.task = run_id, owner, task
         self.agents, self.category = agents, category
         self.state = RunState(run_id, category=category, policy=policy)
         self.steps: list = []
+        self.step_at: list[int | None] = []    # fold position -> step index (None: synthetic)
         self.lock = asyncio.Lock()
         self.subscribers: set[asyncio.Queue] = set()
 
@@ -253,13 +255,17 @@ class GatewayService:
         """Fold what the ledger holds beyond the run's state (events any process stored)."""
         for ev in self.ledger.iter_run(r.run_id, r.state.last_seq):
             fold(r.state, ev)
-            if not is_synthetic(ev):
+            if is_synthetic(ev):
+                r.step_at.append(None)
+            else:
+                r.step_at.append(len(r.steps))
                 r.steps.append(event_to_step(ev, len(r.steps), r.run_id))
 
     @staticmethod
     def _fold_new(r: _Run, events) -> None:
         for ev in events:
             fold(r.state, ev)
+            r.step_at.append(len(r.steps))
             r.steps.append(event_to_step(ev, len(r.steps), r.run_id))
 
     def trajectory(self, r: _Run) -> Trajectory:
@@ -327,9 +333,18 @@ class GatewayService:
         return v
 
     # ------------------------------------------------------------------ verdicts
+    @staticmethod
+    def _finding(r: _Run, f) -> dict:
+        """A fold finding with its fold positions (which count run_started) as step indices."""
+        d = f.to_dict()
+        d["steps"] = [r.step_at[p] for p in f.steps if p < len(r.step_at) and r.step_at[p] is not None]
+        seen = r.step_at[f.seen_at] if 0 <= f.seen_at < len(r.step_at) else None
+        d["seen_at"] = seen if seen is not None else len(r.steps) - 1
+        return d
+
     async def _verdict(self, r: _Run, seq: int, t0: float) -> dict:
-        findings = [f.to_dict() for f in r.state.findings]
-        fold_alarm = next((f for f in r.state.findings if f.alarm), None)
+        findings = [self._finding(r, f) for f in r.state.findings]
+        fold_alarm = next((d for f, d in zip(r.state.findings, findings) if f.alarm), None)
         t = len(r.steps) - 1
         base = {"run_id": r.run_id, "seq": seq, "t": t, "findings": findings,
                 "policy_revision": self.policy.revision, "confidence": None, "k": None,
@@ -338,7 +353,8 @@ class GatewayService:
         decision, status, score = "CONTINUE", "off", 0.0
         if fold_alarm is not None:
             decision = "ALARM"
-            base.update(k=fold_alarm.first_step, agent=None, reason=f"{fold_alarm.kind}: {fold_alarm.reason}")
+            base.update(k=min(fold_alarm["steps"], default=None), agent=None,
+                        reason=f"{fold_alarm['kind']}: {fold_alarm['reason']}")
         if self.client is not None and t >= 0:
             status = "unavailable"
             a = self.cfg.auditor

@@ -410,3 +410,25 @@ def test_a_bad_reserved_meta_value_is_refused_before_storing(gw):
     r = gw.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 1)]}, headers=A)
     assert r.status_code == 200 and r.json()["t"] == 0
     assert gw.get(f"/v1/runs/{run}", headers=A).status_code == 200
+
+
+@pytest.mark.parametrize("before", [0, 2])
+def test_a_fold_alarm_names_step_indices_not_fold_positions(tmp_path, before):
+    """run_started is fold position 0 but no step: k and findings[].steps are step indices."""
+    cfg = make_cfg(tmp_path, auditor=AuditorConfig(backend="none"),
+                   policy=str(REPO / "configs" / "policies" / "templates.yaml"))
+    with TestClient(build_app(GatewayService(cfg))) as c:
+        run = new_run(c, category="math")
+        if before:
+            assert c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, i + 1) for i in range(before)]},
+                          headers=A).status_code == 200
+        bad_call = {"event_id": f"{run}/x", "seq": before + 1, "kind": "tool_call", "agent": "solver",
+                    "payload": {"content": "", "tool": "shell", "arguments": {"cmd": "rm -rf /"}}}
+        v = c.post(f"/v1/runs/{run}/events", json={"events": [bad_call]}, headers=A).json()
+        assert v["decision"] == "ALARM" and v["t"] == before and v["k"] == before
+        f = next(f for f in v["findings"] if f["alarm"])
+        assert f["steps"] == [before] and f["seen_at"] == before and f["event_ids"] == [f"{run}/x"]
+        # a restarted gateway folds the ledger (run_started included) to the same indices
+        svc2 = GatewayService(cfg)
+        v2 = asyncio.run(svc2.ingest("a", run, [ev(run, before + 2)]))
+        assert v2["k"] == before and v2["t"] == before + 1
