@@ -378,13 +378,22 @@ class GatewayService:
                 from eval.confidence import p_unsafe_from_logprobs
 
                 base.update(prompt_tokens=c.usage.prompt_tokens, cached_tokens=c.usage.cached_tokens)
-                v = parse_verdict(c.text, t)
-                if isinstance(v, ParseFailure):
+                try:
+                    v = parse_verdict(c.text, t)
+                except Exception as e:          # the parser never raises; if it did: no verdict
+                    v = None
+                    status, base["auditor_error"] = "parse_failure", f"unparseable reply: {type(e).__name__}"
+                if v is None:
+                    pass
+                elif isinstance(v, ParseFailure):
                     status = "parse_failure"
                     base["auditor_error"] = f"{v.code}: {v.message}"[:500]
                 else:
                     status = "ok"
-                    conf = p_unsafe_from_logprobs(c.logprobs)
+                    try:
+                        conf = p_unsafe_from_logprobs(c.logprobs)
+                    except Exception:            # odd log-probs: no confidence, the verdict stands
+                        conf = None
                     base["confidence"] = conf
                     if v.alarm:
                         decision = "ALARM"

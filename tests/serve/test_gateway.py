@@ -432,3 +432,27 @@ def test_a_fold_alarm_names_step_indices_not_fold_positions(tmp_path, before):
         svc2 = GatewayService(cfg)
         v2 = asyncio.run(svc2.ingest("a", run, [ev(run, before + 2)]))
         assert v2["k"] == before and v2["t"] == before + 1
+
+
+@pytest.mark.parametrize("odd", [900.0, "-0.1", True, None])
+def test_odd_logprobs_give_an_ok_verdict_without_confidence(tmp_path, odd):
+    from eval.confidence import p_unsafe_at
+
+    assert p_unsafe_at({' "': odd}) is None
+    assert p_unsafe_at({' "': odd, " 3": -0.1}) == 1.0          # the odd entry is skipped, not fatal
+    assert p_unsafe_at({' "': 1e-4, " 3": -50.0}) < 1e-6         # rounding above 0 still counts
+    assert p_unsafe_at({' "': float("nan"), " 3": float("inf")}) is None
+    text = '<think>x</think><answer>{"answer": "SAFE", "agent": null, "reason": null}</answer>'
+    pieces = ["<think>x</think>", "<answer>", '{"', "answer", '":', ' "', 'SAFE", "agent": null, "reason": null}',
+              "</answer>"]
+
+    def handler(_req):
+        content = [{"token": p, "logprob": -0.1, "top_logprobs": []} for p in pieces]
+        content[5]["top_logprobs"] = [{"token": ' "', "logprob": odd}]
+        return httpx.Response(200, json={"choices": [{"message": {"content": text}, "finish_reason": "stop",
+                                                      "logprobs": {"content": content}}]})
+    with TestClient(build_app(GatewayService(make_cfg(tmp_path), transport=httpx.MockTransport(handler)))) as c:
+        run = new_run(c)
+        r = c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 1)]}, headers=A)
+        assert r.status_code == 200, r.text
+        assert r.json()["auditor"] == "ok" and r.json()["confidence"] is None and r.json()["decision"] == "CONTINUE"
