@@ -116,6 +116,8 @@ def build_app(svc: GatewayService) -> FastAPI:
                     except TimeoutError:
                         yield b": keep-alive\n\n"
                         continue
+                    if v is None:              # dropped for lagging: end; a reconnect resends all
+                        return
                     yield b"event: verdict\ndata: " + orjson.dumps(v) + b"\n\n"
             finally:
                 svc.unsubscribe(owner, run_id, q)

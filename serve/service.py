@@ -143,6 +143,8 @@ class Metrics:
 
 # --------------------------------------------------------------------------- the service
 
+STREAM_QUEUE = 10_000      # verdicts a stream may lag behind before it is dropped
+
 class _Run:
     __slots__ = ("run_id", "owner", "task", "agents", "category", "state", "steps", "step_at", "lock",
                  "subscribers")
@@ -328,9 +330,21 @@ class GatewayService:
             v = await self._verdict(r, seq, t0)
             v.update(accepted=n_new, duplicates=len(added) - n_new)
             self._store_verdict(run_id, seq, v)
-        for q in list(r.subscribers):
-            q.put_nowait(v)
+        self._publish(r, v)
         return v
+
+    def _publish(self, r: _Run, v: dict) -> None:
+        """Hand the verdict to every stream; a stalled one (queue full) is dropped, never raised
+        into ingest (its events are stored, its verdict too): its stream ends and a reconnect
+        gets every stored verdict again."""
+        for q in list(r.subscribers):
+            try:
+                q.put_nowait(v)
+            except asyncio.QueueFull:
+                r.subscribers.discard(q)
+                self.metrics.inc("aftraj_gateway_streams_dropped_total")
+                q.get_nowait()                 # room for the end-of-stream mark
+                q.put_nowait(None)
 
     # ------------------------------------------------------------------ verdicts
     @staticmethod
@@ -435,8 +449,10 @@ class GatewayService:
                 "verdicts": self.verdicts(run_id)}
 
     def subscribe(self, owner: str, run_id: str) -> tuple[asyncio.Queue, list[dict]]:
+        """A queue of the run's new verdicts (None: the stream was dropped for stalling) and the
+        stored ones."""
         r = self.run(owner, run_id)
-        q: asyncio.Queue = asyncio.Queue(maxsize=10_000)
+        q: asyncio.Queue = asyncio.Queue(maxsize=STREAM_QUEUE)
         r.subscribers.add(q)
         return q, self.verdicts(run_id)
 

@@ -456,3 +456,26 @@ def test_odd_logprobs_give_an_ok_verdict_without_confidence(tmp_path, odd):
         r = c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 1)]}, headers=A)
         assert r.status_code == 200, r.text
         assert r.json()["auditor"] == "ok" and r.json()["confidence"] is None and r.json()["decision"] == "CONTINUE"
+
+
+def test_a_stalled_stream_is_dropped_and_never_fails_ingest(tmp_path, scripted, monkeypatch):
+    import serve.service as service
+
+    monkeypatch.setattr(service, "STREAM_QUEUE", 2)
+    svc = GatewayService(make_cfg(tmp_path), transport=httpx.MockTransport(scripted))
+
+    async def go():
+        from serve.protocol import RunCreate
+        svc.create_run("a", RunCreate(run_id="r", task="t"))
+        stalled, _ = svc.subscribe("a", "r")
+        live, _ = svc.subscribe("a", "r")
+        for i in (1, 2):                             # fills the stalled queue (2), the live one reads
+            await svc.ingest("a", "r", [ev("r", i)])
+            assert (await live.get())["seq"] == i
+        v = await svc.ingest("a", "r", [ev("r", 3)])  # the stalled queue is full now
+        assert v["seq"] == 3 and (await live.get())["seq"] == 3
+        assert stalled not in svc.runs["r"].subscribers and live in svc.runs["r"].subscribers
+        assert [stalled.get_nowait(), stalled.get_nowait()][-1] is None   # its end-of-stream mark
+        assert [x["seq"] for x in svc.verdicts("r")] == [1, 2, 3]
+        assert "aftraj_gateway_streams_dropped_total 1" in svc.metrics.render()
+    asyncio.run(go())
