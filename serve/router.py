@@ -13,6 +13,7 @@ Body limit: a request over `limits.max_body_bytes` is refused with 413 before it
 from __future__ import annotations
 
 import asyncio
+import time
 
 import orjson
 from fastapi import FastAPI, Header, Request
@@ -35,6 +36,7 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        scope["aftraj.t0"] = time.perf_counter()           # the request's arrival (the deadline's start)
         for k, v in scope.get("headers", ()):
             if k == b"content-length" and v.isdigit() and int(v) > self.limit:
                 return await _send_413(send, self.limit)
@@ -91,9 +93,10 @@ def build_app(svc: GatewayService) -> FastAPI:
         return svc.create_run(owner, req)
 
     @app.post("/v1/runs/{run_id}/events", response_model=Verdict, responses=ERRORS)
-    async def post_events(run_id: str, batch: EventBatch, authorization: str | None = Header(None)):
+    async def post_events(request: Request, run_id: str, batch: EventBatch,
+                          authorization: str | None = Header(None)):
         owner = svc.authenticate(authorization)
-        return await svc.ingest(owner, run_id, batch.events)
+        return await svc.ingest(owner, run_id, batch.events, t0=request.scope.get("aftraj.t0"))
 
     @app.get("/v1/runs/{run_id}", response_model=RunView, responses=ERRORS)
     async def get_run(run_id: str, authorization: str | None = Header(None)):

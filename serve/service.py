@@ -143,6 +143,7 @@ class Metrics:
 
 # --------------------------------------------------------------------------- the service
 
+MIN_AUDIT_S = 0.05         # less deadline than this left after the run's lock: do not call the auditor
 STREAM_QUEUE = 10_000      # verdicts a stream may lag behind before it is dropped
 
 class _Run:
@@ -302,8 +303,9 @@ class GatewayService:
             events.append(ev)
         return events
 
-    async def ingest(self, owner: str, run_id: str, items: list) -> dict:
-        t0 = time.perf_counter()
+    async def ingest(self, owner: str, run_id: str, items: list, *, t0: float | None = None) -> dict:
+        """`t0`: the request's arrival (`time.perf_counter()`); the auditor's deadline counts from it."""
+        t0 = time.perf_counter() if t0 is None else t0
         r = self.run(owner, run_id)
         events = self._parse_batch(run_id, items)
         async with r.lock:
@@ -372,8 +374,11 @@ class GatewayService:
         if self.client is not None and t >= 0:
             status = "unavailable"
             a = self.cfg.auditor
+            left = t0 + a.deadline_s - time.perf_counter()   # one deadline from arrival, lock wait included
             try:
-                async with asyncio.timeout(a.deadline_s):
+                if left < MIN_AUDIT_S:
+                    raise TimeoutError
+                async with asyncio.timeout(left):
                     traj = self.trajectory(r)
                     rendered = await asyncio.to_thread(render_prompt, traj, t, a.budget,
                                                        count_tokens=self.count_tokens)
@@ -385,7 +390,8 @@ class GatewayService:
                     c = await self.client.acomplete(body)
                     base["model_latency_ms"] = round(1000 * (time.perf_counter() - m0), 3)
             except TimeoutError:
-                base["auditor_error"] = f"no verdict within the {a.deadline_s:g} s deadline"
+                base["auditor_error"] = (f"no verdict within the {a.deadline_s:g} s deadline (counted from the "
+                                         f"request's arrival, the wait for the run's lock included)")
             except Exception as e:       # EndpointError, a render failure: the fold still answers
                 base["auditor_error"] = f"{type(e).__name__}: {e}"[:500]
             else:

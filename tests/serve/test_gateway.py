@@ -479,3 +479,29 @@ def test_a_stalled_stream_is_dropped_and_never_fails_ingest(tmp_path, scripted, 
         assert [x["seq"] for x in svc.verdicts("r")] == [1, 2, 3]
         assert "aftraj_gateway_streams_dropped_total 1" in svc.metrics.render()
     asyncio.run(go())
+
+
+def test_the_deadline_counts_from_arrival_including_the_runs_lock(tmp_path, scripted):
+    """Three batches at once on one run, the auditor slow: each answers within about one
+    deadline (before: the second waited for the first, then had a full deadline of its own)."""
+    import time
+
+    from serve.protocol import RunCreate
+    cfg = make_cfg(tmp_path, auditor=AuditorConfig(backend="openai", base_url="http://vllm.test/v1",
+                                                   model="auditor", deadline_s=0.5))
+    svc = GatewayService(cfg, transport=httpx.MockTransport(scripted))
+    scripted.delay_s = 5.0
+
+    async def go():
+        svc.create_run("a", RunCreate(run_id="r", task="t"))
+
+        async def post(i):
+            t0 = time.perf_counter()
+            v = await svc.ingest("a", "r", [ev("r", i)], t0=t0)
+            return time.perf_counter() - t0, v
+        return await asyncio.gather(*(post(i) for i in (1, 2, 3)))
+    out = asyncio.run(go())
+    assert max(dt for dt, _ in out) < 1.25, [dt for dt, _ in out]
+    assert all(v["auditor"] == "unavailable" and "deadline" in v["auditor_error"] for _, v in out)
+    assert len(scripted.bodies) == 1          # the later two had no time left: the auditor was not called
+    assert sorted(v["seq"] for _, v in out) == [1, 2, 3]
