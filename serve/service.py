@@ -420,7 +420,8 @@ class GatewayService:
                         base.update(k=v.step, agent=v.agent, reason=v.reason)
                     score = conf if conf is not None else (1.0 if v.alarm else 0.0)
         base.update(decision=decision, auditor=status,
-                    action=self.cfg.intervention.action(score, fold_alarm is not None))
+                    action=self.cfg.intervention.action(score, fold_alarm is not None,
+                                                        status in ("unavailable", "parse_failure")))
         latency = 1000 * (time.perf_counter() - t0)
         base["latency_ms"] = round(latency, 3)
         self.metrics.inc("aftraj_gateway_verdicts_total", auditor=status, decision=decision)

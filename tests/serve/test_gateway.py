@@ -505,3 +505,27 @@ def test_the_deadline_counts_from_arrival_including_the_runs_lock(tmp_path, scri
     assert all(v["auditor"] == "unavailable" and "deadline" in v["auditor_error"] for _, v in out)
     assert len(scripted.bodies) == 1          # the later two had no time left: the auditor was not called
     assert sorted(v["seq"] for _, v in out) == [1, 2, 3]
+
+
+def test_intervention_when_the_auditor_is_unavailable():
+    for floor in ("warn", "pause", "halt"):
+        iv = InterventionConfig(auditor_unavailable=floor)
+        assert iv.action(0.0, False, True) == floor and iv.action(0.0, False, False) == "none"
+        assert iv.action(1.0, False, True) == "halt"
+    with pytest.raises(ValueError, match="auditor_unavailable"):
+        InterventionConfig(auditor_unavailable="none")
+
+
+@pytest.mark.parametrize("floor", ["warn", "pause"])
+def test_an_unavailable_auditor_is_never_a_silent_continue(tmp_path, scripted, floor):
+    from aftraj.adapters.hooks import is_alarm
+    cfg = make_cfg(tmp_path, intervention=InterventionConfig(auditor_unavailable=floor))
+    with TestClient(build_app(GatewayService(cfg, transport=httpx.MockTransport(scripted)))) as c:
+        run = new_run(c)
+        scripted.down = True
+        v = c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 1)]}, headers=A).json()
+        assert v["auditor"] == "unavailable" and v["decision"] == "CONTINUE" and v["action"] == floor
+        assert is_alarm(v) is (floor == "pause")
+        scripted.down = False
+        v = c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 2)]}, headers=A).json()
+        assert v["auditor"] == "ok" and v["action"] == "none"
