@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 import os
 import secrets
 import time
@@ -42,6 +43,8 @@ from aftraj.schema import Label, Trajectory
 from aftraj.views import observer_view
 from serve.config import GatewayConfig, hash_key
 from serve.protocol import RunCreate, RunCreated
+
+log = logging.getLogger("aftraj.gateway")
 
 
 class GatewayError(Exception):
@@ -393,7 +396,10 @@ class GatewayService:
                 base["auditor_error"] = (f"no verdict within the {a.deadline_s:g} s deadline (counted from the "
                                          f"request's arrival, the wait for the run's lock included)")
             except Exception as e:       # EndpointError, a render failure: the fold still answers
-                base["auditor_error"] = f"{type(e).__name__}: {e}"[:500]
+                # tenants get the kind only; the operator's log has the (credential-free) message
+                kind = getattr(e, "kind", None)
+                base["auditor_error"] = f"{type(e).__name__}" + (f" ({kind})" if kind else "")
+                log.warning("run %s: auditor error: %s: %s", r.run_id, type(e).__name__, e)
             else:
                 from eval.confidence import p_unsafe_from_logprobs
 

@@ -202,7 +202,7 @@ def test_auditor_slow_or_down_answers_within_the_deadline_with_the_fold(tmp_path
         assert v["findings"] and v["decision"] == "ALARM" and v["action"] == "warn"
         scripted.delay_s, scripted.down = 0.0, True
         v = c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 2)]}, headers=A).json()
-        assert v["auditor"] == "unavailable" and "ConnectError" in v["auditor_error"]
+        assert v["auditor"] == "unavailable" and v["auditor_error"] == "EndpointError (connect)"
         scripted.down = False
         v = c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 3)]}, headers=A).json()
         assert v["auditor"] == "ok"
@@ -529,3 +529,17 @@ def test_an_unavailable_auditor_is_never_a_silent_continue(tmp_path, scripted, f
         scripted.down = False
         v = c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 2)]}, headers=A).json()
         assert v["auditor"] == "ok" and v["action"] == "none"
+
+
+def test_tenants_get_the_auditor_error_kind_never_its_url(tmp_path, caplog):
+    def down(req):
+        raise httpx.ConnectError(f"refused by {req.url}", request=req)
+    cfg = make_cfg(tmp_path, auditor=AuditorConfig(backend="openai", base_url="http://svc:hunter2@vllm.internal/v1",
+                                                   model="auditor", deadline_s=2.0))
+    with TestClient(build_app(GatewayService(cfg, transport=httpx.MockTransport(down)))) as c:
+        run = new_run(c)
+        with caplog.at_level("WARNING", logger="aftraj.gateway"):
+            r = c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 1)]}, headers=A)
+        assert r.json()["auditor_error"] == "EndpointError (connect)"
+        assert "hunter2" not in r.text and "vllm.internal" not in r.text
+        assert "vllm.internal" in caplog.text and "hunter2" not in caplog.text   # the operator's log
