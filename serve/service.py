@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import os
 import secrets
 import time
@@ -218,7 +219,7 @@ class GatewayService:
         if wait is not None:
             self.metrics.inc("aftraj_gateway_rate_limited_total")
             raise GatewayError(429, f"rate limit of {self.cfg.limits.rate_per_s:g} requests/s for this key",
-                               headers={"Retry-After": f"{max(1, round(wait))}"})
+                               headers={"Retry-After": f"{max(1, math.ceil(wait))}"})
         return owner
 
     # ------------------------------------------------------------------ runs

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 from pathlib import Path
 
@@ -176,11 +177,11 @@ def test_keys_owners_and_limits(tmp_path, scripted):
         big = {"events": [ev(run, 1, "x" * 5000)]}
         r = c.post(f"/v1/runs/{run}/events", json=big, headers=A)
         assert r.status_code == 413 and "4096" in r.json()["detail"]
-        # a bucket of 5 at 1/s: one run created (the 413 was refused before auth), 4 more pass
+        # a bucket of 5 at 1/s: one run created (the 413 was refused before auth), exactly 4 more pass
         codes = [c.get(f"/v1/runs/{run}", headers=A).status_code for _ in range(6)]
-        assert codes[:4] == [200] * 4 and 429 in codes[4:]
+        assert codes == [200] * 4 + [429] * 2
         r = c.get(f"/v1/runs/{run}", headers=A)
-        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"     # ceil of the ~1 s to one token
         assert KEY_A not in c.get("/metrics").text
 
 
@@ -543,3 +544,89 @@ def test_tenants_get_the_auditor_error_kind_never_its_url(tmp_path, caplog):
         assert r.json()["auditor_error"] == "EndpointError (connect)"
         assert "hunter2" not in r.text and "vllm.internal" not in r.text
         assert "vllm.internal" in caplog.text and "hunter2" not in caplog.text   # the operator's log
+
+
+def test_retry_after_is_the_ceiling_of_the_wait(monkeypatch):
+    import serve.service as service
+    from serve.service import RateLimiter
+    now = [100.0]
+    monkeypatch.setattr(service.time, "monotonic", lambda: now[0])
+    for rate, want in ((0.4, 3), (1.0, 1), (10.0, 1), (0.3, 4)):
+        rl = RateLimiter(rate=rate, burst=1)
+        assert rl.take("k") is None
+        wait = rl.take("k")
+        assert wait == pytest.approx(1 / rate)
+        svc_like = max(1, math.ceil(wait))
+        assert svc_like == want
+        now[0] += svc_like                      # a client that waits Retry-After gets through
+        assert rl.take("k") is None
+        now[0] += 1000
+
+
+def test_retry_after_header_lets_the_client_through(tmp_path, monkeypatch):
+    import serve.service as service
+    now = [100.0]
+    monkeypatch.setattr(service.time, "monotonic", lambda: now[0])
+    cfg = make_cfg(tmp_path, auditor=AuditorConfig(backend="none"), limits=LimitsConfig(rate_per_s=0.4, burst=1))
+    with TestClient(build_app(GatewayService(cfg))) as c:
+        assert c.get("/v1/runs/x", headers=A).status_code == 404
+        r = c.get("/v1/runs/x", headers=A)
+        assert r.status_code == 429 and r.headers["retry-after"] == "3"     # 2.5 s rounded up, never down
+        now[0] += 3
+        assert c.get("/v1/runs/x", headers=A).status_code == 404
+
+
+def test_auth_and_rate_limit_come_before_the_body(tmp_path):
+    cfg = make_cfg(tmp_path, auditor=AuditorConfig(backend="none"), limits=LimitsConfig(rate_per_s=0.001, burst=1))
+    with TestClient(build_app(GatewayService(cfg))) as c:
+        assert c.post("/v1/runs/x/events", json={"events": "nope"}).status_code == 401
+        assert c.post("/v1/runs", json={"tsk": 1}).status_code == 401
+        assert c.post("/v1/runs", content=b"{not json", headers={**A, "content-type": "application/json"}
+                      ).status_code == 422                       # the key's one token: body checked
+        assert [c.post("/v1/runs/x/events", json={"events": "nope"}, headers=A).status_code
+                for _ in range(3)] == [429] * 3
+
+
+def test_a_chunked_body_over_the_limit_is_413(tmp_path, scripted):
+    cfg = make_cfg(tmp_path, limits=LimitsConfig(max_body_bytes=4096))
+    app = build_app(GatewayService(cfg, transport=httpx.MockTransport(scripted)))
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            await c.post("/v1/runs", json={"run_id": "r", "task": "t"}, headers=A)
+
+            def chunked(body):
+                async def gen():
+                    for i in range(0, len(body), 1000):
+                        yield body[i:i + 1000]
+                return gen()
+            hs = {**A, "content-type": "application/json"}
+            big = json.dumps({"events": [ev("r", 1, "x" * 5000)]}).encode()
+            small = json.dumps({"events": [ev("r", 1, "x" * 3000)]}).encode()
+            r_big = await c.post("/v1/runs/r/events", content=chunked(big), headers=hs)
+            r_small = await c.post("/v1/runs/r/events", content=chunked(small), headers=hs)
+            return r_big, r_small
+    r_big, r_small = asyncio.run(go())
+    assert r_big.status_code == 413 and "4096" in r_big.json()["detail"]
+    assert r_small.status_code == 200 and r_small.json()["accepted"] == 1
+
+
+@pytest.mark.parametrize("retry_after, slept", [("86400", None), ("2", 2.0)])
+def test_the_gateway_client_never_sleeps_past_its_timeout(monkeypatch, retry_after, slept):
+    import serve.client as client
+    from serve.client import GatewayClient, GatewayClientError
+    sleeps = []
+    monkeypatch.setattr(client.time, "sleep", sleeps.append)
+    n = [0]
+
+    def h(req):
+        n[0] += 1
+        return (httpx.Response(429, headers={"Retry-After": retry_after}, json={"detail": "rate"}) if n[0] == 1
+                else httpx.Response(200, json={"run_id": "r"}))
+    with GatewayClient("http://gw", "k", timeout=30, transport=httpx.MockTransport(h)) as gw:
+        if slept is None:
+            with pytest.raises(GatewayClientError) as e:
+                gw.create_run("t")
+            assert e.value.status == 429 and sleeps == [] and n[0] == 1
+        else:
+            assert gw.create_run("t") == "r" and sleeps == [slept]
