@@ -246,7 +246,7 @@ class GatewayService:
         r = self.runs.get(run_id)
         if r is None:
             t = self.runs_table
-            with self.ledger.engine.connect() as conn:
+            with self.ledger.reader.connect() as conn:
                 row = conn.execute(self._sa.select(t.c.owner, t.c.record).where(t.c.run_id == run_id)).first()
             if row is None:
                 raise GatewayError(404, f"no run {run_id!r}")
@@ -445,13 +445,13 @@ class GatewayService:
 
     def _stored_verdict(self, run_id: str, seq: int) -> dict | None:
         t = self.verdicts_table
-        with self.ledger.engine.connect() as conn:
+        with self.ledger.reader.connect() as conn:
             row = conn.execute(self._sa.select(t.c.record).where(t.c.run_id == run_id, t.c.seq == seq)).first()
         return None if row is None else orjson.loads(row[0])
 
     def verdicts(self, run_id: str) -> list[dict]:
         t = self.verdicts_table
-        with self.ledger.engine.connect() as conn:
+        with self.ledger.reader.connect() as conn:
             return [orjson.loads(rec) for (rec,) in conn.execute(
                 self._sa.select(t.c.record).where(t.c.run_id == run_id).order_by(t.c.seq))]
 

@@ -630,3 +630,41 @@ def test_the_gateway_client_never_sleeps_past_its_timeout(monkeypatch, retry_aft
             assert e.value.status == 429 and sleeps == [] and n[0] == 1
         else:
             assert gw.create_run("t") == "r" and sleeps == [slept]
+
+
+@pytest.mark.parametrize("change, duplicate", [
+    ({}, True),
+    ({"seq": None}, True),                       # no seq: the stored one stands
+    ({"seq": 9}, False),
+    ({"ts": 5}, False),
+    ({"meta": {"aftraj_step_kind": "system"}}, False),
+    ({"payload": {"content": "other"}}, False),
+])
+def test_a_resend_is_a_duplicate_only_when_identical(gw, change, duplicate):
+    run = new_run(gw)
+    assert gw.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 1)]}, headers=A).status_code == 200
+    again = {**ev(run, 1), **change}
+    again = {k: v for k, v in again.items() if v is not None}
+    r = gw.post(f"/v1/runs/{run}/events", json={"events": [again]}, headers=A)
+    if duplicate:
+        assert r.status_code == 200 and r.json()["accepted"] == 0 and r.json()["duplicates"] == 1
+    else:
+        assert r.status_code == 409 and "conflict" in r.json()["detail"], r.text
+    assert [e.seq for e in gw.svc.ledger.iter_run(run)] == [0, 1]
+
+
+def test_a_sqlite_read_never_holds_the_write_lock(tmp_path):
+    import sqlite3
+
+    from aftraj.events import make_event
+    from aftraj.ledger import SqlLedger
+    led = SqlLedger(f"sqlite:///{tmp_path / 'l.db'}", id_scope="run")
+    led.append_many([make_event(event_id=f"e{i}", run_id="r", kind="message", agent="a",
+                                payload={"content": "x"}, seq=i) for i in range(3)])
+    it = led.iter_run("r")
+    next(it)                                          # a reader mid-iteration
+    other = sqlite3.connect(str(tmp_path / "l.db"), timeout=0.2, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")                  # a writer gets the lock at once
+    other.execute("ROLLBACK")
+    assert [e.seq for e in it] == [1, 2]
+    other.close()
