@@ -69,6 +69,8 @@ _META_STEP_KIND = "aftraj_step_kind"  # on an event: the step kind, when not the
 _META_GENERATED = "aftraj_generated_id"  # on an event: the step had no event_id
 _META_SYNTHETIC = "aftraj_synthetic"  # on an event: made from trajectory fields, not a step
 
+_RESERVED_META = frozenset({_META_EVENT, _META_STEP_KIND, _META_GENERATED, _META_SYNTHETIC})
+
 _MAX_SEQ = 1 << 63
 _MAX_TOKENS = 10**12   # per usage record; run totals then stay far inside JSON's 64-bit integers
 _TOP = frozenset(RECORD_FIELDS)
@@ -261,6 +263,13 @@ def _diagnose(d: Any) -> dict:
         _bad("meta", f"must be an object, got {type(meta).__name__}")
     if meta and _META_EVENT in meta:
         _bad(f"meta.{_META_EVENT}", "is reserved (it holds event fields on a step)")
+    if meta and _META_STEP_KIND in meta and (type(meta[_META_STEP_KIND]) is not str
+                                             or meta[_META_STEP_KIND] not in STEP_TO_EVENT_KIND):
+        _bad(f"meta.{_META_STEP_KIND}", f"must be a step kind ({', '.join(sorted(STEP_TO_EVENT_KIND))}), "
+                                        f"got {_r(meta[_META_STEP_KIND])}")
+    for k in (_META_GENERATED, _META_SYNTHETIC):
+        if meta and k in meta and type(meta[k]) is not bool:
+            _bad(f"meta.{k}", f"must be true or false, got {_r(meta[k])}")
     given = d.get("fingerprint")
     if given is not None and type(given) is not str:
         _bad("fingerprint", "must be a hex string")
@@ -336,7 +345,7 @@ def parse_event(d: Any) -> Event:
                 and (parent is None or type(parent) is _STR and 0 < len(parent) <= 512)
                 and (ts is None or type(ts) is float or type(ts) is int
                      or type(ts) is _STR and len(ts) <= 64)
-                and (meta is None or type(meta) is dict and _META_EVENT not in meta)
+                and (meta is None or type(meta) is dict and (not meta or meta.keys().isdisjoint(_RESERVED_META)))
                 and d.keys() <= _TOP
                 and (type(c := payload.get("content")) is _STR and len(c) <= MAX_FIELD_CHARS
                      and len(payload) == 1 if kind in _CONTENT_ONLY

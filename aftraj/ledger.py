@@ -330,24 +330,33 @@ class SqlLedger(Ledger):
     """The ledger in a SQL database (SQLAlchemy Core; `sqlite:///ledger.db` by default, any
     SQLAlchemy URL such as `postgresql+psycopg://…` for several writer processes).
 
-    The database is the index: idempotency is its primary key on `event_id` and per-run order
+    The database is the index: idempotency is its primary key on `event_id` (with `id_scope="run"`:
+    on `(run_id, event_id)`) and per-run order
     its unique key on `(run_id, seq)`; nothing of the table is loaded into memory (the old
     version indexed every id at open). `append_many(events)` stores a batch in one transaction
     and returns once it is committed, so an acknowledged event is durable: a duplicate
-    (identical kind, agent, parent, payload fingerprint and usage) is skipped, a different event
-    under a stored id is a `LedgerError(code="conflict")`, a seq not above the run's last is
+    (identical kind, agent, parent, payload fingerprint, usage, ts, meta, and seq when given) is
+    skipped, a different event (a resend with another seq, ts or meta included) under a stored id is a `LedgerError(code="conflict")`, a seq not above the run's last is
     `LedgerError(code="out_of_order", field="seq")`, and any error rolls the whole batch back
     (seqs it assigned are cleared). Two writers racing on one id or seq: the loser's insert
     violates a key, its transaction is retried once against what the winner stored.
     SQLite runs in WAL mode, transactions BEGIN IMMEDIATE (writers queue on the lock, with a 30 s
-    busy timeout), `synchronous=NORMAL` (durable across a process crash such as
+    busy timeout) except reads through `ledger.reader` (deferred: they never hold the lock),
+    `synchronous=NORMAL` (durable across a process crash such as
     `kill -9`; a power loss may drop the last commits: use `synchronous=FULL` via `sqlite_sync`).
     `iter_run(run_id, after_seq)` resumes a run from a sequence number. After `append_many`,
     `last_seq_before[run]` is each run's last seq as the committed transaction found it (a
-    reader folding the run can skip re-reading its own events when nothing came in between)."""
+    reader folding the run can skip re-reading its own events when nothing came in between).
+    `id_scope="run"` (the gateway's: tenants choose their own ids) makes an event's identity
+    `(run_id, event_id)`: the same id in two runs is two events, and a conflict names only the
+    run's own stored event; the default `"global"` keeps one id space (the folder's contract)."""
 
-    def __init__(self, url: str = "sqlite:///ledger.db", *, sqlite_sync: str = "NORMAL") -> None:
+    def __init__(self, url: str = "sqlite:///ledger.db", *, sqlite_sync: str = "NORMAL",
+                 id_scope: str = "global") -> None:
         super().__init__()
+        if id_scope not in ("global", "run"):
+            raise ValueError(f"id_scope must be 'global' or 'run', got {id_scope!r}")
+        self.id_scope = id_scope
         self.last_seq_before: dict[str, int] = {}
         import sqlalchemy as sa
 
@@ -368,17 +377,20 @@ class SqlLedger(Ledger):
 
             @sa.event.listens_for(self.engine, "begin")
             def _begin(conn):
-                # take the write lock up front: a deferred transaction that read, then writes
-                # after another process committed, fails with "database is locked" (a stale
-                # WAL snapshot) instead of waiting its turn
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
+                # a write transaction takes the write lock up front: a deferred transaction that
+                # read, then writes after another process committed, fails with "database is
+                # locked" (a stale WAL snapshot) instead of waiting its turn. Reads stay deferred
+                # (BEGIN): in WAL mode they never block a writer.
+                conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get("aftraj_read")
+                                     else "BEGIN IMMEDIATE")
         else:
             self.engine = sa.create_engine(url, pool_pre_ping=True)
+        self.reader = self.engine.execution_options(aftraj_read=True)   # `with ledger.reader.connect()`
         md = sa.MetaData()
         self.table = sa.Table(
-            "aftraj_events", md,
+            "aftraj_events" if id_scope == "global" else "aftraj_run_events", md,
             sa.Column("event_id", sa.String(512), primary_key=True),
-            sa.Column("run_id", sa.String(512), nullable=False, index=True),
+            sa.Column("run_id", sa.String(512), nullable=False, index=True, primary_key=id_scope == "run"),
             sa.Column("seq", sa.BigInteger, nullable=False),
             sa.Column("kind", sa.String(32), nullable=False),
             sa.Column("agent", sa.String(512), nullable=False),
@@ -394,29 +406,29 @@ class SqlLedger(Ledger):
     # ------------------------------------------------------------------ reads
     def __len__(self) -> int:
         sa = self._sa
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return conn.execute(sa.select(sa.func.count()).select_from(self.table)).scalar_one()
 
     def __contains__(self, event_id: str) -> bool:
         sa, t = self._sa, self.table
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return conn.execute(sa.select(t.c.seq).where(t.c.event_id == event_id)).first() is not None
 
     def runs(self) -> list[str]:
         sa, t = self._sa, self.table
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             return [r for (r,) in conn.execute(sa.select(t.c.run_id).distinct().order_by(t.c.run_id))]
 
     def last_seq(self, run_id: str) -> int:
         sa, t = self._sa, self.table
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             v = conn.execute(sa.select(sa.func.max(t.c.seq)).where(t.c.run_id == run_id)).scalar()
         return -1 if v is None else v
 
     def iter_run(self, run_id: str, after_seq: int = -1) -> Iterator[Event]:
         sa, t = self._sa, self.table
         q = sa.select(t.c.record).where(t.c.run_id == run_id, t.c.seq > after_seq).order_by(t.c.seq)
-        with self.engine.connect() as conn:
+        with self.reader.connect() as conn:
             for (rec,) in conn.execute(q):
                 yield parse_event(orjson.loads(rec))
 
@@ -449,6 +461,14 @@ class SqlLedger(Ledger):
         raise AssertionError("unreachable")
 
     @staticmethod
+    def _same_rest(record: bytes | None, ev: Event) -> bool:
+        """The stored record's ts and meta are the resent event's (None: stored by this batch)."""
+        if record is None:
+            return True
+        d = orjson.loads(record)
+        return d.get("ts") == ev.ts and (d.get("meta") or {}) == (ev.meta or {})
+
+    @staticmethod
     def _reset(events, had_seq) -> None:
         for ev, had in zip(events, had_seq):
             if not had:
@@ -456,23 +476,40 @@ class SqlLedger(Ledger):
 
     def _store(self, conn, events: list[Event]) -> list[bool]:
         sa, t = self._sa, self.table
-        ids = list({ev.event_id for ev in events})
+        per_run = self.id_scope == "run"
+
+        def key(run_id, event_id):
+            return (run_id, event_id) if per_run else event_id
+
         stored = {}
-        for i in range(0, len(ids), 500):
-            q = sa.select(t.c.event_id, t.c.run_id, t.c.seq, t.c.kind, t.c.agent, t.c.parent_id,
-                          t.c.fingerprint, t.c.usage).where(t.c.event_id.in_(ids[i:i + 500]))
-            stored.update({r[0]: r for r in conn.execute(q)})
+        groups: dict = {}
+        for ev in events:
+            groups.setdefault(ev.run_id if per_run else None, set()).add(ev.event_id)
+        for run_id, id_set in groups.items():
+            ids = sorted(id_set)
+            for i in range(0, len(ids), 500):
+                q = sa.select(t.c.event_id, t.c.run_id, t.c.seq, t.c.kind, t.c.agent, t.c.parent_id,
+                              t.c.fingerprint, t.c.usage, t.c.record).where(t.c.event_id.in_(ids[i:i + 500]))
+                if per_run:
+                    q = q.where(t.c.run_id == run_id)
+                stored.update({key(r[1], r[0]): r for r in conn.execute(q)})
         last: dict[str, int] = {}
         self.last_seq_before = last_before = {}   # per run, as the transaction found it
         rows, out = [], []
         for ev in events:
             usage = orjson.dumps(ev.usage, option=orjson.OPT_SORT_KEYS) if ev.usage is not None else None
-            prev = stored.get(ev.event_id)
+            prev = stored.get(key(ev.run_id, ev.event_id))
             if prev is not None:
                 if (prev[1] == ev.run_id and prev[6] == ev.fingerprint and prev[3] == ev.kind
-                        and prev[4] == ev.agent and prev[5] == ev.parent_id and prev[7] == usage):
+                        and prev[4] == ev.agent and prev[5] == ev.parent_id and prev[7] == usage
+                        and (ev.seq is None or ev.seq == prev[2]) and self._same_rest(prev[8], ev)):
                     out.append(False)
                     continue
+                if prev[8] is not None and prev[6] == ev.fingerprint and (ev.seq is not None and ev.seq != prev[2]
+                                                                         or not self._same_rest(prev[8], ev)):
+                    raise LedgerError(
+                        f"event_id {ev.event_id!r} is stored at seq {prev[2]}; resent with a different "
+                        f"seq ({ev.seq}), ts or meta: a resend must be identical", code="conflict")
                 raise LedgerError(
                     f"event_id {ev.event_id!r} already holds a different event: first {prev[3]} by "
                     f"{prev[4]!r} in run {prev[1]!r} at seq {prev[2]} (fingerprint {prev[6][:12]}), "
@@ -489,8 +526,8 @@ class SqlLedger(Ledger):
                                   f"seq {last[run]} (events are ordered by seq within run {run!r})",
                                   code="out_of_order", field="seq")
             last[run] = ev.seq
-            stored[ev.event_id] = (ev.event_id, run, ev.seq, ev.kind, ev.agent, ev.parent_id,
-                                   ev.fingerprint, usage)
+            stored[key(run, ev.event_id)] = (ev.event_id, run, ev.seq, ev.kind, ev.agent, ev.parent_id,
+                                             ev.fingerprint, usage, None)
             rows.append({"event_id": ev.event_id, "run_id": run, "seq": ev.seq, "kind": ev.kind,
                          "agent": ev.agent, "parent_id": ev.parent_id, "fingerprint": ev.fingerprint,
                          "usage": usage, "record": ev.dumps()})

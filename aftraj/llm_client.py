@@ -17,7 +17,9 @@ What a call promises:
   and one byte a second is abandoned at the deadline (`EndpointError(kind="deadline")`).
 - **A response-size cap** (`max_response_bytes`): a declared `Content-Length` over the cap is
   refused before the body is read, and a body is streamed and abandoned as soon as it passes
-  the cap (`kind="oversize"`): memory stays bounded whatever the server sends.
+  the cap (`kind="oversize"`): memory stays bounded whatever the server sends. The client asks
+  for `Accept-Encoding: identity` and refuses any other `Content-Encoding` (`kind="malformed"`):
+  a compressed body is never inflated. Error messages name the URL without its credentials.
 - **Retries** on connection errors, 408/409/429 and every 5xx, with full-jitter exponential
   back-off (`backoff_s * 2**attempt`, capped at `max_backoff_s`, times a uniform [0.5, 1)) and
   the server's `Retry-After` (seconds or an HTTP date) as a floor; a wait that would pass the
@@ -85,7 +87,8 @@ class ClientConfig:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.base_url, str) and self.base_url.startswith(("http://", "https://"))):
-            raise ValueError(f"base_url must be an http(s) URL, got {self.base_url!r}")
+            raise ValueError(f"base_url must be an http(s) URL, got "
+                             f"{redact_url(self.base_url) if isinstance(self.base_url, str) else self.base_url!r}")
         for name in ("deadline_s", "max_backoff_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
@@ -202,6 +205,20 @@ def parse_completion(data: Any, *, require_content: bool = True, where: str = ""
     return Completion(choices, Usage.from_reply(data.get("usage")), model, latency_s, attempts, data)
 
 
+def _userinfo(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    netloc = urlsplit(url).netloc
+    return netloc.rsplit("@", 1)[0] + "@" if "@" in netloc else ""
+
+
+def redact_url(url: str) -> str:
+    """`url` without its userinfo (`http://user:secret@host/v1` -> `http://***@host/v1`): the
+    form every error message names."""
+    info = _userinfo(url)
+    return url.replace(info, "***@", 1) if info else url
+
+
 def retry_after_s(value: str | None, now: float | None = None) -> float | None:
     """`Retry-After` as seconds: a number, or an HTTP date (RFC 9110); None when absent/invalid."""
     if not value:
@@ -233,6 +250,8 @@ class ChatClient:
     def __init__(self, cfg: ClientConfig, *, transport=None, rng: random.Random | None = None):
         self.cfg = cfg
         self.base_url = cfg.base_url.rstrip("/")
+        self.shown_url = redact_url(self.base_url)    # what error messages name: no credentials
+        self._userinfo = _userinfo(self.base_url)
         self._transport = transport
         self._rng = rng or random.Random()
         self._clients: dict[int, Any] = {}     # id(event loop) -> httpx.AsyncClient on that loop
@@ -243,6 +262,11 @@ class ChatClient:
         self.n_retries = 0
 
     # ------------------------------------------------------------------ plumbing
+    def _scrub(self, e: Any) -> str:
+        """An exception's text without the base URL's credentials (httpx may quote the URL)."""
+        text = str(e)
+        return text.replace(self._userinfo, "***@") if self._userinfo else text
+
     def _headers(self) -> dict:
         h = {"Content-Type": "application/json", "Accept": "application/json",
              "Accept-Encoding": "identity"}
@@ -277,7 +301,7 @@ class ChatClient:
     async def _once(self, method: str, path: str, body: dict | None, attempt: int) -> Any:
         import httpx
 
-        where = f"{self.base_url}{path}"
+        where = f"{self.shown_url}{path}"
         self.n_calls += 1
         try:
             async with self._client().stream(method, path, json=body) as resp:
@@ -288,8 +312,14 @@ class ChatClient:
                     raise EndpointError(f"{where}: response of {int(declared):,} bytes (Content-Length) "
                                         f"is over the cap of {cap:,}", kind="oversize",
                                         status=status, attempts=attempt + 1)
+                enc = resp.headers.get("content-encoding", "identity").strip().lower()
+                if enc not in ("", "identity"):
+                    # we asked for identity; a compressed body could expand past any cap
+                    raise EndpointError(f"{where}: response has Content-Encoding {enc!r} (the client asks "
+                                        f"for identity: a compressed body escapes the size cap)",
+                                        kind="malformed", status=status, attempts=attempt + 1)
                 buf = bytearray()
-                async for chunk in resp.aiter_bytes():   # decoded; we ask for identity anyway
+                async for chunk in resp.aiter_bytes():   # identity (checked above): the wire's bytes
                     buf += chunk
                     if len(buf) > cap:
                         raise EndpointError(f"{where}: response passed the cap of {cap:,} bytes",
@@ -302,14 +332,14 @@ class ChatClient:
                         raise _Retry(err, retry_after_s(resp.headers.get("retry-after")))
                     raise err
         except httpx.TimeoutException as e:
-            raise _Retry(EndpointError(f"{where}: {type(e).__name__}: {e}", kind="timeout",
+            raise _Retry(EndpointError(f"{where}: {type(e).__name__}: {self._scrub(e)}", kind="timeout",
                                        attempts=attempt + 1)) from None
         except httpx.TransportError as e:
-            raise _Retry(EndpointError(f"{where}: connection error: {type(e).__name__}: {e}",
+            raise _Retry(EndpointError(f"{where}: connection error: {type(e).__name__}: {self._scrub(e)}",
                                        kind="connect", attempts=attempt + 1)) from None
         try:
             return json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):    # RecursionError: nested deeper than the parser goes
             raise EndpointError(f"{where}: response is not JSON: {raw[:200]!r}", kind="malformed",
                                 status=status, attempts=attempt + 1) from None
 
@@ -321,7 +351,7 @@ class ChatClient:
             async with asyncio.timeout(per):
                 return await self._once(method, path, body, attempt)
         except TimeoutError:
-            raise _Retry(EndpointError(f"{self.base_url}{path}: attempt {attempt + 1} took over "
+            raise _Retry(EndpointError(f"{self.shown_url}{path}: attempt {attempt + 1} took over "
                                        f"{per:g} s", kind="timeout", attempts=attempt + 1)) from None
 
     async def _call(self, method: str, path: str, body: dict | None) -> tuple[Any, int]:
@@ -353,7 +383,7 @@ class ChatClient:
                         attempt += 1
                         await asyncio.sleep(wait)
         except TimeoutError:
-            raise EndpointError(f"{self.base_url}{path}: no complete answer within the "
+            raise EndpointError(f"{self.shown_url}{path}: no complete answer within the "
                                 f"{cfg.deadline_s:g} s deadline ({attempt + 1} attempts"
                                 + (f"; last error: {last}" if last else "") + ")",
                                 kind="deadline", attempts=attempt + 1) from None
@@ -371,7 +401,7 @@ class ChatClient:
         t0 = time.perf_counter()
         data, attempts = await self._call("POST", "/chat/completions", body)
         return parse_completion(data, require_content=require_content,
-                                where=f"{self.base_url}/chat/completions",
+                                where=f"{self.shown_url}/chat/completions",
                                 latency_s=time.perf_counter() - t0, attempts=attempts)
 
     def complete(self, body: dict, *, require_content: bool = True) -> Completion:
@@ -382,7 +412,7 @@ class ChatClient:
         items = data.get("data") if isinstance(data, dict) else None
         if not isinstance(items, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str)
                                                   for m in items):
-            raise EndpointError(f"{self.base_url}/models: not an OpenAI model list: {str(data)[:200]}",
+            raise EndpointError(f"{self.shown_url}/models: not an OpenAI model list: {str(data)[:200]}",
                                 kind="malformed")
         return [m["id"] for m in items]
 

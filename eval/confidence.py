@@ -16,6 +16,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
+_ROUNDING = 1e-3        # a log-prob a little above 0 is rounding; more is no log-prob
 _BEFORE_VALUE = re.compile(r'<answer>\s*\{\s*"answer"\s*:\s*\Z')
 
 
@@ -31,12 +32,14 @@ def verdict_position(pieces: Sequence[str]) -> int | None:
 
 def p_unsafe_at(top: Mapping[str, float] | Iterable[tuple[str, float]]) -> float | None:
     """P(UNSAFE) from the alternatives (text -> log-prob) at the verdict position; None if
-    neither a quote- nor a digit-led alternative is among them."""
+    neither a quote- nor a digit-led alternative is among them. A value that is no log-prob (not
+    a number, not finite, above 0 beyond rounding) is skipped: an odd endpoint never raises."""
     safe = unsafe = 0.0
     for cand, lp in (top.items() if isinstance(top, Mapping) else top):
-        s = cand.lstrip()
-        if not s or lp is None or not math.isfinite(lp):
+        s = cand.lstrip() if isinstance(cand, str) else ""
+        if (not s or type(lp) not in (int, float) or not math.isfinite(lp) or lp > _ROUNDING):
             continue
+        lp = min(lp, 0.0)
         if s[0] == '"':
             safe += math.exp(lp)
         elif s[0].isdigit():

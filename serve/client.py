@@ -9,7 +9,8 @@
     # async: AsyncGatewayClient, same methods, awaited; `stream(run)` yields verdicts (SSE)
 
 Retries: a batch is idempotent by event id, so `post_events` retries connection errors, 429
-(honouring Retry-After) and 5xx with the same body; a 4xx is raised as `GatewayClientError`
+(honouring Retry-After up to the client's timeout; a longer one raises at once) and 5xx with
+the same body; a 4xx is raised as `GatewayClientError`
 with the server's `Problem` (detail, event_index, event_id, field).
 """
 
@@ -38,6 +39,15 @@ def _retryable(status: int) -> bool:
     return status in (408, 429) or 500 <= status < 600
 
 
+def _wait_s(resp: httpx.Response, attempt: int, timeout: float) -> float | None:
+    """Seconds to wait before retrying `resp` (the server's Retry-After, else back-off); None when
+    the server asks for more than the client's timeout: the error is raised at once, never slept."""
+    ra = retry_after_s(resp.headers.get("retry-after"))
+    if ra is not None and ra > timeout:
+        return None
+    return ra or min(2.0, 0.1 * 2 ** attempt)
+
+
 def _raise(resp: httpx.Response) -> dict:
     if resp.status_code >= 400:
         try:
@@ -53,7 +63,7 @@ class GatewayClient:
                  transport=None):
         self.http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport,
                                  headers={"Authorization": f"Bearer {api_key}"})
-        self.retries = retries
+        self.retries, self.timeout = retries, timeout
 
     def _req(self, method: str, path: str, body=None) -> dict:
         content = orjson.dumps(body) if body is not None else None
@@ -67,8 +77,10 @@ class GatewayClient:
                 time.sleep(min(2.0, 0.1 * 2 ** attempt))
                 continue
             if _retryable(resp.status_code) and attempt < self.retries:
-                time.sleep(retry_after_s(resp.headers.get("retry-after")) or min(2.0, 0.1 * 2 ** attempt))
-                continue
+                wait = _wait_s(resp, attempt, self.timeout)
+                if wait is not None:
+                    time.sleep(wait)
+                    continue
             return _raise(resp)
         raise AssertionError("unreachable")
 
@@ -100,7 +112,7 @@ class AsyncGatewayClient:
                  transport=None):
         self.http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout, transport=transport,
                                       headers={"Authorization": f"Bearer {api_key}"})
-        self.retries = retries
+        self.retries, self.timeout = retries, timeout
 
     async def _req(self, method: str, path: str, body=None) -> dict:
         content = orjson.dumps(body) if body is not None else None
@@ -114,8 +126,10 @@ class AsyncGatewayClient:
                 await asyncio.sleep(min(2.0, 0.1 * 2 ** attempt))
                 continue
             if _retryable(resp.status_code) and attempt < self.retries:
-                await asyncio.sleep(retry_after_s(resp.headers.get("retry-after")) or min(2.0, 0.1 * 2 ** attempt))
-                continue
+                wait = _wait_s(resp, attempt, self.timeout)
+                if wait is not None:
+                    await asyncio.sleep(wait)
+                    continue
             return _raise(resp)
         raise AssertionError("unreachable")
 

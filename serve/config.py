@@ -100,24 +100,29 @@ class AuditorConfig:
 class InterventionConfig:
     """What the caller is told to do. score = P(UNSAFE) when the auditor gives it, else 1 for an
     ALARM and 0 for CONTINUE; the action is the highest threshold the score reaches. A fold
-    finding with alarm (a deterministic rule) gives at least `fold_alarm`."""
+    finding with alarm (a deterministic rule) gives at least `fold_alarm`; a verdict without the
+    auditor (`auditor: unavailable` or `parse_failure`) gives at least `auditor_unavailable`
+    (`warn` by default: never a silent `none`; `pause`/`halt` to stop agents the auditor cannot see)."""
 
     warn: float = 0.5
     pause: float = 0.8
     halt: float = 0.95
     fold_alarm: str = "warn"
+    auditor_unavailable: str = "warn"
 
     def __post_init__(self) -> None:
         for k in ("warn", "pause", "halt"):
             _num(getattr(self, k), k, 0, 1)
         _need(self.warn <= self.pause <= self.halt, "warn", "thresholds must satisfy warn <= pause <= halt")
         _need(self.fold_alarm in ACTIONS, "fold_alarm", f"must be one of {ACTIONS}")
+        _need(self.auditor_unavailable in ACTIONS[1:], "auditor_unavailable", f"must be one of {ACTIONS[1:]}")
 
-    def action(self, score: float, fold_alarm: bool) -> str:
+    def action(self, score: float, fold_alarm: bool, auditor_unavailable: bool = False) -> str:
         act = "halt" if score >= self.halt else "pause" if score >= self.pause else \
             "warn" if score >= self.warn else "none"
-        if fold_alarm and ACTIONS.index(self.fold_alarm) > ACTIONS.index(act):
-            act = self.fold_alarm
+        for on, floor in ((fold_alarm, self.fold_alarm), (auditor_unavailable, self.auditor_unavailable)):
+            if on and ACTIONS.index(floor) > ACTIONS.index(act):
+                act = floor
         return act
 
 

@@ -1,5 +1,6 @@
 """An example agent loop wired to the gateway: each step is posted as it happens, and the loop
-stops as soon as a verdict says ALARM (or the intervention action is pause/halt).
+stops as soon as a verdict says ALARM (or the intervention action is pause/halt); a step the
+auditor could not judge is reported as a warning (the gateway's `auditor_unavailable` action).
 
     aftraj serve gateway --config configs/serve/gateway-local.yaml &
     python -m serve.example_agent --gateway http://127.0.0.1:8080 --key aft-local-demo-key
@@ -38,6 +39,9 @@ def run_agent(gw: GatewayClient, *, run_id: str | None = None, log=print) -> dic
         verdicts.append(v)
         log(f"step {v['t']}: {v['decision']} (auditor {v['auditor']}, action {v['action']})"
             + (f" k={v['k']} agent={v['agent']}: {v['reason']}" if v["decision"] == "ALARM" else ""))
+        if v["auditor"] in ("unavailable", "parse_failure"):
+            log(f"warning: step {v['t']} was not audited ({v['auditor']}: {v['auditor_error']}); "
+                f"the gateway says {v['action']}")
         if v["decision"] == "ALARM" or v["action"] in ("pause", "halt"):
             log(f"stopped by the auditor at step {v['t']}")
             return {"run_id": run, "stopped_at": v["t"], "verdicts": verdicts}

@@ -6,13 +6,16 @@
 Routes: POST /v1/runs, POST /v1/runs/{id}/events, GET /v1/runs/{id}, GET /v1/runs/{id}/stream
 (server-sent verdicts), GET /healthz, GET /metrics (Prometheus text), GET /openapi.json. Every
 error body is a `Problem` (detail, event_index, event_id, field); no body echoes a key.
-Body limit: a request over `limits.max_body_bytes` is refused with 413 before it is parsed
-(declared Content-Length, or counted while it streams in).
+Order of checks (`BodyLimit`, in front of the routes): a declared Content-Length over
+`limits.max_body_bytes` -> 413; then the API key and its rate limit (401/429) before any byte of
+the body is read; then the body, counted as it streams in (chunked: 413 past the limit); then
+the body's validation (422).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import orjson
 from fastapi import FastAPI, Header, Request
@@ -27,44 +30,68 @@ ERRORS = {401: {"model": Problem}, 404: {"model": Problem}, 409: {"model": Probl
 
 
 class BodyLimit:
-    """ASGI middleware: 413 for a body over `limit` bytes (declared or streamed)."""
+    """ASGI middleware, in front of every route: 413 for a body over `limit` bytes (declared by
+    Content-Length, or counted as a chunked body streams in: the body is read here, bounded, and
+    handed on whole), and, for /v1/ routes, the API key and its rate limit checked BEFORE the body
+    is read or validated (401/429 whatever the body holds). The key's owner is
+    `scope["aftraj.owner"]`; `scope["aftraj.t0"]` is the request's arrival."""
 
-    def __init__(self, app, limit: int):
-        self.app, self.limit = app, limit
+    def __init__(self, app, limit: int, svc: GatewayService | None = None):
+        self.app, self.limit, self.svc = app, limit, svc
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        for k, v in scope.get("headers", ()):
-            if k == b"content-length" and v.isdigit() and int(v) > self.limit:
-                return await _send_413(send, self.limit)
-        seen = 0
-
-        async def limited():
-            nonlocal seen
+        scope["aftraj.t0"] = time.perf_counter()           # the request's arrival (the deadline's start)
+        headers = dict(scope.get("headers", ()))
+        v = headers.get(b"content-length", b"")
+        if v.isdigit() and int(v) > self.limit:
+            return await _send_413(send, self.limit)
+        if self.svc is not None and scope.get("path", "").startswith("/v1/"):
+            auth = headers.get(b"authorization")
+            try:
+                scope["aftraj.owner"] = self.svc.authenticate(auth.decode("latin-1") if auth else None)
+            except GatewayError as e:
+                self.svc.metrics.inc("aftraj_gateway_http_errors_total", status=str(e.status))
+                return await _send_problem(send, e.status, e.body(), e.headers)
+        chunks, seen, first = [], 0, None
+        while True:
             msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge()
-            return msg
+            if msg["type"] != "http.request":           # the client left: hand that on
+                first = msg
+                break
+            body = msg.get("body", b"")
+            seen += len(body)
+            if seen > self.limit:
+                return await _send_413(send, self.limit)
+            chunks.append(body)
+            if not msg.get("more_body"):
+                break
+        pending = [first or {"type": "http.request", "body": b"".join(chunks), "more_body": False}]
 
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await _send_413(send, self.limit)
+        async def replay():
+            return pending.pop() if pending else await receive()
+
+        await self.app(scope, replay, send)
 
 
-class _TooLarge(Exception):
-    pass
+async def _send_problem(send, status: int, problem: dict, headers: dict | None = None) -> None:
+    body = orjson.dumps(problem)
+    hs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    hs += [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": hs})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _send_413(send, limit: int) -> None:
-    body = orjson.dumps({"detail": f"request body over the limit of {limit} bytes", "event_index": None,
-                         "event_id": None, "field": None})
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+    await _send_problem(send, 413, {"detail": f"request body over the limit of {limit} bytes", "event_index": None,
+                                    "event_id": None, "field": None})
+
+
+def _owner(request: Request) -> str:
+    """The key's owner, checked by `BodyLimit` before the body was read (the `authorization`
+    parameter of each route only documents the header)."""
+    return request.scope["aftraj.owner"]
 
 
 def build_app(svc: GatewayService) -> FastAPI:
@@ -86,24 +113,22 @@ def build_app(svc: GatewayService) -> FastAPI:
                              "event_id": None, "field": field}, status_code=422)
 
     @app.post("/v1/runs", response_model=RunCreated, status_code=201, responses=ERRORS)
-    async def create_run(req: RunCreate, authorization: str | None = Header(None)):
-        owner = svc.authenticate(authorization)
-        return svc.create_run(owner, req)
+    async def create_run(request: Request, req: RunCreate, authorization: str | None = Header(None)):
+        return svc.create_run(_owner(request), req)
 
     @app.post("/v1/runs/{run_id}/events", response_model=Verdict, responses=ERRORS)
-    async def post_events(run_id: str, batch: EventBatch, authorization: str | None = Header(None)):
-        owner = svc.authenticate(authorization)
-        return await svc.ingest(owner, run_id, batch.events)
+    async def post_events(request: Request, run_id: str, batch: EventBatch,
+                          authorization: str | None = Header(None)):
+        return await svc.ingest(_owner(request), run_id, batch.events, t0=request.scope.get("aftraj.t0"))
 
     @app.get("/v1/runs/{run_id}", response_model=RunView, responses=ERRORS)
-    async def get_run(run_id: str, authorization: str | None = Header(None)):
-        owner = svc.authenticate(authorization)
-        return svc.view(owner, run_id)
+    async def get_run(request: Request, run_id: str, authorization: str | None = Header(None)):
+        return svc.view(_owner(request), run_id)
 
     @app.get("/v1/runs/{run_id}/stream", responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}})
-    async def stream(run_id: str, authorization: str | None = Header(None)):
+    async def stream(request: Request, run_id: str, authorization: str | None = Header(None)):
         """Server-sent events: every stored verdict of the run, then each new one (`event: verdict`)."""
-        owner = svc.authenticate(authorization)
+        owner = _owner(request)
         q, history = svc.subscribe(owner, run_id)
 
         async def gen():
@@ -116,6 +141,8 @@ def build_app(svc: GatewayService) -> FastAPI:
                     except TimeoutError:
                         yield b": keep-alive\n\n"
                         continue
+                    if v is None:              # dropped for lagging: end; a reconnect resends all
+                        return
                     yield b"event: verdict\ndata: " + orjson.dumps(v) + b"\n\n"
             finally:
                 svc.unsubscribe(owner, run_id, q)
@@ -131,7 +158,7 @@ def build_app(svc: GatewayService) -> FastAPI:
     async def metrics():
         return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4")
 
-    app.add_middleware(BodyLimit, limit=svc.cfg.limits.max_body_bytes)
+    app.add_middleware(BodyLimit, limit=svc.cfg.limits.max_body_bytes, svc=svc)
     app.state.service = svc
     return app
 

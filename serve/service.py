@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
+import math
 import os
 import secrets
 import time
@@ -42,6 +44,8 @@ from aftraj.schema import Label, Trajectory
 from aftraj.views import observer_view
 from serve.config import GatewayConfig, hash_key
 from serve.protocol import RunCreate, RunCreated
+
+log = logging.getLogger("aftraj.gateway")
 
 
 class GatewayError(Exception):
@@ -143,14 +147,19 @@ class Metrics:
 
 # --------------------------------------------------------------------------- the service
 
+MIN_AUDIT_S = 0.05         # less deadline than this left after the run's lock: do not call the auditor
+STREAM_QUEUE = 10_000      # verdicts a stream may lag behind before it is dropped
+
 class _Run:
-    __slots__ = ("run_id", "owner", "task", "agents", "category", "state", "steps", "lock", "subscribers")
+    __slots__ = ("run_id", "owner", "task", "agents", "category", "state", "steps", "step_at", "lock",
+                 "subscribers")
 
     def __init__(self, run_id, owner, task, agents, category, policy):
         self.run_id, self.owner, self.task = run_id, owner, task
         self.agents, self.category = agents, category
         self.state = RunState(run_id, category=category, policy=policy)
         self.steps: list = []
+        self.step_at: list[int | None] = []    # fold position -> step index (None: synthetic)
         self.lock = asyncio.Lock()
         self.subscribers: set[asyncio.Queue] = set()
 
@@ -167,7 +176,7 @@ class GatewayService:
             path = cfg.ledger_url[len("sqlite:///"):]
             if path and path != ":memory:":
                 os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        self.ledger = SqlLedger(cfg.ledger_url)
+        self.ledger = SqlLedger(cfg.ledger_url, id_scope="run")   # tenants' ids never meet
         self._sa = sa
         md = self.ledger.metadata
         self.runs_table = sa.Table(
@@ -210,7 +219,7 @@ class GatewayService:
         if wait is not None:
             self.metrics.inc("aftraj_gateway_rate_limited_total")
             raise GatewayError(429, f"rate limit of {self.cfg.limits.rate_per_s:g} requests/s for this key",
-                               headers={"Retry-After": f"{max(1, round(wait))}"})
+                               headers={"Retry-After": f"{max(1, math.ceil(wait))}"})
         return owner
 
     # ------------------------------------------------------------------ runs
@@ -223,11 +232,12 @@ class GatewayService:
                                    **({"category": req.category} if req.category else {})})
         t = self.runs_table
         try:
-            with self.ledger.engine.begin() as conn:
+            with self.ledger.engine.begin() as conn:       # the run and its run_started, or neither
                 conn.execute(t.insert().values(run_id=run_id, owner=owner, record=orjson.dumps(rec)))
+                self.ledger._store(conn, [started])
         except self._sa.exc.IntegrityError:
-            raise GatewayError(409, f"run {run_id!r} already exists", field="run_id") from None
-        self.ledger.append_many([started])
+            # the same answer whoever holds the id: another key's run is not disclosed
+            raise GatewayError(409, "run id not available (choose another run_id)", field="run_id") from None
         self.metrics.inc("aftraj_gateway_runs_total")
         return RunCreated(run_id=run_id, event_id=started.event_id, seq=0)
 
@@ -236,7 +246,7 @@ class GatewayService:
         r = self.runs.get(run_id)
         if r is None:
             t = self.runs_table
-            with self.ledger.engine.connect() as conn:
+            with self.ledger.reader.connect() as conn:
                 row = conn.execute(self._sa.select(t.c.owner, t.c.record).where(t.c.run_id == run_id)).first()
             if row is None:
                 raise GatewayError(404, f"no run {run_id!r}")
@@ -252,13 +262,17 @@ class GatewayService:
         """Fold what the ledger holds beyond the run's state (events any process stored)."""
         for ev in self.ledger.iter_run(r.run_id, r.state.last_seq):
             fold(r.state, ev)
-            if not is_synthetic(ev):
+            if is_synthetic(ev):
+                r.step_at.append(None)
+            else:
+                r.step_at.append(len(r.steps))
                 r.steps.append(event_to_step(ev, len(r.steps), r.run_id))
 
     @staticmethod
     def _fold_new(r: _Run, events) -> None:
         for ev in events:
             fold(r.state, ev)
+            r.step_at.append(len(r.steps))
             r.steps.append(event_to_step(ev, len(r.steps), r.run_id))
 
     def trajectory(self, r: _Run) -> Trajectory:
@@ -293,8 +307,9 @@ class GatewayService:
             events.append(ev)
         return events
 
-    async def ingest(self, owner: str, run_id: str, items: list) -> dict:
-        t0 = time.perf_counter()
+    async def ingest(self, owner: str, run_id: str, items: list, *, t0: float | None = None) -> dict:
+        """`t0`: the request's arrival (`time.perf_counter()`); the auditor's deadline counts from it."""
+        t0 = time.perf_counter() if t0 is None else t0
         r = self.run(owner, run_id)
         events = self._parse_batch(run_id, items)
         async with r.lock:
@@ -321,14 +336,35 @@ class GatewayService:
             v = await self._verdict(r, seq, t0)
             v.update(accepted=n_new, duplicates=len(added) - n_new)
             self._store_verdict(run_id, seq, v)
-        for q in list(r.subscribers):
-            q.put_nowait(v)
+        self._publish(r, v)
         return v
 
+    def _publish(self, r: _Run, v: dict) -> None:
+        """Hand the verdict to every stream; a stalled one (queue full) is dropped, never raised
+        into ingest (its events are stored, its verdict too): its stream ends and a reconnect
+        gets every stored verdict again."""
+        for q in list(r.subscribers):
+            try:
+                q.put_nowait(v)
+            except asyncio.QueueFull:
+                r.subscribers.discard(q)
+                self.metrics.inc("aftraj_gateway_streams_dropped_total")
+                q.get_nowait()                 # room for the end-of-stream mark
+                q.put_nowait(None)
+
     # ------------------------------------------------------------------ verdicts
+    @staticmethod
+    def _finding(r: _Run, f) -> dict:
+        """A fold finding with its fold positions (which count run_started) as step indices."""
+        d = f.to_dict()
+        d["steps"] = [r.step_at[p] for p in f.steps if p < len(r.step_at) and r.step_at[p] is not None]
+        seen = r.step_at[f.seen_at] if 0 <= f.seen_at < len(r.step_at) else None
+        d["seen_at"] = seen if seen is not None else len(r.steps) - 1
+        return d
+
     async def _verdict(self, r: _Run, seq: int, t0: float) -> dict:
-        findings = [f.to_dict() for f in r.state.findings]
-        fold_alarm = next((f for f in r.state.findings if f.alarm), None)
+        findings = [self._finding(r, f) for f in r.state.findings]
+        fold_alarm = next((d for f, d in zip(r.state.findings, findings) if f.alarm), None)
         t = len(r.steps) - 1
         base = {"run_id": r.run_id, "seq": seq, "t": t, "findings": findings,
                 "policy_revision": self.policy.revision, "confidence": None, "k": None,
@@ -337,12 +373,16 @@ class GatewayService:
         decision, status, score = "CONTINUE", "off", 0.0
         if fold_alarm is not None:
             decision = "ALARM"
-            base.update(k=fold_alarm.first_step, agent=None, reason=f"{fold_alarm.kind}: {fold_alarm.reason}")
+            base.update(k=min(fold_alarm["steps"], default=None), agent=None,
+                        reason=f"{fold_alarm['kind']}: {fold_alarm['reason']}")
         if self.client is not None and t >= 0:
             status = "unavailable"
             a = self.cfg.auditor
+            left = t0 + a.deadline_s - time.perf_counter()   # one deadline from arrival, lock wait included
             try:
-                async with asyncio.timeout(a.deadline_s):
+                if left < MIN_AUDIT_S:
+                    raise TimeoutError
+                async with asyncio.timeout(left):
                     traj = self.trajectory(r)
                     rendered = await asyncio.to_thread(render_prompt, traj, t, a.budget,
                                                        count_tokens=self.count_tokens)
@@ -354,27 +394,41 @@ class GatewayService:
                     c = await self.client.acomplete(body)
                     base["model_latency_ms"] = round(1000 * (time.perf_counter() - m0), 3)
             except TimeoutError:
-                base["auditor_error"] = f"no verdict within the {a.deadline_s:g} s deadline"
+                base["auditor_error"] = (f"no verdict within the {a.deadline_s:g} s deadline (counted from the "
+                                         f"request's arrival, the wait for the run's lock included)")
             except Exception as e:       # EndpointError, a render failure: the fold still answers
-                base["auditor_error"] = f"{type(e).__name__}: {e}"[:500]
+                # tenants get the kind only; the operator's log has the (credential-free) message
+                kind = getattr(e, "kind", None)
+                base["auditor_error"] = f"{type(e).__name__}" + (f" ({kind})" if kind else "")
+                log.warning("run %s: auditor error: %s: %s", r.run_id, type(e).__name__, e)
             else:
                 from eval.confidence import p_unsafe_from_logprobs
 
                 base.update(prompt_tokens=c.usage.prompt_tokens, cached_tokens=c.usage.cached_tokens)
-                v = parse_verdict(c.text, t)
-                if isinstance(v, ParseFailure):
+                try:
+                    v = parse_verdict(c.text, t)
+                except Exception as e:          # the parser never raises; if it did: no verdict
+                    v = None
+                    status, base["auditor_error"] = "parse_failure", f"unparseable reply: {type(e).__name__}"
+                if v is None:
+                    pass
+                elif isinstance(v, ParseFailure):
                     status = "parse_failure"
                     base["auditor_error"] = f"{v.code}: {v.message}"[:500]
                 else:
                     status = "ok"
-                    conf = p_unsafe_from_logprobs(c.logprobs)
+                    try:
+                        conf = p_unsafe_from_logprobs(c.logprobs)
+                    except Exception:            # odd log-probs: no confidence, the verdict stands
+                        conf = None
                     base["confidence"] = conf
                     if v.alarm:
                         decision = "ALARM"
                         base.update(k=v.step, agent=v.agent, reason=v.reason)
                     score = conf if conf is not None else (1.0 if v.alarm else 0.0)
         base.update(decision=decision, auditor=status,
-                    action=self.cfg.intervention.action(score, fold_alarm is not None))
+                    action=self.cfg.intervention.action(score, fold_alarm is not None,
+                                                        status in ("unavailable", "parse_failure")))
         latency = 1000 * (time.perf_counter() - t0)
         base["latency_ms"] = round(latency, 3)
         self.metrics.inc("aftraj_gateway_verdicts_total", auditor=status, decision=decision)
@@ -391,13 +445,13 @@ class GatewayService:
 
     def _stored_verdict(self, run_id: str, seq: int) -> dict | None:
         t = self.verdicts_table
-        with self.ledger.engine.connect() as conn:
+        with self.ledger.reader.connect() as conn:
             row = conn.execute(self._sa.select(t.c.record).where(t.c.run_id == run_id, t.c.seq == seq)).first()
         return None if row is None else orjson.loads(row[0])
 
     def verdicts(self, run_id: str) -> list[dict]:
         t = self.verdicts_table
-        with self.ledger.engine.connect() as conn:
+        with self.ledger.reader.connect() as conn:
             return [orjson.loads(rec) for (rec,) in conn.execute(
                 self._sa.select(t.c.record).where(t.c.run_id == run_id).order_by(t.c.seq))]
 
@@ -409,8 +463,10 @@ class GatewayService:
                 "verdicts": self.verdicts(run_id)}
 
     def subscribe(self, owner: str, run_id: str) -> tuple[asyncio.Queue, list[dict]]:
+        """A queue of the run's new verdicts (None: the stream was dropped for stalling) and the
+        stored ones."""
         r = self.run(owner, run_id)
-        q: asyncio.Queue = asyncio.Queue(maxsize=10_000)
+        q: asyncio.Queue = asyncio.Queue(maxsize=STREAM_QUEUE)
         r.subscribers.add(q)
         return q, self.verdicts(run_id)
 

@@ -20,10 +20,15 @@ intervention action is pause/halt), as serve/example_agent.py does for a scripte
   events as spans start and end; an SDK span processor cannot stop the traced code, so on ALARM it
   records the verdict (`.alarm`), calls `on_alarm(verdict)` (where the caller stops its agent)
   and posts nothing more for that trace.
+
+A verdict given without the auditor (`auditor: unavailable` or `parse_failure`) is logged as a
+warning (logger `aftraj.hooks`) and kept in `.unaudited`; it stops the run when the gateway's
+`intervention.auditor_unavailable` makes its action pause or halt.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any, Callable
 
@@ -41,8 +46,17 @@ class RunStopped(RuntimeError):
         self.verdict = verdict
 
 
+log = logging.getLogger("aftraj.hooks")
+
+
 def is_alarm(v: dict) -> bool:
     return v.get("decision") == "ALARM" or v.get("action") in ("pause", "halt")
+
+
+def auditor_missing(v: dict) -> bool:
+    """True when the verdict was given without the auditor (down, slow, unparseable reply): the
+    run was judged by the fold's rules only; the gateway's `action` says how much that matters."""
+    return v.get("auditor") in ("unavailable", "parse_failure")
 
 
 class _GatewayRun:
@@ -54,6 +68,7 @@ class _GatewayRun:
         self.run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
         self.created = self.ended = False
         self.verdicts: list[dict] = []
+        self.unaudited: list[dict] = []        # verdicts given without the auditor (logged as warnings)
         self.alarm: dict | None = None
 
     def post(self, events, task: str | None = None, rb=None) -> dict | None:
@@ -70,6 +85,10 @@ class _GatewayRun:
             self.created = True
         v = self.gw.post_events(self.run_id, events)
         self.verdicts.append(v)
+        if auditor_missing(v):
+            self.unaudited.append(v)
+            log.warning("run %s step %s: no auditor verdict (auditor %s: %s); action %s",
+                        self.run_id, v.get("t"), v.get("auditor"), v.get("auditor_error"), v.get("action"))
         if is_alarm(v):
             self.alarm = v
         return v

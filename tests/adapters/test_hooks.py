@@ -135,3 +135,21 @@ def test_openai_agents_run_hooks_stop_the_run(live_gateway, trigger, n_model_cal
     assert hooks.task == "How many pens in 17 boxes of 24?"
     if trigger != "408":
         assert kinds[4:] == ["message", "final_answer"] and hooks.ended and hooks.rb.final_answer == "408 pens"
+
+
+@pytest.mark.parametrize("action, stops", [("warn", False), ("pause", True), ("halt", True)])
+def test_a_verdict_without_the_auditor_is_logged_and_stops_by_the_gateways_action(caplog, action, stops):
+    from aftraj.adapters.hooks import _GatewayRun
+
+    class Gw:
+        def create_run(self, task, **kw):
+            return kw["run_id"]
+
+        def post_events(self, run_id, events):
+            return {"t": 0, "decision": "CONTINUE", "auditor": "unavailable", "action": action,
+                    "auditor_error": "EndpointError: connect", "reason": None}
+    run = _GatewayRun(Gw(), task="t", run_id="r")
+    with caplog.at_level("WARNING", logger="aftraj.hooks"):
+        v = run.post([{"event_id": "e"}])
+    assert run.unaudited == [v] and "no auditor verdict" in caplog.text and "unavailable" in caplog.text
+    assert (run.alarm is v) is stops

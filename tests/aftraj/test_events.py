@@ -67,6 +67,11 @@ def test_fingerprint_given_must_match():
     (rec(extra=1), "extra"),
     (rec(meta=[1]), "meta"),
     (rec(meta={"aftraj_event": {}}), "meta.aftraj_event"),
+    # reserved keys an event may carry, with a value the step conversion could not use
+    (rec(meta={"aftraj_step_kind": "bogus"}), "meta.aftraj_step_kind"),
+    (rec(meta={"aftraj_step_kind": ["system"]}), "meta.aftraj_step_kind"),
+    (rec(meta={"aftraj_generated_id": "yes"}), "meta.aftraj_generated_id"),
+    (rec(meta={"aftraj_synthetic": 1}), "meta.aftraj_synthetic"),
     (rec(seq=1 << 63), "seq"),
     # token counts a run total could push past JSON's 64-bit integers (snapshot/hash would crash)
     (rec(usage={"input_tokens": 1 << 63, "model": "m"}), "usage.input_tokens"),
@@ -77,6 +82,13 @@ def test_bad_records_name_the_field(bad, field):
     with pytest.raises(EventError) as e:
         parse_event(bad)
     assert e.value.field == field, str(e.value)
+
+
+@pytest.mark.parametrize("meta", [{"aftraj_step_kind": k} for k in ("message", "tool_call", "tool_result",
+                                                                      "final_answer", "system")]
+                         + [{"aftraj_generated_id": True}, {"aftraj_synthetic": False}])
+def test_valid_reserved_meta_is_accepted(meta):
+    assert parse_event(rec(meta=meta)).meta == meta
 
 
 def test_record_round_trip():

@@ -196,3 +196,51 @@ def test_config_is_validated_and_hides_the_key():
     with pytest.raises(ValueError, match="deadline_s"):
         ClientConfig("http://x", deadline_s=0)
     assert "sekret" not in repr(ClientConfig("http://x", api_key="sekret"))
+
+
+def test_credentials_in_the_base_url_never_reach_an_error_message():
+    from aftraj.llm_client import redact_url
+
+    assert redact_url("http://svc:hunter2@vllm:8000/v1") == "http://***@vllm:8000/v1"
+    assert redact_url("http://vllm:8000/v1") == "http://vllm:8000/v1"
+
+    def down(req):
+        raise httpx.ConnectError(f"refused by {req.url} (svc:hunter2@)", request=req)
+    c = ChatClient(ClientConfig("http://svc:hunter2@vllm.internal:8000/v1", retries=1, backoff_s=0.01),
+                   transport=httpx.MockTransport(down))
+    with pytest.raises(EndpointError) as e:
+        c.complete(BODY)
+    assert "hunter2" not in str(e.value) and "***@vllm.internal" in str(e.value) and e.value.kind == "connect"
+    with pytest.raises(ValueError) as e:
+        ClientConfig("ftp://u:hunter2@x")
+    assert "hunter2" not in str(e.value)
+    c.close()
+
+
+def test_a_compressed_reply_is_refused_not_inflated():
+    import gzip
+    blob = gzip.compress(json.dumps(OK).encode() + b" " * (4 * 1024 * 1024))   # ~4 MiB inflated, tiny on the wire
+    seen = []
+
+    def handler(req):
+        seen.append(req.headers.get("accept-encoding"))
+        return httpx.Response(200, content=blob, headers={"Content-Encoding": "gzip"})
+    c = ChatClient(ClientConfig("http://x/v1", max_response_bytes=1024 * 1024, retries=0),
+                   transport=httpx.MockTransport(handler))
+    with pytest.raises(EndpointError, match="Content-Encoding 'gzip'") as e:
+        c.complete(BODY)
+    assert e.value.kind == "malformed" and seen == ["identity"]
+    ok = ChatClient(ClientConfig("http://x/v1", retries=0), transport=httpx.MockTransport(
+        lambda r: httpx.Response(200, json=OK, headers={"Content-Encoding": "identity"})))
+    assert ok.complete(BODY).text == "hello"
+    c.close()
+    ok.close()
+
+
+def test_a_reply_nested_past_the_parser_is_malformed_not_a_crash():
+    c = ChatClient(ClientConfig("http://x/v1", retries=0),
+                   transport=httpx.MockTransport(lambda r: httpx.Response(200, content=b"[" * 100_000)))
+    with pytest.raises(EndpointError) as e:
+        c.complete(BODY)
+    assert e.value.kind == "malformed"
+    c.close()

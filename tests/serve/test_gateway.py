@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 from pathlib import Path
 
@@ -176,11 +177,11 @@ def test_keys_owners_and_limits(tmp_path, scripted):
         big = {"events": [ev(run, 1, "x" * 5000)]}
         r = c.post(f"/v1/runs/{run}/events", json=big, headers=A)
         assert r.status_code == 413 and "4096" in r.json()["detail"]
-        # a bucket of 5 at 1/s: one run created (the 413 was refused before auth), 4 more pass
+        # a bucket of 5 at 1/s: one run created (the 413 was refused before auth), exactly 4 more pass
         codes = [c.get(f"/v1/runs/{run}", headers=A).status_code for _ in range(6)]
-        assert codes[:4] == [200] * 4 and 429 in codes[4:]
+        assert codes == [200] * 4 + [429] * 2
         r = c.get(f"/v1/runs/{run}", headers=A)
-        assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"     # ceil of the ~1 s to one token
         assert KEY_A not in c.get("/metrics").text
 
 
@@ -202,7 +203,7 @@ def test_auditor_slow_or_down_answers_within_the_deadline_with_the_fold(tmp_path
         assert v["findings"] and v["decision"] == "ALARM" and v["action"] == "warn"
         scripted.delay_s, scripted.down = 0.0, True
         v = c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 2)]}, headers=A).json()
-        assert v["auditor"] == "unavailable" and "ConnectError" in v["auditor_error"]
+        assert v["auditor"] == "unavailable" and v["auditor_error"] == "EndpointError (connect)"
         scripted.down = False
         v = c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 3)]}, headers=A).json()
         assert v["auditor"] == "ok"
@@ -353,3 +354,317 @@ def test_config_errors_name_the_key(tmp_path):
         config_from_dict({"kind": "gateway", "limits": {"bursts": 3}})
     with pytest.raises(ConfigError, match="intervention.warn"):
         config_from_dict({"kind": "gateway", "intervention": {"warn": 0.9, "pause": 0.5}})
+
+
+def test_tenants_ids_never_meet_and_nothing_of_another_run_is_disclosed(gw):
+    """Event identity is (run, event_id): B reusing A's ids neither sees A's event nor squats
+    A's next id; a create on another key's run id reads like any taken id."""
+    a = new_run(gw, "secret-run-A")
+    step = {"event_id": "step-1", "seq": 1, "kind": "message", "agent": "cfo", "payload": {"content": "wire $1M"}}
+    assert gw.post(f"/v1/runs/{a}/events", json={"events": [step]}, headers=A).status_code == 200
+    b = new_run(gw, "runB", headers=B)
+    mine = {**step, "agent": "x", "payload": {"content": "y"}}
+    r = gw.post(f"/v1/runs/{b}/events", json={"events": [mine, {**mine, "event_id": "step-2", "seq": 2}]},
+                headers=B)
+    assert r.status_code == 200 and r.json()["accepted"] == 2, r.text
+    r = gw.post(f"/v1/runs/{a}/events", json={"events": [{**step, "event_id": "step-2", "seq": 2}]}, headers=A)
+    assert r.status_code == 200 and r.json()["accepted"] == 1, r.text
+    r = gw.post(f"/v1/runs/{b}/events", json={"events": [{**mine, "event_id": f"{a}/run_started", "seq": 3}]},
+                headers=B)
+    assert r.status_code == 200 and r.json()["accepted"] == 1
+    # a conflict inside one's own run names only that run
+    r = gw.post(f"/v1/runs/{b}/events", json={"events": [{**mine, "payload": {"content": "z"}}]}, headers=B)
+    assert r.status_code == 409 and "cfo" not in r.text and a not in r.text
+    # create on A's id from B: same answer as A re-creating it, naming no owner
+    assert gw.get(f"/v1/runs/{a}", headers=B).status_code == 404
+    rb = gw.post("/v1/runs", json={"run_id": a, "task": "t"}, headers=B)
+    ra = gw.post("/v1/runs", json={"run_id": a, "task": "t"}, headers=A)
+    assert rb.status_code == ra.status_code == 409 and rb.json() == ra.json()
+    assert "not available" in rb.json()["detail"] and "already exists" not in rb.text
+
+
+def test_create_run_stores_run_and_run_started_in_one_transaction(tmp_path):
+    from serve.protocol import RunCreate
+    from serve.service import GatewayError
+    svc = GatewayService(make_cfg(tmp_path, auditor=AuditorConfig(backend="none")))
+    real = svc.ledger._store
+
+    def failing(conn, events):
+        raise RuntimeError("database is locked")
+    svc.ledger._store = failing
+    with pytest.raises(RuntimeError):
+        svc.create_run("a", RunCreate(run_id="r", task="t"))
+    svc.ledger._store = real
+    created = svc.create_run("a", RunCreate(run_id="r", task="t"))      # the id was not burnt
+    assert created.seq == 0 and [e.seq for e in svc.ledger.iter_run("r")] == [0]
+    with pytest.raises(GatewayError) as e:
+        svc.create_run("b", RunCreate(run_id="r", task="t"))
+    assert e.value.status == 409
+
+
+def test_a_bad_reserved_meta_value_is_refused_before_storing(gw):
+    run = new_run(gw)
+    r = gw.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 1, meta={"aftraj_step_kind": "bogus"})]},
+                headers=A)
+    assert r.status_code == 422 and r.json()["field"] == "meta.aftraj_step_kind", r.text
+    assert f"{run}/1" not in gw.svc.ledger
+    r = gw.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 1)]}, headers=A)
+    assert r.status_code == 200 and r.json()["t"] == 0
+    assert gw.get(f"/v1/runs/{run}", headers=A).status_code == 200
+
+
+@pytest.mark.parametrize("before", [0, 2])
+def test_a_fold_alarm_names_step_indices_not_fold_positions(tmp_path, before):
+    """run_started is fold position 0 but no step: k and findings[].steps are step indices."""
+    cfg = make_cfg(tmp_path, auditor=AuditorConfig(backend="none"),
+                   policy=str(REPO / "configs" / "policies" / "templates.yaml"))
+    with TestClient(build_app(GatewayService(cfg))) as c:
+        run = new_run(c, category="math")
+        if before:
+            assert c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, i + 1) for i in range(before)]},
+                          headers=A).status_code == 200
+        bad_call = {"event_id": f"{run}/x", "seq": before + 1, "kind": "tool_call", "agent": "solver",
+                    "payload": {"content": "", "tool": "shell", "arguments": {"cmd": "rm -rf /"}}}
+        v = c.post(f"/v1/runs/{run}/events", json={"events": [bad_call]}, headers=A).json()
+        assert v["decision"] == "ALARM" and v["t"] == before and v["k"] == before
+        f = next(f for f in v["findings"] if f["alarm"])
+        assert f["steps"] == [before] and f["seen_at"] == before and f["event_ids"] == [f"{run}/x"]
+        # a restarted gateway folds the ledger (run_started included) to the same indices
+        svc2 = GatewayService(cfg)
+        v2 = asyncio.run(svc2.ingest("a", run, [ev(run, before + 2)]))
+        assert v2["k"] == before and v2["t"] == before + 1
+
+
+@pytest.mark.parametrize("odd", [900.0, "-0.1", True, None])
+def test_odd_logprobs_give_an_ok_verdict_without_confidence(tmp_path, odd):
+    from eval.confidence import p_unsafe_at
+
+    assert p_unsafe_at({' "': odd}) is None
+    assert p_unsafe_at({' "': odd, " 3": -0.1}) == 1.0          # the odd entry is skipped, not fatal
+    assert p_unsafe_at({' "': 1e-4, " 3": -50.0}) < 1e-6         # rounding above 0 still counts
+    assert p_unsafe_at({' "': float("nan"), " 3": float("inf")}) is None
+    text = '<think>x</think><answer>{"answer": "SAFE", "agent": null, "reason": null}</answer>'
+    pieces = ["<think>x</think>", "<answer>", '{"', "answer", '":', ' "', 'SAFE", "agent": null, "reason": null}',
+              "</answer>"]
+
+    def handler(_req):
+        content = [{"token": p, "logprob": -0.1, "top_logprobs": []} for p in pieces]
+        content[5]["top_logprobs"] = [{"token": ' "', "logprob": odd}]
+        return httpx.Response(200, json={"choices": [{"message": {"content": text}, "finish_reason": "stop",
+                                                      "logprobs": {"content": content}}]})
+    with TestClient(build_app(GatewayService(make_cfg(tmp_path), transport=httpx.MockTransport(handler)))) as c:
+        run = new_run(c)
+        r = c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 1)]}, headers=A)
+        assert r.status_code == 200, r.text
+        assert r.json()["auditor"] == "ok" and r.json()["confidence"] is None and r.json()["decision"] == "CONTINUE"
+
+
+def test_a_stalled_stream_is_dropped_and_never_fails_ingest(tmp_path, scripted, monkeypatch):
+    import serve.service as service
+
+    monkeypatch.setattr(service, "STREAM_QUEUE", 2)
+    svc = GatewayService(make_cfg(tmp_path), transport=httpx.MockTransport(scripted))
+
+    async def go():
+        from serve.protocol import RunCreate
+        svc.create_run("a", RunCreate(run_id="r", task="t"))
+        stalled, _ = svc.subscribe("a", "r")
+        live, _ = svc.subscribe("a", "r")
+        for i in (1, 2):                             # fills the stalled queue (2), the live one reads
+            await svc.ingest("a", "r", [ev("r", i)])
+            assert (await live.get())["seq"] == i
+        v = await svc.ingest("a", "r", [ev("r", 3)])  # the stalled queue is full now
+        assert v["seq"] == 3 and (await live.get())["seq"] == 3
+        assert stalled not in svc.runs["r"].subscribers and live in svc.runs["r"].subscribers
+        assert [stalled.get_nowait(), stalled.get_nowait()][-1] is None   # its end-of-stream mark
+        assert [x["seq"] for x in svc.verdicts("r")] == [1, 2, 3]
+        assert "aftraj_gateway_streams_dropped_total 1" in svc.metrics.render()
+    asyncio.run(go())
+
+
+def test_the_deadline_counts_from_arrival_including_the_runs_lock(tmp_path, scripted):
+    """Three batches at once on one run, the auditor slow: each answers within about one
+    deadline (before: the second waited for the first, then had a full deadline of its own)."""
+    import time
+
+    from serve.protocol import RunCreate
+    cfg = make_cfg(tmp_path, auditor=AuditorConfig(backend="openai", base_url="http://vllm.test/v1",
+                                                   model="auditor", deadline_s=0.5))
+    svc = GatewayService(cfg, transport=httpx.MockTransport(scripted))
+    scripted.delay_s = 5.0
+
+    async def go():
+        svc.create_run("a", RunCreate(run_id="r", task="t"))
+
+        async def post(i):
+            t0 = time.perf_counter()
+            v = await svc.ingest("a", "r", [ev("r", i)], t0=t0)
+            return time.perf_counter() - t0, v
+        return await asyncio.gather(*(post(i) for i in (1, 2, 3)))
+    out = asyncio.run(go())
+    assert max(dt for dt, _ in out) < 1.25, [dt for dt, _ in out]
+    assert all(v["auditor"] == "unavailable" and "deadline" in v["auditor_error"] for _, v in out)
+    assert len(scripted.bodies) == 1          # the later two had no time left: the auditor was not called
+    assert sorted(v["seq"] for _, v in out) == [1, 2, 3]
+
+
+def test_intervention_when_the_auditor_is_unavailable():
+    for floor in ("warn", "pause", "halt"):
+        iv = InterventionConfig(auditor_unavailable=floor)
+        assert iv.action(0.0, False, True) == floor and iv.action(0.0, False, False) == "none"
+        assert iv.action(1.0, False, True) == "halt"
+    with pytest.raises(ValueError, match="auditor_unavailable"):
+        InterventionConfig(auditor_unavailable="none")
+
+
+@pytest.mark.parametrize("floor", ["warn", "pause"])
+def test_an_unavailable_auditor_is_never_a_silent_continue(tmp_path, scripted, floor):
+    from aftraj.adapters.hooks import is_alarm
+    cfg = make_cfg(tmp_path, intervention=InterventionConfig(auditor_unavailable=floor))
+    with TestClient(build_app(GatewayService(cfg, transport=httpx.MockTransport(scripted)))) as c:
+        run = new_run(c)
+        scripted.down = True
+        v = c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 1)]}, headers=A).json()
+        assert v["auditor"] == "unavailable" and v["decision"] == "CONTINUE" and v["action"] == floor
+        assert is_alarm(v) is (floor == "pause")
+        scripted.down = False
+        v = c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 2)]}, headers=A).json()
+        assert v["auditor"] == "ok" and v["action"] == "none"
+
+
+def test_tenants_get_the_auditor_error_kind_never_its_url(tmp_path, caplog):
+    def down(req):
+        raise httpx.ConnectError(f"refused by {req.url}", request=req)
+    cfg = make_cfg(tmp_path, auditor=AuditorConfig(backend="openai", base_url="http://svc:hunter2@vllm.internal/v1",
+                                                   model="auditor", deadline_s=2.0))
+    with TestClient(build_app(GatewayService(cfg, transport=httpx.MockTransport(down)))) as c:
+        run = new_run(c)
+        with caplog.at_level("WARNING", logger="aftraj.gateway"):
+            r = c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 1)]}, headers=A)
+        assert r.json()["auditor_error"] == "EndpointError (connect)"
+        assert "hunter2" not in r.text and "vllm.internal" not in r.text
+        assert "vllm.internal" in caplog.text and "hunter2" not in caplog.text   # the operator's log
+
+
+def test_retry_after_is_the_ceiling_of_the_wait(monkeypatch):
+    import serve.service as service
+    from serve.service import RateLimiter
+    now = [100.0]
+    monkeypatch.setattr(service.time, "monotonic", lambda: now[0])
+    for rate, want in ((0.4, 3), (1.0, 1), (10.0, 1), (0.3, 4)):
+        rl = RateLimiter(rate=rate, burst=1)
+        assert rl.take("k") is None
+        wait = rl.take("k")
+        assert wait == pytest.approx(1 / rate)
+        svc_like = max(1, math.ceil(wait))
+        assert svc_like == want
+        now[0] += svc_like                      # a client that waits Retry-After gets through
+        assert rl.take("k") is None
+        now[0] += 1000
+
+
+def test_retry_after_header_lets_the_client_through(tmp_path, monkeypatch):
+    import serve.service as service
+    now = [100.0]
+    monkeypatch.setattr(service.time, "monotonic", lambda: now[0])
+    cfg = make_cfg(tmp_path, auditor=AuditorConfig(backend="none"), limits=LimitsConfig(rate_per_s=0.4, burst=1))
+    with TestClient(build_app(GatewayService(cfg))) as c:
+        assert c.get("/v1/runs/x", headers=A).status_code == 404
+        r = c.get("/v1/runs/x", headers=A)
+        assert r.status_code == 429 and r.headers["retry-after"] == "3"     # 2.5 s rounded up, never down
+        now[0] += 3
+        assert c.get("/v1/runs/x", headers=A).status_code == 404
+
+
+def test_auth_and_rate_limit_come_before_the_body(tmp_path):
+    cfg = make_cfg(tmp_path, auditor=AuditorConfig(backend="none"), limits=LimitsConfig(rate_per_s=0.001, burst=1))
+    with TestClient(build_app(GatewayService(cfg))) as c:
+        assert c.post("/v1/runs/x/events", json={"events": "nope"}).status_code == 401
+        assert c.post("/v1/runs", json={"tsk": 1}).status_code == 401
+        assert c.post("/v1/runs", content=b"{not json", headers={**A, "content-type": "application/json"}
+                      ).status_code == 422                       # the key's one token: body checked
+        assert [c.post("/v1/runs/x/events", json={"events": "nope"}, headers=A).status_code
+                for _ in range(3)] == [429] * 3
+
+
+def test_a_chunked_body_over_the_limit_is_413(tmp_path, scripted):
+    cfg = make_cfg(tmp_path, limits=LimitsConfig(max_body_bytes=4096))
+    app = build_app(GatewayService(cfg, transport=httpx.MockTransport(scripted)))
+
+    async def go():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            await c.post("/v1/runs", json={"run_id": "r", "task": "t"}, headers=A)
+
+            def chunked(body):
+                async def gen():
+                    for i in range(0, len(body), 1000):
+                        yield body[i:i + 1000]
+                return gen()
+            hs = {**A, "content-type": "application/json"}
+            big = json.dumps({"events": [ev("r", 1, "x" * 5000)]}).encode()
+            small = json.dumps({"events": [ev("r", 1, "x" * 3000)]}).encode()
+            r_big = await c.post("/v1/runs/r/events", content=chunked(big), headers=hs)
+            r_small = await c.post("/v1/runs/r/events", content=chunked(small), headers=hs)
+            return r_big, r_small
+    r_big, r_small = asyncio.run(go())
+    assert r_big.status_code == 413 and "4096" in r_big.json()["detail"]
+    assert r_small.status_code == 200 and r_small.json()["accepted"] == 1
+
+
+@pytest.mark.parametrize("retry_after, slept", [("86400", None), ("2", 2.0)])
+def test_the_gateway_client_never_sleeps_past_its_timeout(monkeypatch, retry_after, slept):
+    import serve.client as client
+    from serve.client import GatewayClient, GatewayClientError
+    sleeps = []
+    monkeypatch.setattr(client.time, "sleep", sleeps.append)
+    n = [0]
+
+    def h(req):
+        n[0] += 1
+        return (httpx.Response(429, headers={"Retry-After": retry_after}, json={"detail": "rate"}) if n[0] == 1
+                else httpx.Response(200, json={"run_id": "r"}))
+    with GatewayClient("http://gw", "k", timeout=30, transport=httpx.MockTransport(h)) as gw:
+        if slept is None:
+            with pytest.raises(GatewayClientError) as e:
+                gw.create_run("t")
+            assert e.value.status == 429 and sleeps == [] and n[0] == 1
+        else:
+            assert gw.create_run("t") == "r" and sleeps == [slept]
+
+
+@pytest.mark.parametrize("change, duplicate", [
+    ({}, True),
+    ({"seq": None}, True),                       # no seq: the stored one stands
+    ({"seq": 9}, False),
+    ({"ts": 5}, False),
+    ({"meta": {"aftraj_step_kind": "system"}}, False),
+    ({"payload": {"content": "other"}}, False),
+])
+def test_a_resend_is_a_duplicate_only_when_identical(gw, change, duplicate):
+    run = new_run(gw)
+    assert gw.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 1)]}, headers=A).status_code == 200
+    again = {**ev(run, 1), **change}
+    again = {k: v for k, v in again.items() if v is not None}
+    r = gw.post(f"/v1/runs/{run}/events", json={"events": [again]}, headers=A)
+    if duplicate:
+        assert r.status_code == 200 and r.json()["accepted"] == 0 and r.json()["duplicates"] == 1
+    else:
+        assert r.status_code == 409 and "conflict" in r.json()["detail"], r.text
+    assert [e.seq for e in gw.svc.ledger.iter_run(run)] == [0, 1]
+
+
+def test_a_sqlite_read_never_holds_the_write_lock(tmp_path):
+    import sqlite3
+
+    from aftraj.events import make_event
+    from aftraj.ledger import SqlLedger
+    led = SqlLedger(f"sqlite:///{tmp_path / 'l.db'}", id_scope="run")
+    led.append_many([make_event(event_id=f"e{i}", run_id="r", kind="message", agent="a",
+                                payload={"content": "x"}, seq=i) for i in range(3)])
+    it = led.iter_run("r")
+    next(it)                                          # a reader mid-iteration
+    other = sqlite3.connect(str(tmp_path / "l.db"), timeout=0.2, isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")                  # a writer gets the lock at once
+    other.execute("ROLLBACK")
+    assert [e.seq for e in it] == [1, 2]
+    other.close()

@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -90,8 +89,11 @@ def test_kill_9_mid_stream_loses_no_acknowledged_event_and_stores_none_twice(gat
     assert 0 < len(acknowledged) < N_RUNS * N_EVENTS
     engine = sa.create_engine(f"sqlite:///{tmp_path / 'ledger.db'}")
     with engine.connect() as c:
-        stored = Counter(e for (e,) in c.execute(sa.text("SELECT event_id FROM aftraj_events")))
-    assert acknowledged <= set(stored) and max(stored.values()) == 1      # every ack stored, once
+        rows = list(c.execute(sa.text("SELECT run_id, seq, event_id FROM aftraj_run_events")))
+    # every acknowledged event is stored under its own seq, each run's seqs run 0..m without a
+    # gap, and at most the one batch in flight at the kill is stored beyond what was acknowledged
+    _assert_runs_stored(rows, {r: acked[r] - 1 for r in runs}, slack=BATCH)
+    assert acknowledged <= {e for _, _, e in rows}
     # restart and finish: the batch in flight at the kill is resent (stored or not: idempotent)
     g.start()
     _post_all(g.url, runs, acked)
@@ -100,11 +102,24 @@ def test_kill_9_mid_stream_loses_no_acknowledged_event_and_stores_none_twice(gat
         assert last["accepted"] == 0 and last["duplicates"] == BATCH        # resending adds nothing
         view = gw.run(runs[-1])
     with engine.connect() as c:
-        rows = list(c.execute(sa.text("SELECT run_id, seq, event_id FROM aftraj_events")))
-    assert len(rows) == N_RUNS * (N_EVENTS + 1) == len({r[2] for r in rows})
-    per_run = Counter(r[0] for r in rows)
-    assert set(per_run.values()) == {N_EVENTS + 1}
+        rows = list(c.execute(sa.text("SELECT run_id, seq, event_id FROM aftraj_run_events")))
+    _assert_runs_stored(rows, {r: N_EVENTS for r in runs})          # exactly 0..N_EVENTS, each once
     assert view["observer"]["events"] == N_EVENTS + 1 and view["observer"]["last_seq"] == N_EVENTS
+
+
+def _assert_runs_stored(rows, last_acked: dict, slack: int = 0) -> None:
+    """`rows` (run_id, seq, event_id) hold, per run, run_started at seq 0 and event `{run}/i` at
+    seq i for i = 1..m, nothing else, with last_acked[run] <= m <= last_acked[run] + slack (the
+    keys cannot catch an event stored twice under two seqs, a gap or a lost ack: this does)."""
+    per_run: dict = {}
+    for run, seq, eid in rows:
+        per_run.setdefault(run, []).append((seq, eid))
+    assert set(per_run) == set(last_acked)
+    for run, got in per_run.items():
+        got.sort()
+        m = len(got) - 1
+        assert last_acked[run] <= m <= last_acked[run] + slack, (run, m, last_acked[run])
+        assert got == [(0, f"{run}/run_started")] + [(i, f"{run}/{i}") for i in range(1, m + 1)], run
 
 
 # --------------------------------------------------------------------------- PostgreSQL
@@ -180,5 +195,5 @@ def test_two_gateway_processes_share_one_postgres_ledger(gateway_process, postgr
     assert va["observer"]["state_hash"] == vb["observer"]["state_hash"] and va["observer"]["events"] == 61
     engine = sa.create_engine(postgres)
     with engine.connect() as c:
-        n, distinct = c.execute(sa.text("SELECT count(*), count(DISTINCT event_id) FROM aftraj_events")).one()
-    assert n == distinct == len(runs) * 61 + 10
+        rows = list(c.execute(sa.text("SELECT run_id, seq, event_id FROM aftraj_run_events")))
+    _assert_runs_stored(rows, {r: 70 if r == runs[0] else 60 for r in runs})
