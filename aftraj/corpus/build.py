@@ -74,16 +74,38 @@ def screen_functions(funcs: list[dict], sandbox: Sandbox) -> list[dict]:
 
 
 def precompute_tests(tasks: list[Task], sandbox: Sandbox) -> int:
-    """Run every code variant the scripted agents can write against every suite, batched."""
-    items = [(code, suite_tests(t, s, f["function"])) for t in tasks if t.domain == "coding"
-             for f in functions_of(t) if f.get("variants")
-             for code in f["variants"].values() for s in ("public", "smoke", "all")]
-    sandbox.run_many(items)
+    """Run every code variant the scripted agents can write against every suite (public, smoke,
+    all); returns the number of (code, suite) pairs. Each variant runs its full suite once; a suite
+    that is a prefix of the full one (public always, smoke where it is the first public test) takes
+    the prefix of those results: the sandbox runs a sample's tests one after another in one fresh
+    process, so the first n tests see exactly what they would see alone. Where the full run
+    crashed or timed out, the shorter suite runs on its own. A third of the sandbox runs."""
+    plans = []
+    for t in tasks:
+        if t.domain != "coding":
+            continue
+        for f in functions_of(t):
+            if not f.get("variants"):
+                continue
+            full = suite_tests(t, "all", f["function"])
+            subs = [suite_tests(t, s, f["function"]) for s in ("public", "smoke")]
+            plans += [(code, full, subs) for code in f["variants"].values()]
+    sandbox.run_many([(code, full) for code, full, _ in plans])
+    alone = []
+    for code, full, subs in plans:
+        whole = sandbox.run(code, full)                       # cached above
+        clean = not any(r == "timeout" or r.startswith("crashed") for r in whole.results)
+        for sub in subs:
+            if clean and sub == full[: len(sub)]:
+                sandbox.seed(code, sub, whole.results[: len(sub)])
+            else:
+                alone.append((code, sub))
+    sandbox.run_many(alone)
     bad = [(t.id, f["function"]) for t in tasks if t.domain == "coding" for f in functions_of(t) if f.get("variants")
            and not sandbox.run(f["variants"]["correct"], suite_tests(t, "all", f["function"])).passed]
     if bad:
         raise RuntimeError(f"coding tasks whose reference solution fails its tests: {bad[:5]}")
-    return len(items)
+    return 3 * len(plans)
 
 
 # --------------------------------------------------------------------------- trajectories

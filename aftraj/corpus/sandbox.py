@@ -331,3 +331,13 @@ class Sandbox:
 
     def run(self, code: str, tests: Sequence[str]) -> TestRun:
         return self.run_many([(code, tests)])[0]
+
+    def seed(self, code: str, tests: Sequence[str], results: Sequence[str]) -> TestRun:
+        """Record results obtained otherwise (a prefix of a longer suite of the same code, run in
+        one fresh process: `aftraj.corpus.build.precompute_tests`) as if (code, tests) had run."""
+        tests = tuple(tests)
+        if len(results) != len(tests):
+            raise ValueError(f"{len(results)} results for {len(tests)} tests")
+        key = sample_key(code, tests)
+        self.cache[key] = TestRun(key, tuple(results))
+        return self.cache[key]

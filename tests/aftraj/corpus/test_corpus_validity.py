@@ -227,3 +227,29 @@ def test_coding_tasks_bundle_functions_and_check_each_one(sandbox):
     f = functions_of(t)[0]
     bug = next(v for k, v in f["variants"].items() if k.startswith("bug:"))
     assert not check_answer(t, "FINAL ANSWER:\n" + "\n".join([f"```python\n{bug}```"] + blocks[1:]), sandbox)[0]
+
+
+def test_precomputed_prefix_suites_equal_their_own_runs():
+    """precompute_tests runs each variant's full suite once and takes the public (and smoke) results
+    as its prefix: every such result equals the suite run alone in a fresh sandbox, wrong variants
+    included; a suite that is not a prefix (HumanEval's smoke test) is run on its own."""
+    from aftraj.corpus.build import precompute_tests
+    from aftraj.corpus.sandbox import Sandbox, sample_key
+    from aftraj.corpus.tasks import functions_of, suite_tests
+
+    tasks = generate_tasks("coding", 6, 1, humaneval=True)
+    with Sandbox(timeout_s=2) as first, Sandbox(timeout_s=2) as alone:
+        n = precompute_tests(tasks, first)
+        runs = first.n_subprocesses
+        checked = failing = 0
+        for t in tasks:
+            for f in functions_of(t):
+                for code in (f.get("variants") or {}).values():
+                    for s in ("public", "smoke"):
+                        tests = suite_tests(t, s, f["function"])
+                        seeded = first.cache[sample_key(code, tests)]
+                        assert seeded.results == alone.run(code, tests).results, (t.id, f["function"], s)
+                        checked += 1
+                        failing += not seeded.passed
+    assert checked and failing            # wrong variants were compared too, not only passing ones
+    assert runs < n                       # the prefixes cost no sandbox run of their own
