@@ -4,7 +4,7 @@ embedding cache; then a refit with the cache warm) and per-prefix query latency 
 the embedding baseline, plus the cost of tagging one unseen step (two texts through MiniLM).
 
     .venv/bin/python benchmarks/structural.py                          # the 2k scripted corpus (built if absent)
-    .venv/bin/python benchmarks/structural.py --data runs/aftraj-2k/corpus.jsonl --n 2000 --threads 1
+    .venv/bin/python benchmarks/structural.py --data runs/aftraj-2k/corpus.jsonl --n 2000
 
 Queries are prefixes of the fitted runs; retrieval excludes the query's own family, so each
 query sees only other tasks, as a held-out run would. Last line:
@@ -58,11 +58,13 @@ def main() -> int:
     ap.add_argument("--queries", type=int, default=2000, help="prefixes to time")
     ap.add_argument("--config", default=str(REPO / "configs/structural/default.yaml"))
     ap.add_argument("--embedder", choices=("minilm", "hashing"), help="override the config's embedder")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads while embedding (default 1)")
+    ap.add_argument("--threads", type=int, help="torch threads while embedding (default: the config's, 2)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    cfg = load_structural_config(args.config).replace(embed_threads=args.threads)
+    cfg = load_structural_config(args.config)
+    if args.threads is not None:
+        cfg = cfg.replace(embed_threads=args.threads)
     if args.embedder:
         cfg = cfg.replace(embedder=args.embedder)
     with tempfile.TemporaryDirectory() as tmp:

