@@ -35,5 +35,6 @@ def quiet_libraries() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")   # read by transformers at import
     for cat in (FutureWarning, DeprecationWarning):
         warnings.filterwarnings("ignore", category=cat, module=LIBRARIES)
-    for name in ("transformers", "transformers.modeling_utils", "peft", "safetensors"):
+    # a filter acts on the logger a record is logged to (not on records propagated from children)
+    for name in ("transformers", "transformers.modeling_utils", "peft", "safetensors", "accelerate.utils.other"):
         logging.getLogger(name).addFilter(_DropNoise())
