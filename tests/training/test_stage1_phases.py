@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import training.stage1.trainer as trainer
+from aftraj.errors import UsageError
 from training.stage1.config import load_stage1_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,7 +73,7 @@ def test_preferences_phase_never_forms_a_process_group(tiny_model_dir, handmade_
     assert not dist.is_initialized()
     assert not list(out.glob("checkpoint-*")) and not (out / "run.json").exists()
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(RuntimeError, match="one process"):
+    with pytest.raises(UsageError, match="one process"):   # a user error: one line, exit 2
         trainer.sample_preferences(_cfg(tiny_model_dir, handmade_corpus, tmp_path / "other"))
 
 

@@ -25,6 +25,22 @@ REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "stage2" / "tiny-cpu.yaml"
 
 
+def _n_params(model_dir: Path) -> int:
+    """Parameters of a saved checkpoint, counted from its safetensors headers (no weights loaded)."""
+    from safetensors import safe_open
+
+    n = 0
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        with safe_open(f, framework="pt") as st:
+            for k in st.keys():
+                shape = st.get_slice(k).get_shape()
+                size = 1
+                for d in shape:
+                    size *= d
+                n += size
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="shrunk model; CPU-safe settings without CUDA")
@@ -50,8 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(a.out) if a.out else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         dtype = "bfloat16" if cuda else "float32"
-        model_dir, n_params = build_random_qwen2(root / "model", hidden=hidden, layers=layers, vocab=vocab,
-                                                 dtype=dtype)
+        heads = max(2, hidden // 64)        # a Qwen2.5-like shape, saved in bf16 by the stage-1 builder
+        shape = {"vocab": vocab, "hidden": hidden, "intermediate": int(hidden * 5.25) // 64 * 64,
+                 "layers": layers, "heads": heads, "kv_heads": max(1, heads // 4)}
+        model_dir = build_random_qwen2(root / "model", shape)
+        n_params = _n_params(model_dir)
         over = {"model": str(model_dir), "output_dir": str(root / "run"), "max_steps": a.steps,
                 "save_steps": a.steps, "report_to": [], "dtype": dtype, "bf16": cuda,
                 "num_generations": 4 if a.tiny else a.generations,
