@@ -257,8 +257,9 @@ def _hint_name(hint: Any) -> str:
     return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
 
 
-def load_stage1_config(path: str | Path, overrides: dict | None = None) -> Stage1Config:
-    """Read a YAML config (flat keys), apply `overrides`, validate. Errors name the file and key."""
+def load_flat_config(cls, path: str | Path, overrides: dict | None = None, *, what: str):
+    """Read a YAML config of flat keys into the dataclass `cls`, apply `overrides`, validate (the
+    class's `__post_init__`). Errors name the file and key. Stage 1 and stage 2 both load here."""
     src = str(path)
     try:
         raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
@@ -269,12 +270,17 @@ def load_stage1_config(path: str | Path, overrides: dict | None = None) -> Stage
     if not isinstance(raw, dict):
         raise ConfigError(f"the file must hold a mapping, got {type(raw).__name__}", source=src)
     raw.update(overrides or {})
-    known = {f.name for f in dataclasses.fields(Stage1Config)}
+    known = {f.name for f in dataclasses.fields(cls)}
     for k in raw:
         if k not in known:
-            raise ConfigError(f"is not a stage-1 setting (known: {', '.join(sorted(known))})",
+            raise ConfigError(f"is not a {what} setting (known: {', '.join(sorted(known))})",
                               key=k, source=src)
     try:
-        return Stage1Config(**raw)
+        return cls(**raw)
     except ConfigError as e:
         raise ConfigError(e.message, key=e.key, source=src) from None
+
+
+def load_stage1_config(path: str | Path, overrides: dict | None = None) -> Stage1Config:
+    """Read a YAML config (flat keys), apply `overrides`, validate. Errors name the file and key."""
+    return load_flat_config(Stage1Config, path, overrides, what="stage-1")

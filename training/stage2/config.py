@@ -14,11 +14,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 
 from training.reward import RewardConfig
 from training.stage1.config import (ATTN_IMPLEMENTATIONS, DTYPES, FINETUNES, SCHEDULERS, TRACKERS,
-                                    ConfigError, _check_types)
+                                    ConfigError, _check_types, load_flat_config)
 
 OPTIMIZERS = ("adamw_torch", "adamw_bnb_8bit")
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
@@ -164,22 +163,4 @@ class Stage2Config:
 
 def load_stage2_config(path: str | Path, overrides: dict | None = None) -> Stage2Config:
     """Read a YAML config (flat keys), apply `overrides`, validate. Errors name the file and key."""
-    src = str(path)
-    try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise ConfigError(f"not valid YAML: {e}", source=src) from None
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"the file must hold a mapping, got {type(raw).__name__}", source=src)
-    raw.update(overrides or {})
-    known = {f.name for f in dataclasses.fields(Stage2Config)}
-    for k in raw:
-        if k not in known:
-            raise ConfigError(f"is not a stage-2 setting (known: {', '.join(sorted(known))})",
-                              key=k, source=src)
-    try:
-        return Stage2Config(**raw)
-    except ConfigError as e:
-        raise ConfigError(e.message, key=e.key, source=src) from None
+    return load_flat_config(Stage2Config, path, overrides, what="stage-2")
