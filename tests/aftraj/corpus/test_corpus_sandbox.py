@@ -147,10 +147,10 @@ def _namespaces_available() -> bool:
 _NS = _namespaces_available()
 
 
-@pytest.fixture(params=["namespaces", "none"])
+@pytest.fixture(params=[pytest.param("namespaces", marks=pytest.mark.skipif(
+    not _NS, reason="this kernel refuses unprivileged user namespaces (the fallback is tested as 'none')")),
+    "none"])
 def isolation(request):
-    if request.param == "namespaces" and not _NS:
-        pytest.skip("this kernel refuses unprivileged user namespaces (the fallback is tested as 'none')")
     return request.param
 
 
