@@ -54,7 +54,7 @@ def load_tasks(cfg: CorpusConfig, seed: int, sandbox: Sandbox | None = None) -> 
 
 def _sandbox(cfg: CorpusConfig) -> Sandbox:
     return Sandbox(timeout_s=cfg.sandbox.timeout_s, memory_mb=cfg.sandbox.memory_mb,
-                   batch_size=cfg.sandbox.batch_size, workers=cfg.sandbox.workers)
+                   workers=cfg.sandbox.workers)
 
 
 def screen_functions(funcs: list[dict], sandbox: Sandbox) -> list[dict]:

@@ -167,18 +167,16 @@ class SplitConfig:
 
 @dataclass(frozen=True)
 class SandboxConfig:
-    """Unit-test runs: a subprocess per batch with time and memory limits and no network."""
+    """Unit-test runs: one confined process per sample (aftraj.corpus.sandbox), time and memory limits."""
 
     timeout_s: float = 2.0         # per test sample
     memory_mb: int = 1024
-    batch_size: int = 256
     workers: int = 2
 
     def __post_init__(self) -> None:
         _need(isinstance(self.timeout_s, (int, float)) and not isinstance(self.timeout_s, bool) and self.timeout_s > 0,
               "sandbox.timeout_s", f"must be a number > 0, got {self.timeout_s!r}")
         _posint(self.memory_mb, "sandbox.memory_mb", 64)
-        _posint(self.batch_size, "sandbox.batch_size")
         _posint(self.workers, "sandbox.workers")
 
 

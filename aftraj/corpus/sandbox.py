@@ -218,16 +218,14 @@ class Sandbox:
     timeout_s: per test (and for loading the code); memory_mb: address space; file_mb: the
     largest file a sample may write; workers: samples run at once; isolation: 'auto' (namespaces
     where the kernel allows them, else 'none'), 'namespaces' (SandboxError if refused) or 'none'.
-    batch_size is accepted for configs written for the batched sandbox and has no effect: every
-    sample gets its own process.
     """
 
-    def __init__(self, *, timeout_s: float = 2.0, memory_mb: int = 1024, batch_size: int = 256,
+    def __init__(self, *, timeout_s: float = 2.0, memory_mb: int = 1024,
                  workers: int = 2, python: str | None = None, file_mb: int = 16, isolation: str = "auto"):
         if isolation not in ISOLATIONS:
             raise ValueError(f"sandbox isolation must be one of {ISOLATIONS}, got {isolation!r}")
         self.timeout_s, self.memory_mb, self.file_mb = float(timeout_s), int(memory_mb), int(file_mb)
-        self.batch_size, self.workers = int(batch_size), max(1, int(workers))
+        self.workers = max(1, int(workers))
         self.python = python or sys.executable
         self.requested = isolation
         self.cache: dict[str, TestRun] = {}

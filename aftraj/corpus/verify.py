@@ -46,7 +46,7 @@ def verify_corpus(trajs, cfg, seed: int | None = None) -> VerifyReport:
     if cfg.policy.backend != "scripted":
         raise ValueError("replay verification needs the scripted policy (policy.backend: scripted)")
     sb = Sandbox(timeout_s=cfg.sandbox.timeout_s, memory_mb=cfg.sandbox.memory_mb,
-                 batch_size=cfg.sandbox.batch_size, workers=cfg.sandbox.workers)
+                 workers=cfg.sandbox.workers)
     tasks = {t.id: t for t in load_tasks(cfg, seed, sb)}
     precompute_tests(list(tasks.values()), sb)
     policy = ScriptedPolicy(cfg.slips, cfg.policy.model)

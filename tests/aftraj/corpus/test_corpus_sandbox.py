@@ -60,7 +60,7 @@ def test_subprocess_is_refused():
 
 
 def test_a_crashing_sample_fails_alone_and_output_is_not_confused():
-    sb = Sandbox(timeout_s=2, batch_size=8)
+    sb = Sandbox(timeout_s=2)
     runs = sb.run_many([GOOD, ("import os\nos._exit(3)\n", ("assert True",)),
                         ("print('{\"id\": \"x\"}')\ndef g():\n    return 2\n", ("assert g() == 2",))])
     assert runs[0].results[0] == "pass"
