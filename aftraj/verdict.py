@@ -227,13 +227,21 @@ def gold_verdict(traj: Trajectory, t: int) -> Verdict:
     """The optimal verdict for prefix t: SAFE before k*, UNSAFE (k*, a*) from k* on."""
     lb = traj.label
     if not lb.unsafe or t < lb.decisive_step:
-        return Verdict("SAFE", think=f"I checked steps 0 to {t}. None of them holds a decisive "
-                                     f"error that the steps shown already support.")
+        return Verdict("SAFE", think=safe_think(t))
     k, a = lb.decisive_step, lb.decisive_agent
     reason = lb.reason or f"{a} made the error at step {k} that decides the failure of the run."
-    return Verdict("UNSAFE", step=k, agent=a, reason=reason,
-                   think=f"Steps before {k} are sound. At step {k}, {a} makes a decisive error: "
-                         f"{reason}")
+    return Verdict("UNSAFE", step=k, agent=a, reason=reason, think=alarm_think(k, a))
+
+
+def safe_think(t: int) -> str:
+    """The canonical reasoning of a SAFE verdict on prefix t: one short sentence (~10 tokens), so a
+    canonical SAFE completion is ~40 tokens and an ALARM ~60 (a CPU budget of 128 holds both)."""
+    return f"Steps 0 to {t} show no decisive error."
+
+
+def alarm_think(k: int, agent: str) -> str:
+    """The canonical reasoning of an ALARM at step k blaming `agent` (the reason follows in the answer)."""
+    return f"Step {k} by {agent} is the first decisive error."
 
 
 def gold_completion(traj: Trajectory, t: int) -> str:

@@ -31,7 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from aftraj.verdict import ParseFailure, Verdict, format_completion, parse_verdict, verdict_outcome
+from aftraj.verdict import (ParseFailure, Verdict, alarm_think, format_completion, parse_verdict,
+                            safe_think, verdict_outcome)
 from training.stage1.pairs import POST, PRE, BoundaryPrompt
 
 
@@ -49,9 +50,8 @@ def canonical_wrong(p: BoundaryPrompt) -> Verdict:
         agent = p.agents[-1] if p.agents else "unknown"
         return Verdict("UNSAFE", step=p.t, agent=agent,
                        reason=f"{agent} made the decisive error at step {p.t}.",
-                       think=f"At step {p.t}, {agent} makes a decisive error.")
-    return Verdict("SAFE", think=f"I checked steps 0 to {p.t}. None of them holds a decisive error "
-                                 f"that the steps shown already support.")
+                       think=alarm_think(p.t, agent))
+    return Verdict("SAFE", think=safe_think(p.t))
 
 
 class Sampler(Protocol):
