@@ -1,59 +1,53 @@
 #!/usr/bin/env bash
-# The main job, end to end on a CPU (about 9 minutes on 2 cores; set-up adds ~1.5 minutes the
-# first time). Everything lands under out/demo/ (OUT=... to change):
-#   1. Who&When -> our schema, summary per subset
-#   2. build a small AFTraj-style corpus (scripted multi-agent rollouts, curation, injection, diagnosis)
-#   3. fold one run's events and show the rule detectors' findings
-#   4. evaluate baselines on Who&When (post-hoc heuristics, the rules auditor, strict online walk)
-#   5. stage 1 (BPPO) on SmolLM2-135M-Instruct with LoRA, a few steps, from the corpus's train split
-#   6. the trained auditor walks held-out corpus trajectories prefix by prefix (hf backend, KV reuse)
-#   bash scripts/demo.sh
+# The main job, end to end on a CPU, from a clean clone (set-up included):
+#   1. Who&When -> our schema, a summary per subset
+#   2. the recipe on SmolLM2-135M-Instruct (aftraj ablation, configs/ablation/demo.yaml):
+#      build a small corpus -> prepare the model -> format warm-up -> stage 1 (BPPO) -> stage 2
+#      (GRPO) and stage 1 + 2 -> every row evaluated with the strict online walk on a small
+#      held-out sample and a Who&When sample, beside the content-blind floors and the rules
+#   3. fold one unsafe corpus run into run state: the rule detectors' findings
+# Writes reports/demo/ablation.md (+ ablation.json, plots, the config); runs land in out/demo/.
+#   bash scripts/demo.sh              # SmolLM2, a few steps a phase (measured time in the README)
+#   bash scripts/demo.sh --quick      # the same pipeline on a random tiny model, in a few minutes (CI)
+#   bash scripts/demo.sh --resume     # keep the phases a previous run finished
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+QUICK=0 RESUME=0
+for a in "$@"; do
+  case "$a" in
+    --quick) QUICK=1 ;;
+    --resume) RESUME=1 ;;
+    *) echo "demo.sh: unknown argument $a (use --quick, --resume)" >&2; exit 2 ;;
+  esac
+done
 bash "$ROOT/scripts/setup.sh"
 cd "$ROOT"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 PATH="$ROOT/.venv/bin:$PATH"
-OUT="${OUT:-out/demo}"
-WW="${WHO_AND_WHEN:-$ROOT/eval/data/who_and_when}"
+if [ "$QUICK" = 1 ]; then
+  CONFIG=configs/ablation/quick.yaml; OUT="${OUT:-out/demo-quick}"; REPORT="${REPORT:-reports/demo-quick}"
+else
+  CONFIG=configs/ablation/demo.yaml; OUT="${OUT:-out/demo}"; REPORT="${REPORT:-reports/demo}"
+fi
+[ "$RESUME" = 1 ] || rm -rf "$OUT"
 mkdir -p "$OUT"
 banner() { printf '\n######## %s\n' "$*"; }
+START=$SECONDS
 
 banner "1. Who&When -> our schema, and a summary per subset"
-aftraj convert --from whoandwhen "$WW" --out "$OUT/who_and_when.jsonl"
+aftraj convert --from whoandwhen who_and_when --out "$OUT/who_and_when.jsonl"
 aftraj summary "$OUT/who_and_when.jsonl"
 
-banner "2. Build a small corpus (configs/corpus/demo-small.yaml)"
-aftraj corpus build --config configs/corpus/demo-small.yaml --out "$OUT/corpus" --no-progress
-sed -n '1,25p' "$OUT/corpus/stats.md"
-aftraj corpus verify --config configs/corpus/demo-small.yaml --corpus "$OUT/corpus"
+banner "2. Corpus, warm-up, stage 1, stage 2, evaluation ($CONFIG)"
+aftraj ablation --config "$CONFIG" --out "$OUT/ablation" --report "$REPORT"
 
-banner "3. Fold one unsafe corpus run into run state; rule detectors' findings"
-RUN_ID=$(python - "$OUT/corpus/test.jsonl" <<'PY'
+banner "3. Fold one unsafe corpus run into run state; the rule detectors' findings"
+RUN_ID=$(python - "$OUT/ablation/corpus/test.jsonl" <<'PY'
 import sys
 from aftraj.schema import iter_jsonl
 print(next(t.id for t in iter_jsonl(sys.argv[1]) if t.label.unsafe and t.domain == "agentic"))
 PY
 )
-aftraj fold "$OUT/corpus/test.jsonl" --run "$RUN_ID" --policy configs/policies/templates.yaml
-aftraj inspect "$OUT/corpus/test.jsonl" --id "$RUN_ID" | head -20
+aftraj fold "$OUT/ablation/corpus/test.jsonl" --run "$RUN_ID" --policy configs/policies/templates.yaml | head -30
 
-banner "4. Baselines on Who&When (strict protocol; post-hoc heuristics are labelled as such)"
-aftraj eval --auditor heuristic:uniform-random --data "$WW" --out "$OUT/eval/ww-uniform-random" --no-progress
-aftraj eval --auditor rules --data "$WW" --out "$OUT/eval/ww-rules" --no-progress
-aftraj eval --auditor rules:configs/policies/templates.yaml --data "$OUT/corpus/test.jsonl" \
-  --out "$OUT/eval/corpus-rules" --no-progress
-sed -n '1,30p' "$OUT/eval/ww-uniform-random/report.md"
-
-banner "5. Stage 1 (BPPO) on SmolLM2-135M-Instruct, LoRA, a few steps on the corpus's train split"
-aftraj models prepare smollm2-135m
-rm -rf "$OUT/stage1-smollm2"   # a re-run trains afresh (a run folder with checkpoints needs --resume)
-aftraj train stage1 --config configs/stage1/smollm2-135m-cpu.yaml --data "$OUT/corpus" \
-  --set max_trajectories=24 --out "$OUT/stage1-smollm2" --no-progress
-
-banner "6. The trained auditor walks 2 held-out corpus trajectories, prefix by prefix"
-aftraj eval --auditor hf --model "$OUT/stage1-smollm2/final" --data "$OUT/corpus/test.jsonl" \
-  --limit 2 --max-new-tokens 64 --out "$OUT/eval/corpus-smollm2" --no-progress
-sed -n '1,30p' "$OUT/eval/corpus-smollm2/report.md"
-
-banner "Done. Reports and plots: $OUT/eval/*/ (report.md, metrics.json, predictions.jsonl, *.png)"
+banner "Done in $(( (SECONDS - START) / 60 )) min $(( (SECONDS - START) % 60 )) s (after set-up). Report: $REPORT/ablation.md; runs: $OUT/"

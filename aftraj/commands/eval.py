@@ -61,6 +61,10 @@ def register(sub) -> None:
     p.add_argument("--auc-start", type=int, default=0,
                    help="first step of the per-step stratified ROC AUC (score auditors)")
     p.add_argument("--limit", type=int, help="evaluate only the first N trajectories")
+    p.add_argument("--sample", type=int, metavar="N",
+                   help="evaluate a stratified, seeded sample of N trajectories (by domain, subset and "
+                        "gold verdict; eval/sample.py), after --split")
+    p.add_argument("--sample-seed", type=int, default=0, help="seed of --sample (default 0)")
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap and random-baseline seed")
     p.add_argument("--price-prompt", type=float, help="USD per million uncached prompt tokens")
@@ -136,6 +140,13 @@ def _run_eval(args) -> int:
     except ValueError as e:
         print(f"aftraj eval: {e}", file=sys.stderr)
         return 2
+    if args.sample is not None:
+        from eval.sample import stratified_sample
+
+        if args.sample < 1:
+            print(f"aftraj eval: --sample must be >= 1, got {args.sample}", file=sys.stderr)
+            return 2
+        trajs = stratified_sample(trajs, args.sample, args.sample_seed)
     if args.limit is not None:
         trajs = trajs[: args.limit]
     if not trajs:
@@ -183,7 +194,8 @@ def _run_eval(args) -> int:
             "strategy": auditor.strategy, "protocol": args.protocol, "data": str(args.data),
             "reference_answer_in_prompt": args.reference_answer, "all_prefixes": args.all_prefixes,
             "model": args.model, "endpoint": args.endpoint, "wall_s": round(wall, 3),
-            "split": split, "n_trajectories": len(trajs), "layout": args.layout}
+            "split": split, "n_trajectories": len(trajs), "layout": args.layout,
+            "sample": (None if args.sample is None else {"n": args.sample, "seed": args.sample_seed})}
     meta["provenance"] = _provenance(args)
     metrics = write_report(preds, Path(args.out), meta=meta, n_boot=args.n_boot, seed=args.seed,
                            prices=prices, expectation=expectation, auc_start=args.auc_start)

@@ -605,6 +605,8 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
             on_step_end(row)
         if step % cfg.save_steps == 0 or step == total or step == stop_at_step:
             _save_checkpoint(acc, optimizer, out, step, cfg.save_total_limit)
+            if cfg.finetune == "lora":
+                _save_adapter(acc, model, tok, out / f"checkpoint-{step:06d}" / "adapter")
         if step == stop_at_step:
             break
     bar.close()
@@ -663,6 +665,17 @@ def _save_checkpoint(acc, optimizer, out: Path, step: int, limit: int | None) ->
                            if (m := _CKPT.match(p.name)))
             for _, p in found[:-limit]:
                 shutil.rmtree(p, ignore_errors=True)
+    acc.wait_for_everyone()
+
+
+def _save_adapter(acc, model, tok, dest: Path) -> None:
+    """A LoRA run's adapter at this checkpoint (+ tokenizer): `aftraj eval --auditor hf --model
+    CKPT/adapter` loads it on its base, so a checkpoint can be chosen on the validation split
+    (eval/ablation.py) without merging mid-run (merging would change the model being trained)."""
+    state = acc.get_state_dict(model)
+    if acc.is_main_process:
+        acc.unwrap_model(model).save_pretrained(dest, state_dict=state)
+        tok.save_pretrained(dest)
     acc.wait_for_everyone()
 
 

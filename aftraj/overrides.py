@@ -1,0 +1,29 @@
+"""`--set KEY=VALUE` overrides, parsed in one place for every command that takes them (training
+stages, the ablation): VALUE is YAML (`--set lr=1e-4`, `--set targets=[q_proj,v_proj]`).
+
+    python -c "from aftraj.overrides import parse_set; print(parse_set(['max_steps=4']))"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from aftraj.errors import UsageError
+
+
+def parse_set(items: Iterable[str]) -> dict:
+    """{key: YAML value} of KEY=VALUE strings; a malformed item is a UsageError naming it."""
+    import yaml
+
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise UsageError(f"--set {item!r}: expected KEY=VALUE")
+        k, v = item.split("=", 1)
+        if not k.strip():
+            raise UsageError(f"--set {item!r}: the key is empty")
+        try:
+            out[k.strip()] = yaml.safe_load(v)
+        except yaml.YAMLError as e:
+            raise UsageError(f"--set {item!r}: the value is not YAML ({' '.join(str(e).split())})") from None
+    return out

@@ -1,0 +1,162 @@
+"""The ablation driver (eval/ablation.py) in pieces: config validation, phases run once and
+resumed, the config guard, checkpoint selection on val, the table and the goal lines. The whole
+pipeline runs end to end in tests/test_demo_quick.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from aftraj.errors import UsageError
+from eval import ablation as ab
+from training.stage1.config import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", ["quick", "demo", "cpu"])
+def test_shipped_configs_load(name):
+    cfg = ab.load_config(REPO / "configs" / "ablation" / f"{name}.yaml")
+    assert cfg.max_new_tokens >= 128        # a canonical ALARM (~75 SmolLM2 tokens) is never cut
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("heldout_sample", 0, "heldout_sample"), ("val_sample", -1, "val_sample"),
+    ("stage1_steps", 0, "stage1_steps"), ("stage1_set", ["no_equals"], "stage1_set"),
+    ("warmup_config", "configs/warmup/nope.yaml", "warmup_config"), ("colour", 1, "colour")])
+def test_bad_config_values_are_named(tmp_path, key, value, match):
+    with pytest.raises(ConfigError, match=match):
+        ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {key: value})
+
+
+def test_bounds_accept_their_edge(tmp_path):
+    cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
+                         {"heldout_sample": 1, "val_sample": 0, "stage1_steps": 1})
+    assert (cfg.heldout_sample, cfg.val_sample, cfg.stage1_steps) == (1, 0, 1)
+
+
+def test_a_phase_runs_once_and_a_failure_leaves_no_marker(tmp_path, monkeypatch):
+    r = ab.Runner(tmp_path, echo=False)
+    rec = r.run("ok", ["summary", "who_and_when"])
+    assert rec["wall_s"] >= 0 and r.done("ok")["argv"] == ["aftraj", "summary", "who_and_when"]
+    assert "Who" in (tmp_path / "logs" / "ok.log").read_text() or (tmp_path / "logs" / "ok.log").stat().st_size > 0
+
+    def boom(*a, **kw):
+        raise AssertionError("a finished phase ran again")
+    monkeypatch.setattr(subprocess, "run", boom)
+    assert r.run("ok", ["summary", "who_and_when"]) == rec          # resumed: skipped
+    monkeypatch.undo()
+    with pytest.raises(ab.PhaseFailed, match="bad"):
+        r.run("bad", ["summary", str(tmp_path / "missing.jsonl")])
+    assert r.done("bad") is None
+
+
+def test_half_written_output_is_cleared_before_a_phase_reruns(tmp_path):
+    r = ab.Runner(tmp_path, echo=False)
+    stale = tmp_path / "stage1"
+    stale.mkdir()
+    (stale / "junk").write_text("x")
+    r.run("p", ["summary", "who_and_when"], clean=stale)
+    assert not stale.exists()
+
+
+def test_another_config_in_the_same_folder_is_refused(tmp_path):
+    cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml")
+    ab.Ablation(cfg, tmp_path, echo=False).check_config()
+    ab.Ablation(cfg, tmp_path, echo=False).check_config()            # same config: fine
+    other = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {"heldout_sample": 7})
+    with pytest.raises(UsageError, match="heldout_sample"):
+        ab.Ablation(other, tmp_path, echo=False).check_config()
+
+
+def _fake_run(root: Path, steps: list[int]) -> Path:
+    run = root / "stage2"
+    for s in steps:
+        (run / f"checkpoint-{s}").mkdir(parents=True)
+        (run / f"checkpoint-{s}" / "adapter_config.json").write_text("{}")
+    (run / "final").mkdir(parents=True)
+    (run / "final" / "config.json").write_text("{}")
+    return run
+
+
+def _fake_val(a: ab.Ablation, run: Path, tag: str, f1, far) -> None:
+    d = a.out / "eval" / "val" / f"{run.name}-{tag}"
+    d.mkdir(parents=True)
+    (d / "metrics.json").write_text(json.dumps({"overall": {"exact_f1": f1, "far": far,
+                                                            "parse_failure_rate": 0.0}}))
+    a.r.marker(f"val stage 2 {tag}").write_text(json.dumps({"wall_s": 0.0}))
+
+
+@pytest.mark.parametrize("scores,expect", [
+    # (step2, step4, final) -> chosen
+    (((0.2, 0.1), (0.4, 0.3), (0.3, 0.0)), "checkpoint-4"),     # best F1 wins despite a higher FAR
+    (((0.4, 0.1), (0.4, 0.3), (0.1, 0.0)), "checkpoint-2"),     # tie on F1: lower FAR
+    (((0.4, 0.1), (0.4, 0.1), (0.4, 0.1)), "final"),            # full tie: the later step (final)
+    (((None, 0.1), (0.0, 0.2), (None, None)), "checkpoint-2"),  # no alarm at all scores as 0
+])
+def test_checkpoint_selection_rule(tmp_path, scores, expect):
+    cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {"val_sample": 4})
+    a = ab.Ablation(cfg, tmp_path, echo=False)
+    run = _fake_run(tmp_path, [2, 4, 6])             # checkpoint-6 = final, merged: not a candidate
+    assert [s for s, _ in ab.candidates(run)] == [2, 4, None]
+    for tag, (f1, far) in zip(("step2", "step4", "final"), scores):
+        _fake_val(a, run, tag, f1, far)
+    chosen = a.select("stage 2", run)
+    assert chosen == run / expect
+    sel = json.loads((run / "selection.json").read_text())
+    assert sel["chosen"] == str(run / expect) and len(sel["scored"]) == 3
+    assert a.select("stage 2", run) == chosen       # cached
+
+
+def test_without_val_the_final_model_is_taken(tmp_path):
+    cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {"val_sample": 0})
+    a = ab.Ablation(cfg, tmp_path, echo=False)
+    run = _fake_run(tmp_path, [2, 4])
+    assert a.select("stage 2", run) == run / "final"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ab.PhaseFailed, match="no model"):
+        a.select("stage 1", empty)
+
+
+def _group(f1, far, n=10):
+    g = {"n": n, "n_safe": n // 2, "n_unsafe": n - n // 2}
+    for k, _, _ in ab.COLUMNS:
+        g[k], g[f"{k}_ci"] = 0.5, [0.25, 0.75]
+    g["exact_f1"], g["far"] = f1, far
+    return g
+
+
+def _summary(f1s: dict, fars: dict) -> dict:
+    rows = {r: {"auditor": r, "overall": _group(f1s.get(r, 0.0), fars.get(r, 0.0)),
+                "by_domain": {"math": _group(0.1, 0.2, 4), "coding": _group(0.2, 0.1, 6)},
+                "calls": 10, "wall_s": 1.0} for r in (*ab.MODEL_ROWS, *ab.BASELINE_ROWS)}
+    return {"name": "t", "config": {"seed": 0, "model": "m", "corpus_config": "c", "max_new_tokens": 128,
+                                    "n_boot": 100}, "config_path": "configs/ablation/x.yaml",
+            "measured_at": "2026-11-30T00:00:00+00:00", "machine": {"cpus": 2, "processor": "x86_64"},
+            "wall_s_this_invocation": 60.0, "phases": [{"phase": "corpus", "wall_s": 30.0}],
+            "corpus": {"trajectories": 10, "splits": {"test": 2}}, "warmup": {"steps": 3, "parse_rate": 1.0, "n": 8},
+            "preferences": {"n_pairs": 4}, "selection": {"stage 1": {"chosen": "a", "scored": []}},
+            "results": {"heldout": rows, "ww": rows},
+            "samples": {"heldout": {"n": 10, "n_safe": 5, "n_unsafe": 5}, "ww": {"n": 10, "n_safe": 0, "n_unsafe": 10}}}
+
+
+def test_goal_lines_check_both_sides():
+    s = _summary({"warmed base": 0.2, "heuristic:position-prior": 0.1, "heuristic:length": 0.3,
+                  "stage 1": 0.35, "stage 2": 0.25, "stage 1 + 2": 0.1},
+                 {"stage 1": 0.10, "stage 2": 0.11, "stage 1 + 2": 0.0})
+    lines = ab.goal_lines(s)
+    assert "stage 1: Exact-F1 35.0 vs warmed base 20.0 (above) and best floor 30.0 (above); FAR 10.0 % (≤ 10 %)" in lines[0]
+    assert "(above) and best floor 30.0 (NOT above); FAR 11.0 % (> 10 %)" in lines[1]
+    assert "(NOT above)" in lines[2] and "FAR 0.0 % (≤ 10 %)" in lines[2]
+
+
+def test_markdown_holds_every_row_interval_and_domain():
+    md = ab.render_markdown(_summary({"stage 1": 0.35}, {}))
+    for row in (*ab.MODEL_ROWS, *ab.BASELINE_ROWS):
+        assert f"| {row} | 10 |" in md
+    assert "35.0 [25, 75]" in md and "domain math" in md and "| math" not in md
+    assert "| corpus | 30 |" in md and "configs/ablation/x.yaml" in md
