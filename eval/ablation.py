@@ -175,6 +175,11 @@ def _sets(items: list[str]) -> list[str]:
     return [a for x in items for a in ("--set", x)]
 
 
+def row_slug(row: str) -> str:
+    """A row's folder name under OUT/eval/TARGET/ ("stage 1 + 2" -> "stage_1_plus_2")."""
+    return row.replace(" + ", "_plus_").replace(" ", "_").replace(":", "-")
+
+
 def candidates(run: Path) -> list[tuple[int | None, Path]]:
     """(step, model folder) of every evaluable checkpoint of a training run, then its final model
     (step None). Stage-1 LoRA checkpoints keep their adapter in checkpoint-N/adapter; TRL's
@@ -292,7 +297,7 @@ class Ablation:
         return ["--auditor", spec, *common]
 
     def eval_dir(self, target: str, row: str) -> Path:
-        return self.out / "eval" / target / row.replace(" ", "_").replace("+", "plus").replace(":", "-")
+        return self.out / "eval" / target / row_slug(row)
 
     def evaluate(self, row: str, model: Path | None = None) -> None:
         for target in ("heldout", "ww"):
@@ -356,7 +361,7 @@ class Ablation:
             f = p / "preference_stats.json"
             return json.loads(f.read_text()) if f.is_file() else None
 
-        corpus_stats = json.loads((self.corpus / "stats.json").read_text())
+        corpus_stats = json.loads((self.corpus / "stats.json").read_text())["total"]
         selections = {row: json.loads((self.out / d / "selection.json").read_text())
                       for row, d in (("stage 1", "stage1"), ("stage 2", "stage2"), ("stage 1 + 2", "stage12"))}
         warm = self.out / "warmup" / "warmup_stats.json"
@@ -368,8 +373,9 @@ class Ablation:
             "wall_s_this_invocation": round(wall, 1),
             "phases": [{"phase": p["phase"], "wall_s": p["wall_s"]} for p in phases],
             "models": {k: str(v) for k, v in models.items()},
-            "corpus": {"trajectories": corpus_stats.get("n_trajectories", corpus_stats.get("n")),
-                       "splits": corpus_stats.get("splits")},
+            "corpus": {"trajectories": corpus_stats.get("trajectories"), "safe": corpus_stats.get("safe"),
+                       "unsafe": corpus_stats.get("unsafe"), "splits": corpus_stats.get("splits"),
+                       "floors_on_test": corpus_stats.get("floors_on_test")},
             "warmup": json.loads(warm.read_text()) if warm.is_file() else None,
             "preferences": stats(self.out / "stage1"),
             "selection": selections,
@@ -435,7 +441,8 @@ def render_markdown(s: dict) -> str:
              f"config `{s.get('config_path') or '?'}`, seed {c['seed']}; this invocation "
              f"{s['wall_s_this_invocation'] / 60:.1f} min (phases done before are not re-run).", "",
              f"Model `{c['model']}`; corpus `{c['corpus_config']}`: {s['corpus']['trajectories']} "
-             f"trajectories, splits {s['corpus']['splits']}. Evaluation: strict online walk (every "
+             f"trajectories ({s['corpus'].get('safe')} safe, {s['corpus'].get('unsafe')} unsafe), splits "
+             f"{s['corpus']['splits']}. Evaluation: strict online walk (every "
              f"prefix until the first ALARM), greedy, {c['max_new_tokens']} new tokens; stratified "
              f"seeded samples (seed {c['seed']}); 95 % bootstrap intervals over trajectories in brackets "
              f"({c['n_boot']} resamples).", ""]

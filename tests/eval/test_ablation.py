@@ -138,7 +138,7 @@ def _summary(f1s: dict, fars: dict) -> dict:
                                     "n_boot": 100}, "config_path": "configs/ablation/x.yaml",
             "measured_at": "2026-11-30T00:00:00+00:00", "machine": {"cpus": 2, "processor": "x86_64"},
             "wall_s_this_invocation": 60.0, "phases": [{"phase": "corpus", "wall_s": 30.0}],
-            "corpus": {"trajectories": 10, "splits": {"test": 2}}, "warmup": {"steps": 3, "parse_rate": 1.0, "n": 8},
+            "corpus": {"trajectories": 10, "safe": 5, "unsafe": 5, "splits": {"test": 2}}, "warmup": {"steps": 3, "parse_rate": 1.0, "n": 8},
             "preferences": {"n_pairs": 4}, "selection": {"stage 1": {"chosen": "a", "scored": []}},
             "results": {"heldout": rows, "ww": rows},
             "samples": {"heldout": {"n": 10, "n_safe": 5, "n_unsafe": 5}, "ww": {"n": 10, "n_safe": 0, "n_unsafe": 10}}}

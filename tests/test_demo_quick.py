@@ -1,0 +1,65 @@
+"""`bash scripts/demo.sh --quick` (what CI runs of the demo): the whole pipeline on a random tiny
+model, from corpus to report. Every number in the report comes from the evaluations this run
+wrote; the report names model, corpus sizes, steps and seeds; no process is left running."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from eval import ablation as ab
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo-quick")
+    out, report = root / "out", root / "report"
+    env = dict(os.environ, OUT=str(out), REPORT=str(report))
+    proc = subprocess.run(["bash", str(REPO / "scripts" / "demo.sh"), "--quick"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, report, proc.stdout
+
+
+def test_report_rows_come_from_the_runs_evaluations(quick_run):
+    out, report, stdout = quick_run
+    s = json.loads((report / "ablation.json").read_text())
+    assert set(s["results"]) == {"heldout", "ww"}
+    for target, rows in s["results"].items():
+        assert list(rows) == [*ab.MODEL_ROWS, *ab.BASELINE_ROWS]
+        for row, r in rows.items():
+            m = json.loads((out / "ablation" / "eval" / target / ab.row_slug(row) / "metrics.json").read_text())
+            for k, _, _ in ab.COLUMNS:
+                assert r["overall"][k] == m["overall"][k], (target, row, k)
+            assert r["overall"]["n"] == (s["config"]["raw_base_sample"] or s["config"][
+                "heldout_sample" if target == "heldout" else "ww_sample"]
+                if row == "raw base" else s["config"]["heldout_sample" if target == "heldout" else "ww_sample"])
+    md = (report / "ablation.md").read_text()
+    assert "builtin:tiny-qwen2" in md and "seed 0" in md and "## Wall time per phase" in md
+    for phase in ("corpus", "warmup", "stage 1", "stage 2", "stage 1 + 2"):
+        assert f"| {phase} |" in md
+    assert (report / "compare-heldout" / "compare.md").is_file()
+    assert "Report: " in stdout
+
+
+def test_training_phases_ran_their_steps(quick_run):
+    out, _, _ = quick_run
+    cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml")
+    assert json.loads((out / "ablation" / "stage2" / "run.json").read_text())["last_step"] == cfg.stage2_steps
+    assert (out / "ablation" / "warmup" / "final" / "config.json").is_file()
+    assert (out / "ablation" / "stage1" / "final" / "config.json").is_file()
+    assert json.loads((out / "ablation" / "stage12" / "selection.json").read_text())["chosen"]
+
+
+def test_no_process_is_left_running(quick_run):
+    out, _, _ = quick_run
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(out) not in ps
