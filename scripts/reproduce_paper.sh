@@ -131,13 +131,18 @@ if ((DRY)); then CMDS="$(mktemp)"; fi
 
 # --- 1. corpus through the OpenAI-compatible endpoint
 echo "== 1. corpus ($CORPUS_CONFIG, endpoint $CORPUS_URL, model $CORPUS_MODEL)"
-if ! skip "$OUT/corpus/stats.json" corpus; then
+if ! skip "$OUT/corpus/COMPLETE" corpus; then
   if [[ -n "$CORPUS_SERVER_CMD" ]]; then
     # shellcheck disable=SC2086  # the command is a line of words, like SAMPLER_SERVER_CMD
     start_server corpus-endpoint "$CORPUS_URL" $CORPUS_SERVER_CMD
   fi
   step "${AFTRAJ[@]}" corpus build --config "$OUT/configs/corpus.yaml" --out "$OUT/corpus" --no-progress
   stop_server
+  if ((!DRY)); then   # an endpoint that answers /models but fails every call builds an empty corpus
+    [[ -s "$OUT/corpus/train.jsonl" ]] || { echo "reproduce_paper: $OUT/corpus/train.jsonl is empty; see" \
+      "$OUT/corpus/stats.md and $OUT/logs/corpus-endpoint.log" >&2; exit 1; }
+    touch "$OUT/corpus/COMPLETE"
+  fi
 fi
 
 # --- 2. no warm-up

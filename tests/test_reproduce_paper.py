@@ -196,3 +196,44 @@ def test_command_check_rejects_naming_the_command(line):
     with pytest.raises(ReproduceError, match="does not parse") as e:
         check_command(line)
     assert line in str(e.value)
+
+
+# --------------------------------------------------------------------------- the real path, up to the first failure
+
+FAKE_ENDPOINT = '''
+import http.server, json, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = self.path.rstrip("/") == "/v1/models"
+        self.send_response(200 if ok else 404); self.end_headers()
+        if ok:
+            self.wfile.write(json.dumps({"data": [{"id": "m"}]}).encode())
+    def do_POST(self):
+        self.send_response(404); self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+'''
+
+
+def test_run_stops_its_server_and_refuses_an_empty_corpus(tmp_path):
+    """An endpoint that answers /models but fails every call: the script starts it, the build
+    comes out empty, the script says so, exits non-zero and leaves no server running."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fake = tmp_path / "fake_endpoint.py"
+    fake.write_text(FAKE_ENDPOINT)
+    env = {k: v for k, v in os.environ.items() if k not in reproduce.VARS}
+    env.update({"OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "CORPUS_MODEL": "m",
+                "CORPUS_URL": f"http://127.0.0.1:{port}/v1", "CORPUS_SERVER_CMD": f"{sys.executable} {fake} {port}"})
+    r = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "corpus-endpoint answers" in r.stdout and "stopped" in r.stdout
+    assert "train.jsonl is empty" in r.stderr
+    assert "train_stage1.sh" not in r.stdout               # stopped before stage 1
+    with socket.socket() as s:                              # the port is free again: no server left
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+    assert not (tmp_path / "out" / "corpus" / "COMPLETE").exists()
