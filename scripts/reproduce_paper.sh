@@ -34,8 +34,9 @@ cd "$ROOT"
 : "${CORPUS_URL:=http://127.0.0.1:$CORPUS_PORT/v1}"
 : "${CORPUS_MODEL:=Qwen/Qwen2.5-7B-Instruct}"           # the name the endpoint serves
 # started before the build and stopped after it; set CORPUS_SERVER_CMD= (empty) for an endpoint
-# that already runs (an API: export its key as the config's api_key_env)
-CORPUS_SERVER_CMD="${CORPUS_SERVER_CMD-$VLLM_PYTHON -m vllm.entrypoints.openai.api_server --model $MODEL --served-model-name $CORPUS_MODEL --port $CORPUS_PORT --tensor-parallel-size 8}"
+# that already runs (an API: export its key as the config's api_key_env). Tensor parallel must
+# divide Qwen2.5-7B's 28 attention heads (and 4 KV heads): 1, 2 or 4, never 8.
+CORPUS_SERVER_CMD="${CORPUS_SERVER_CMD-$VLLM_PYTHON -m vllm.entrypoints.openai.api_server --model $MODEL --served-model-name $CORPUS_MODEL --port $CORPUS_PORT --tensor-parallel-size 2}"
 # (3) stage 1
 : "${STAGE1_CONFIG:=configs/stage1/qwen2.5-7b-2xh200.yaml}"
 : "${ACCELERATE_CONFIG:=configs/accelerate/fsdp-2xh200.yaml}"

@@ -8,6 +8,7 @@ config, a broken or missing config fails naming the file and key.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,8 +42,22 @@ def _env(out: Path, **over) -> dict:
     return env
 
 
+# every variable the script reads (its `: "${NAME:=…}"` and `NAME="${NAME-…}"` lines): the caller's
+# environment must not change what the tests see
+SCRIPT_VARS = set(re.findall(r'^(?::\s+"\$\{|)([A-Z][A-Z0-9_]*)(?::=|="\$\{\1-)', SCRIPT.read_text(), re.M))
+
+
+def _clean_env() -> dict:
+    return {k: v for k, v in os.environ.items() if k not in SCRIPT_VARS and k != "PYTHON"}
+
+
+def test_script_vars_found():
+    assert {"OUT", "MODEL", "CORPUS_SERVER_CMD", "SAMPLER_SERVER_CMD", "VERL_PYTHON"} <= SCRIPT_VARS
+    assert set(reproduce.VARS) <= SCRIPT_VARS        # the checks read only variables the script sets
+
+
 def _dry_run(tmp_path: Path, **over) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in reproduce.VARS}
+    env = _clean_env()
     env.update({"OUT": str(tmp_path / "out"), "PYTHON": sys.executable, **over})
     return subprocess.run(["bash", str(SCRIPT), "--dry-run"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120)
@@ -226,7 +241,7 @@ def test_run_stops_its_server_and_refuses_an_empty_corpus(tmp_path):
         port = s.getsockname()[1]
     fake = tmp_path / "fake_endpoint.py"
     fake.write_text(FAKE_ENDPOINT)
-    env = {k: v for k, v in os.environ.items() if k not in reproduce.VARS}
+    env = _clean_env()
     env.update({"OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "CORPUS_MODEL": "m",
                 "CORPUS_URL": f"http://127.0.0.1:{port}/v1", "CORPUS_SERVER_CMD": f"{sys.executable} {fake} {port}"})
     r = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
