@@ -152,17 +152,22 @@ echo "== 2. warm-up: none (not in the paper; stage 1 starts from $MODEL)"
 # --- 3. stage 1: preferences through a vLLM sampler, then accelerate launch (FSDP)
 echo "== 3. stage 1 ($STAGE1_CONFIG, accelerate $ACCELERATE_CONFIG, $NPROC_PER_NODE processes)"
 if ! skip "$OUT/stage1/final" "stage 1"; then
+  RESUME=()   # an interrupted run continues from its latest checkpoint (the trainer refuses otherwise)
+  if compgen -G "$OUT/stage1/checkpoint-*" >/dev/null; then RESUME=(--resume); fi
   step env ACCELERATE_CONFIG="$OUT/configs/accelerate.yaml" SAMPLER_SERVER_CMD="$SAMPLER_SERVER_CMD" \
     SAMPLER_WAIT_S="$SERVER_WAIT_S" PYTHON="$PYTHON" \
     bash scripts/train_stage1.sh --config "$STAGE1_CONFIG" --model "$MODEL" --data "$OUT/corpus" \
-    --out "$OUT/stage1" --set "openai_base_url=$SAMPLER_URL" --set "openai_model=$SAMPLER_MODEL" --no-progress
+    --out "$OUT/stage1" --set "openai_base_url=$SAMPLER_URL" --set "openai_model=$SAMPLER_MODEL" --no-progress "${RESUME[@]}"
 fi
 
 # --- 4. stage 2: verl from the stage-1 checkpoint, then its FSDP shards merged into final/
 echo "== 4. stage 2 ($STAGE2_CONFIG, verl $VERL_PYTHON, $GPUS_PER_NODE GPUs)"
 if ! skip "$OUT/stage2/final" "stage 2"; then
+  RESUME=()   # verl resumes from its latest checkpoint (resume_mode auto)
+  if [[ -e "$OUT/stage2/verl/latest_checkpointed_iteration.txt" ]]; then RESUME=(--resume); fi
   step "${AFTRAJ[@]}" train stage2 --engine verl --verl-python "$VERL_PYTHON" --config "$STAGE2_CONFIG" \
-    --init "$OUT/stage1/final" --data "$OUT/corpus" --out "$OUT/stage2" --set "verl_gpus_per_node=$GPUS_PER_NODE"
+    --init "$OUT/stage1/final" --data "$OUT/corpus" --out "$OUT/stage2" --set "verl_gpus_per_node=$GPUS_PER_NODE" \
+    "${RESUME[@]}"
   if ((DRY)); then ITER="N"; else ITER="$(cat "$OUT/stage2/verl/latest_checkpointed_iteration.txt")"; fi
   step "$VERL_PYTHON" -m verl.model_merger merge --backend fsdp \
     --local_dir "$OUT/stage2/verl/global_step_$ITER/actor" --target_dir "$OUT/stage2/final"

@@ -101,9 +101,11 @@ def test_dry_run_validates_and_prints_every_phase(tmp_path):
     serve = yaml.safe_load((cfgs / "serve.yaml").read_text())
     assert serve["model"] == str(tmp_path / "out" / "stage2" / "final")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["configs"]
+    assert "--resume" not in out                         # a fresh run resumes nothing
 
 
 def test_dry_run_variables_reach_the_commands(tmp_path):
+    (tmp_path / "out" / "stage1" / "checkpoint-20").mkdir(parents=True)    # an interrupted stage 1
     r = _dry_run(tmp_path, NPROC_PER_NODE="4", CORPUS_URL="http://10.0.0.9:9000/v1", CORPUS_MODEL="m-x",
                  CORPUS_SERVER_CMD="")
     assert r.returncode == 0, r.stderr + r.stdout
@@ -114,6 +116,9 @@ def test_dry_run_variables_reach_the_commands(tmp_path):
     assert corpus["policy"]["model"] == "m-x"
     assert "vllm.entrypoints.openai.api_server --model /models/Qwen2.5-7B-Instruct --served-model-name m-x" \
         not in r.stdout                                  # empty CORPUS_SERVER_CMD: no corpus server
+    stage1 = next(ln for ln in r.stdout.splitlines() if ln.startswith("+ env "))
+    stage2 = next(ln for ln in r.stdout.splitlines() if "train stage2" in ln and ln.startswith("+"))
+    assert stage1.endswith("--no-progress --resume") and not stage2.endswith("--resume")
 
 
 def test_dry_run_fails_on_unknown_key_naming_file_and_key(tmp_path):

@@ -272,7 +272,7 @@ def _short(line: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m training.reproduce", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m training.reproduce", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
     sub.add_parser("configs", help="validate every config named by the variables; write the run's copies")
     c = sub.add_parser("commands", help="check that every recorded command's flags parse")
