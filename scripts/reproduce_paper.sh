@@ -202,6 +202,8 @@ step "${AFTRAJ[@]}" eval compare "$EVAL/ww-auditor" "$EVAL/ww-rules" --out "$EVA
 if ((DRY)); then
   echo "== flags of the commands above (training/reproduce.py)"
   "$PYTHON" -m training.reproduce commands "$CMDS"
+  echo "  (the verl recipe itself is composed and validated against verl by \`bash scripts/test_verl.sh\`" \
+       "in verl's environment; vLLM's flags by the server at start)"
   echo "reproduce_paper: dry run OK: configs valid, commands printed above; nothing was run"
 else
   echo "reproduce_paper: done; tables in $EVAL/compare-corpus and $EVAL/compare-ww"
