@@ -46,6 +46,10 @@ def run_build(args) -> int:
     tot = res.stats["total"]
     print(f"built {tot['trajectories']} trajectories ({tot['safe']} safe, {tot['unsafe']} unsafe) from "
           f"{tot['families']} families into {args.out} in {secs:.1f} s; stats in {args.out}/stats.md")
+    if tot["trajectories"] == 0:   # e.g. an endpoint that answers /models but fails every call
+        print(f"aftraj corpus build: {args.config}: no trajectory was built (every rollout failed or "
+              f"was rejected; see {args.out}/stats.md)", file=sys.stderr)
+        return 3
     return 0
 
 

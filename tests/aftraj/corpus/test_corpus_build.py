@@ -254,3 +254,22 @@ def test_verify_command(demo_build, tmp_path, capsys):
     (tmp_path / "provenance.jsonl").unlink()
     assert main(["corpus", "verify", "--config", cfg, "--corpus", str(tmp_path)]) == 2
     assert "provenance.jsonl" in capsys.readouterr().err
+
+
+def test_cli_an_empty_build_fails(tmp_path, capsys, monkeypatch):
+    """A build that keeps no trajectory (e.g. an endpoint answering /models but failing every
+    call) exits non-zero naming the stats; one trajectory is a success (both sides)."""
+    import types
+
+    import aftraj.commands.corpus as cmd
+    from aftraj.cli import main
+
+    def fake(n):
+        return lambda cfg, out, **kw: types.SimpleNamespace(stats={"total": {
+            "trajectories": n, "safe": n, "unsafe": 0, "families": n}})
+    monkeypatch.setattr(cmd, "build_corpus", fake(0))
+    cfg = REPO / "configs/corpus/demo-small.yaml"
+    assert main(["corpus", "build", "--config", str(cfg), "--out", str(tmp_path / "e"), "--no-progress"]) == 3
+    assert "no trajectory was built" in capsys.readouterr().err
+    monkeypatch.setattr(cmd, "build_corpus", fake(1))
+    assert main(["corpus", "build", "--config", str(cfg), "--out", str(tmp_path / "o"), "--no-progress"]) == 0
