@@ -119,3 +119,14 @@ def test_completion_loss_matches_the_masked_full_sequence_loss(tiny_model_dir):
     # not vacuous: changing one completion token changes the loss
     other = completion_loss(model, _batch([(p, [c[0] + 1] + c[1:]) for p, c in items], 0), "cpu")
     assert abs(float(other) - float(got)) > 1e-6
+
+
+def test_check_only_uses_the_same_prefixes_and_writes_parse_check(tiny_model_dir, tmp_path):
+    from training.warmup.trainer import check_model
+
+    cfg = load_warmup_config(CONFIGS / "warmup" / "tiny-cpu.yaml",
+                             {"model": str(tiny_model_dir), "output_dir": str(tmp_path / "raw")})
+    res = check_model(cfg)
+    assert res["n"] == 2 and res["parsed"] + sum(res["failure_codes"].values()) == 2
+    assert json.loads((tmp_path / "raw" / "parse_check.json").read_text()) == res
+    assert not (tmp_path / "raw" / "final").exists()

@@ -2,6 +2,7 @@
 
     aftraj train warmup --config configs/warmup/smollm2-135m-cpu.yaml --data CORPUS --out RUN \
         [--model PATH] [--max-steps N] [--set KEY=VALUE] [--no-progress]
+    aftraj train warmup --config CFG --data CORPUS --out DIR --check-only   # parse rate of --model (raw base)
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override any config key (VALUE parsed as YAML), repeatable")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--check-only", action="store_true",
+                   help="no training: the parse check alone on the model (e.g. the raw base), same "
+                        "val prefixes; writes OUT/parse_check.json")
 
 
 def run(args) -> int:
@@ -26,7 +30,7 @@ def run(args) -> int:
 
     from aftraj.errors import UsageError
     from training.warmup.config import load_warmup_config
-    from training.warmup.trainer import warmup
+    from training.warmup.trainer import check_model, warmup
 
     over = {}
     for item in args.set:
@@ -42,6 +46,9 @@ def run(args) -> int:
         if val is not None:
             over[key] = val
     cfg = load_warmup_config(args.config, over)
+    if args.check_only:
+        print(json.dumps(check_model(cfg)))
+        return 0
     stats = warmup(cfg, progress=not args.no_progress)
     print(json.dumps({k: stats[k] for k in ("final", "steps", "seconds_per_step", "loss_first",
                                              "loss_last", "n", "parse_rate", "failure_codes")}))

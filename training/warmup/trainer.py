@@ -91,6 +91,23 @@ def parse_check(model, tok, prefixes, *, budget: int, max_new_tokens: int, count
     return {"n": n, "parsed": ok, "parse_rate": ok / n if n else None, "failure_codes": dict(sorted(codes.items()))}
 
 
+def check_model(cfg: WarmupConfig, model_path: str | Path | None = None) -> dict:
+    """The parse check alone on `model_path` (default: the config's model, e.g. the raw base),
+    on the same seeded val prefixes as after a warm-up; written to RUN/parse_check.json."""
+    path = resolve_model_spec(model_path or cfg.model)
+    tok = _load_tokenizer(path)
+    count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
+    prefixes = check_prefixes(_val_trajectories(cfg), cfg.parse_check_prompts, seed=cfg.seed)
+    t0 = time.perf_counter()
+    res = parse_check(_load_model(cfg, path), tok, prefixes, budget=cfg.max_prompt_tokens,
+                      max_new_tokens=cfg.parse_check_max_new_tokens, count_tokens=count)
+    res = {"model": str(path), **res, "parse_check_seconds": round(time.perf_counter() - t0, 1)}
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "parse_check.json").write_text(json.dumps(res, indent=2) + "\n")
+    return res
+
+
 def warmup(cfg: WarmupConfig, *, progress: bool = True) -> dict:
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
