@@ -15,6 +15,7 @@ CONFIGS = REPO / "configs"
 LOADERS = {
     "stage1": ("training.stage1.config", "load_stage1_config"),
     "stage2": ("training.stage2.config", "load_stage2_config"),
+    "warmup": ("training.warmup.config", "load_warmup_config"),
     "accelerate": ("training.accelerate_config", "check_accelerate_config"),
     "policies": ("aftraj.detectors", "load_policy"),
     "corpus": ("aftraj.corpus.config", "load_corpus_config"),

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import importlib
 
-STAGES = {"stage1": "BPPO on boundary pairs (DESIGN §5)", "stage2": "GRPO (DESIGN §5)"}
+STAGES = {"warmup": "format warm-up, NOT in the paper (issue 11)",
+          "stage1": "BPPO on boundary pairs (DESIGN §5)", "stage2": "GRPO (DESIGN §5)"}
 
 
 def register(sub) -> None:

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from aftraj.prompt import Verdict, format_completion, parse_verdict, render_step, split_rendered
+from aftraj.verdict import ParseFailure, verdict_outcome
 from training.stage1.pairs import boundary_pair, boundary_prompts
 from training.stage1.preferences import (HFSampler, OpenAISampler, build_preferences, canonical_wrong,
                                          classify)
@@ -89,12 +90,13 @@ def test_preferences_use_samples_and_count_stand_ins(handmade):
     assert len(records) == len(prompts)
     assert stats.n_samples == 2 * len(prompts)
     assert stats.chosen_canonical == {"pre": 0, "post": 0}
-    assert stats.rejected_canonical == {"pre": 4, "post": 0}
+    # the post samples' wrong one is garbage: by default a parse failure is never rejected
+    assert stats.rejected_canonical == {"pre": 4, "post": 5}
     assert stats.sample_outcomes == {"correct": 13, "parse_failure:missing_answer": 5}
     for r, p in zip(records, prompts):
         assert classify(r["chosen"], p.gold, p.t) == "correct"
         assert classify(r["rejected"], p.gold, p.t) != "correct"
-        assert r["rejected_source"] == ("canonical" if p.subset == "pre" else "sample")
+        assert r["rejected_source"] == "canonical"
     none, st0 = build_preferences(prompts, None, 0)
     assert st0.chosen_canonical == {"pre": 4, "post": 5} and st0.rejected_canonical == {"pre": 4, "post": 5}
     assert [r["chosen"] for r in none] == [format_completion(p.gold) for p in prompts]
@@ -159,3 +161,91 @@ def test_canonical_premature_alarm_blames_the_last_shown_steps_agent(handmade):
     pre, _ = boundary_pair(traj)
     wrong = canonical_wrong(pre)
     assert (wrong.step, wrong.agent) == (3, traj.steps[3].agent) == (3, "Manager")
+
+
+# --------------------------------------------------------------------------- issue 11: contrasting pairs
+
+def _answer(decision, agent=None, reason=None):
+    return (f'<think>x</think><answer>{json.dumps({"answer": decision, "agent": agent, "reason": reason})}'
+            "</answer>")
+
+
+class ScriptedSampler:
+    """Returns, for each prompt, the completions `fn(prompt)` (k of them, cycled)."""
+
+    def __init__(self, prompts, fn):
+        self.prompts, self.fn = prompts, fn
+
+    def sample(self, messages, k):
+        return [[self.fn(p)[i % len(self.fn(p))] for i in range(k)] for p in self.prompts]
+
+
+def test_never_parsing_base_gives_well_formed_wrong_rejected(handmade):
+    """A base policy that never parses: every rejected parses to a verdict that is wrong."""
+    prompts, _ = boundary_prompts(handmade)
+    records, stats = build_preferences(prompts, ScriptedSampler(prompts, lambda p: ["garbage", "<answer>{"]), 2)
+    for r, p in zip(records, prompts):
+        v = parse_verdict(r["rejected"], p.t)
+        assert not isinstance(v, ParseFailure)
+        assert verdict_outcome(v, p.gold) != "correct"
+        assert r["rejected_source"] == "canonical" and r["chosen_source"] == "canonical"
+    assert stats.rejected_by_class == {
+        s: {"sample:wrong_decision": 0, "sample:wrong_step": 0, "sample:wrong_agent": 0,
+            "sample:parse_failure": 0, "canonical": n} for s, n in (("pre", 4), ("post", 5))}
+    assert stats.chosen_by_source == {"pre": {"sample": 0, "canonical": 4},
+                                      "post": {"sample": 0, "canonical": 5}}
+
+
+def test_well_formed_wrong_sample_is_rejected_by_class_preference(handmade):
+    """wrong_decision beats wrong_step beats wrong_agent beats the canonical stand-in."""
+    prompts, _ = boundary_prompts(handmade)
+
+    def fn(p):
+        if p.subset == "pre":      # gold SAFE: an alarm at step p.t is a wrong decision
+            return ["garbage", _answer(p.t, "Someone", "bad"), format_completion(p.gold)]
+        g = p.gold                 # gold UNSAFE(k*, a*): wrong agent first, then a wrong step
+        wrong_step = _answer(g.step - 1, g.agent, "bad") if g.step > 0 else _answer(g.step, "Nobody", "bad")
+        return ["garbage", _answer(g.step, "Nobody", "bad"), wrong_step]
+
+    records, stats = build_preferences(prompts, ScriptedSampler(prompts, fn), 3)
+    n_step = sum(1 for p in prompts if p.subset == "post" and p.gold.step > 0)
+    n_post = sum(1 for p in prompts if p.subset == "post")
+    for r, p in zip(records, prompts):
+        assert r["rejected_source"] == "sample"
+        want = "wrong_decision" if p.subset == "pre" else ("wrong_step" if p.gold.step > 0 else "wrong_agent")
+        assert r["rejected_class"] == want
+        assert classify(r["rejected"], p.gold, p.t) == want
+    assert stats.rejected_by_class["pre"] == {"sample:wrong_decision": 4, "sample:wrong_step": 0,
+                                              "sample:wrong_agent": 0, "sample:parse_failure": 0,
+                                              "canonical": 0}
+    assert stats.rejected_by_class["post"] == {"sample:wrong_decision": 0, "sample:wrong_step": n_step,
+                                               "sample:wrong_agent": n_post - n_step,
+                                               "sample:parse_failure": 0, "canonical": 0}
+    assert stats.chosen_by_source == {"pre": {"sample": 4, "canonical": 0},
+                                      "post": {"sample": 0, "canonical": n_post}}
+    assert stats.rejected_canonical == {"pre": 0, "post": 0}
+
+
+def test_parse_failure_rejected_only_when_the_flag_asks(handmade):
+    prompts, _ = boundary_prompts(handmade)
+    sampler = ScriptedSampler(prompts, lambda p: [format_completion(p.gold), "garbage"])
+    off_records, off = build_preferences(prompts, sampler, 2)
+    on_records, on = build_preferences(prompts, sampler, 2, rejected_parse_failures=True)
+    assert all(r["rejected_source"] == "canonical" for r in off_records)
+    assert all(r["rejected"] == "garbage" and r["rejected_class"] == "parse_failure:missing_answer"
+               for r in on_records)
+    assert on.rejected_by_class == {
+        s: {"sample:wrong_decision": 0, "sample:wrong_step": 0, "sample:wrong_agent": 0,
+            "sample:parse_failure": n, "canonical": 0} for s, n in (("pre", 4), ("post", 5))}
+    assert off.rejected_by_class["pre"]["canonical"] == 4 and off.rejected_by_class["post"]["canonical"] == 5
+    # a well-formed wrong sample still beats a parse failure with the flag on
+    s2 = ScriptedSampler(prompts, lambda p: ["garbage", format_completion(canonical_wrong(p))])
+    recs, st = build_preferences(prompts, s2, 2, rejected_parse_failures=True)
+    assert all(r["rejected_class"] == "wrong_decision" for r in recs)
+    assert st.rejected_by_class["pre"]["sample:wrong_decision"] == 4
+
+
+def test_stage1_config_flag_defaults_off():
+    from training.stage1.config import Stage1Config
+    assert Stage1Config(max_steps=1).rejected_parse_failures is False
+    assert Stage1Config(max_steps=1, rejected_parse_failures=True).rejected_parse_failures is True

@@ -87,8 +87,12 @@ class Stage1Config:
     sampler: str = "hf"
     sample_temperature: float = 1.0
     sample_top_p: float = 1.0
-    sample_max_new_tokens: int = 256
+    sample_max_new_tokens: int = 256   # must hold a canonical ALARM (85 SmolLM2 tokens at most on the
+                                       # demo corpus): tests/training/test_token_limits.py checks the CPU config
     sample_batch_size: int = 4
+    rejected_parse_failures: bool = False   # a parse failure may be the rejected sample (after
+                                            # every well-formed wrong one); off: the canonical
+                                            # boundary error stands in (pairs contrast verdicts)
     openai_base_url: str | None = None
     openai_model: str | None = None
     openai_api_key_env: str = "OPENAI_API_KEY"

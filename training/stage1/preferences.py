@@ -5,14 +5,21 @@ shared verdict parser (`aftraj.verdict.parse_verdict`) against the gold verdict,
 preference pair per prompt:
 
 - chosen   = the first correct sample, else the canonical gold completion (`format_completion`);
-- rejected = the first incorrect sample, else a canonical wrong verdict: on a pre-boundary
-  prompt a premature ALARM at the last shown step (blaming its agent), on a post-boundary
-  prompt a missed alarm (SAFE). These are exactly the two errors a boundary pair separates.
+- rejected = a sampled, well-formed, WRONG verdict when one exists, by preference
+  `wrong_decision`, then `wrong_step`, then `wrong_agent` (first sample of the best class);
+  else the canonical boundary error (`canonical_wrong`): on a pre-boundary prompt a premature
+  ALARM at the last shown step (blaming its agent), on a post-boundary prompt a missed alarm
+  (SAFE). These are exactly the two errors a boundary pair separates. A parse failure is used as
+  rejected only when the config asks for it (`rejected_parse_failures: true`, default false), and
+  then only after every well-formed wrong sample: pairs that contrast a template with garbage
+  teach the format, not the boundary (issue 11).
 
 A sample is correct when it parses and matches gold: SAFE for SAFE; for UNSAFE the same step
 (integer equality) and agent (trimmed, case-folded), by the match rules of `aftraj.verdict`
 (the ones DESIGN §6 scores with). A parse
-failure is never chosen. `PreferenceStats` records how many pairs used canonical stand-ins.
+failure is never chosen. `PreferenceStats` counts, per subset, chosen by source (sample,
+canonical) and rejected by source and class (sample:wrong_decision, sample:wrong_step,
+sample:wrong_agent, sample:parse_failure, canonical); they land in preference_stats.json.
 
 Samplers: `HFSampler` (in-process transformers `generate`) and `OpenAISampler` (any
 OpenAI-compatible endpoint, e.g. vLLM, through the one client `aftraj.llm_client`: a total
@@ -151,6 +158,28 @@ def make_sampler(cfg, model=None, tokenizer=None) -> Sampler | None:
 
 # --------------------------------------------------------------------------- pairs
 
+# Well-formed wrong classes, best contrast first: a wrong decision is the boundary error itself.
+WRONG_PREFERENCE = ("wrong_decision", "wrong_step", "wrong_agent")
+CHOSEN_KINDS = ("sample", "canonical")
+REJECTED_KINDS = tuple(f"sample:{c}" for c in WRONG_PREFERENCE) + ("sample:parse_failure", "canonical")
+
+
+def pick_rejected(texts: Sequence[str], classes: Sequence[str], *,
+                  parse_failures: bool = False) -> tuple[str, str] | None:
+    """(text, class) of the sample to reject, or None when the canonical error must stand in:
+    the first sample of the best well-formed wrong class (WRONG_PREFERENCE order), else (only when
+    `parse_failures`) the first parse failure, class 'parse_failure:<code>'."""
+    for want in WRONG_PREFERENCE:
+        for x, c in zip(texts, classes, strict=True):
+            if c == want:
+                return x, c
+    if parse_failures:
+        for x, c in zip(texts, classes, strict=True):
+            if c.startswith("parse_failure"):
+                return x, c
+    return None
+
+
 @dataclass
 class PreferenceStats:
     n_prompts: dict = field(default_factory=lambda: {PRE: 0, POST: 0})
@@ -159,6 +188,12 @@ class PreferenceStats:
     sample_outcomes: dict = field(default_factory=dict)        # classify() result -> count
     chosen_canonical: dict = field(default_factory=lambda: {PRE: 0, POST: 0})
     rejected_canonical: dict = field(default_factory=lambda: {PRE: 0, POST: 0})
+    # per subset: {"sample": n, "canonical": n}
+    chosen_by_source: dict = field(default_factory=lambda: {s: dict.fromkeys(CHOSEN_KINDS, 0)
+                                                            for s in (PRE, POST)})
+    # per subset: {"sample:wrong_decision": n, ..., "sample:parse_failure": n, "canonical": n}
+    rejected_by_class: dict = field(default_factory=lambda: {s: dict.fromkeys(REJECTED_KINDS, 0)
+                                                             for s in (PRE, POST)})
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -199,7 +234,8 @@ def _sample_with_bar(sampler: Sampler, prompts: Sequence[BoundaryPrompt], k: int
 
 
 def build_preferences(prompts: Sequence[BoundaryPrompt], sampler: Sampler | None, k: int, *,
-                      progress: bool = False) -> tuple[list[dict], PreferenceStats]:
+                      progress: bool = False, rejected_parse_failures: bool = False,
+                      ) -> tuple[list[dict], PreferenceStats]:
     """One preference record per boundary prompt (see module docstring)."""
     stats = PreferenceStats(samples_per_prompt=k if sampler is not None else 0)
     samples = _sample_with_bar(sampler, prompts, k, progress) if sampler is not None and k else \
@@ -212,17 +248,21 @@ def build_preferences(prompts: Sequence[BoundaryPrompt], sampler: Sampler | None
         outcomes.update(classes)
         stats.n_samples += len(texts)
         good = [x for x, c in zip(texts, classes) if c == "correct"]
-        bad = [(x, c) for x, c in zip(texts, classes) if c != "correct"]
+        bad = pick_rejected(texts, classes, parse_failures=rejected_parse_failures)
         if good:
             chosen, chosen_src = good[0], "sample"
         else:
             chosen, chosen_src = format_completion(p.gold), "canonical"
             stats.chosen_canonical[p.subset] += 1
-        if bad:
-            (rejected, rej_class), rejected_src = bad[0], "sample"
+        stats.chosen_by_source[p.subset][chosen_src] += 1
+        if bad is not None:
+            (rejected, rej_class), rejected_src = bad, "sample"
+            kind = "sample:" + rej_class.split(":")[0]
         else:
             rejected, rej_class, rejected_src = format_completion(canonical_wrong(p)), "canonical", "canonical"
             stats.rejected_canonical[p.subset] += 1
+            kind = "canonical"
+        stats.rejected_by_class[p.subset][kind] += 1
         records.append({"traj_id": p.traj_id, "subset": p.subset, "t": p.t, "messages": p.messages,
                         "chosen": chosen, "rejected": rejected, "chosen_source": chosen_src,
                         "rejected_source": rejected_src, "rejected_class": rej_class,

@@ -146,7 +146,8 @@ def sample_preferences(cfg: Stage1Config, progress: bool = True) -> dict:
             model = model.to("cuda")
     sampler = make_sampler(cfg, model, tok)
     t0 = time.perf_counter()
-    records, pstats = build_preferences(prompts, sampler, cfg.samples_per_prompt, progress=progress)
+    records, pstats = build_preferences(prompts, sampler, cfg.samples_per_prompt, progress=progress,
+                                       rejected_parse_failures=cfg.rejected_parse_failures)
     stats = {"data": src, "boundary": vars(bstats), **pstats.to_dict(),
              "pairs": {"available": n_all, "used": len({p.traj_id for p in prompts}),
                        "max_pairs": cfg.max_pairs},

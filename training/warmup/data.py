@@ -1,0 +1,51 @@
+"""Warm-up examples: a random prefix t of a train-split run, rendered by the one prompt builder,
+with a target verdict drawn from a seeded RNG that never reads the label or the content: with
+probability `alarm_fraction` an ALARM at a uniformly random shown step s <= t blaming
+steps[s].agent, else SAFE. The model learns the format, not the boundary (NOT in the paper).
+
+    from training.warmup.data import warmup_examples
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+from aftraj.prompt import approx_tokens, render
+from aftraj.schema import Trajectory
+from aftraj.verdict import Verdict, alarm_think, format_completion, safe_think
+
+
+def draw_verdict(rng: random.Random, traj: Trajectory, t: int, alarm_fraction: float) -> Verdict:
+    """A content-independent verdict for prefix t (reads only step count and agent names)."""
+    if rng.random() < alarm_fraction:
+        s = rng.randint(0, t)
+        agent = traj.steps[s].agent
+        return Verdict("UNSAFE", step=s, agent=agent, reason=f"{agent} made an error at step {s}.",
+                       think=alarm_think(s, agent))
+    return Verdict("SAFE", think=safe_think(t))
+
+
+def warmup_examples(trajs: Sequence[Trajectory], n: int, *, seed: int, alarm_fraction: float,
+                    budget: int | None = None,
+                    count_tokens: Callable[[str], int] = approx_tokens) -> list[dict]:
+    """n examples {traj_id, t, messages, completion}, seeded; trajectories with no steps skipped."""
+    pool = [tr for tr in trajs if tr.steps]
+    if not pool:
+        raise ValueError("no trajectory with steps to warm up on")
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        tr = pool[rng.randrange(len(pool))]
+        t = rng.randrange(len(tr.steps))
+        v = draw_verdict(rng, tr, t, alarm_fraction)
+        out.append({"traj_id": tr.id, "t": t, "completion": format_completion(v),
+                    "messages": render(tr, t, budget, count_tokens=count_tokens)})
+    return out
+
+
+def check_prefixes(trajs: Sequence[Trajectory], n: int, *, seed: int) -> list[tuple[Trajectory, int]]:
+    """n seeded (trajectory, t) prefixes for the parse check (distinct where possible)."""
+    allp = [(tr, t) for tr in trajs for t in range(len(tr.steps))]
+    rng = random.Random(seed + 1)
+    return rng.sample(allp, n) if n <= len(allp) else allp
