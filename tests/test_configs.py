@@ -16,6 +16,7 @@ LOADERS = {
     "stage1": ("training.stage1.config", "load_stage1_config"),
     "stage2": ("training.stage2.config", "load_stage2_config"),
     "warmup": ("training.warmup.config", "load_warmup_config"),
+    "ablation": ("eval.ablation", "load_config"),
     "accelerate": ("training.accelerate_config", "check_accelerate_config"),
     "policies": ("aftraj.detectors", "load_policy"),
     "corpus": ("aftraj.corpus.config", "load_corpus_config"),

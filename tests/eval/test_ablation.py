@@ -20,7 +20,9 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("name", ["quick", "demo", "cpu"])
 def test_shipped_configs_load(name):
     cfg = ab.load_config(REPO / "configs" / "ablation" / f"{name}.yaml")
-    assert cfg.max_new_tokens >= 128        # a canonical ALARM (~75 SmolLM2 tokens) is never cut
+    if cfg.model == "builtin:smollm2-135m":   # a canonical ALARM (~75 SmolLM2 tokens) is never cut
+        assert cfg.max_new_tokens >= 128
+    assert name == "quick" or cfg.model == "builtin:smollm2-135m"
 
 
 @pytest.mark.parametrize("key,value,match", [
