@@ -16,6 +16,11 @@ the tests assert it token for token in float32 on CPU. In bfloat16 on a GPU, chu
 one-shot prefill use different kernels, so logits can differ in the last bits and a near-tie
 may break the other way: compare on your hardware with benchmarks/walk_cost.py --model PATH.
 
+Without `budget`, the prompt budget is the model's context (`context_length`: config
+max_position_embeddings, else a real tokenizer model_max_length) less max_new_tokens and the chat
+template's tokens, so a long prefix gets the bounded view (coverage stamped) instead of silently
+passing the context; a prompt that still cannot fit is an error naming the trajectory and prefix.
+
 The folder may hold a full model (`config.json`) or a PEFT adapter (`adapter_config.json`, e.g.
 a stage-1 LoRA checkpoint), loaded on top of its base model. Nothing downloads. Confidence is
 P(UNSAFE) from the top-k log-probabilities at the verdict token (`eval.confidence`).
@@ -44,6 +49,22 @@ def _lcp(a: list[int], b: list[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+_JOIN_SLACK = 16  # tokens: the budget counts segments apart; BPE may merge across their joins
+_SANE_MAX_LENGTH = 10_000_000  # tokenizers without a limit report ~1e30 as model_max_length
+
+
+def context_length(model, tok) -> int | None:
+    """The model's context in tokens: config.max_position_embeddings, else the tokenizer's
+    model_max_length when it is a real limit; None when neither says."""
+    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(n, int) and n > 0:
+        return n
+    n = getattr(tok, "model_max_length", None)
+    if isinstance(n, int) and 0 < n < _SANE_MAX_LENGTH:
+        return n
+    return None
 
 
 def load_model(path: str | Path, *, dtype: str = "auto", device: str | None = None):
@@ -113,10 +134,27 @@ class HFAuditor(Auditor):
         if self.tok.eos_token_id is not None:
             eos.append(self.tok.eos_token_id)
         self.eos = set(eos)
+        self.context = context_length(self.model, self.tok)
+        if budget is None and self.context is not None:
+            self.budget = self._default_budget()
         self.sessions: dict[str, _Session] = {}
         self.last_generated: list[int] = []   # token ids of the last completion (tests compare)
 
     # --------------------------------------------------------------- tokens
+    def _default_budget(self) -> int:
+        """The prompt budget when none is given: the model's context, less the completion, the chat
+        template's own tokens and a small slack for tokens merging across segment joins."""
+        empty = self.tok.apply_chat_template([{"role": "system", "content": ""},
+                                              {"role": "user", "content": ""}],
+                                             tokenize=False, add_generation_prompt=True)
+        overhead = self.count_tokens(empty) + _JOIN_SLACK
+        budget = self.context - self.max_new_tokens - overhead
+        if budget < 1:
+            raise ValueError(f"hf auditor: the model's context ({self.context} tokens) leaves no room "
+                             f"for a prompt after max_new_tokens={self.max_new_tokens} and the chat "
+                             f"template's {overhead} tokens; lower --max-new-tokens")
+        return budget
+
     def count_tokens(self, text: str) -> int:
         return len(self.tok(text, add_special_tokens=False)["input_ids"])
 
@@ -130,6 +168,11 @@ class HFAuditor(Auditor):
             raise ValueError("the chat template changed the user message; cannot locate the stable part")
         cut += len(r.stable)
         ids = self.tok(text, add_special_tokens=False)["input_ids"]
+        if self.context is not None and len(ids) + self.max_new_tokens > self.context:
+            raise ValueError(f"hf auditor: prefix t={t} of trajectory {traj.id!r} needs {len(ids)} prompt "
+                             f"+ {self.max_new_tokens} new tokens, beyond the model's context of "
+                             f"{self.context} (budget={self.budget}); pass a smaller --budget or "
+                             f"--max-new-tokens")
         stable = self.tok(text[:cut], add_special_tokens=False)["input_ids"]
         return ids, _lcp(ids, stable)
 
