@@ -14,6 +14,12 @@ produces one repeated token, which would make the comparison vacuous).
 
     .venv/bin/python benchmarks/walk_cost.py            # 2 runs x 30 steps, ~3 min on 2 cores
     .venv/bin/python benchmarks/walk_cost.py --model PATH --device cuda --dtype bfloat16
+  (c) with --batch-size B: the same walk with the trajectories interleaved, each round decoded
+      together by `HFAuditor.audit_batch` (B trajectories at once); its completions are compared
+      with (b) and its seconds per prefix printed beside (b)'s:
+    .venv/bin/python benchmarks/walk_cost.py --model ~/.cache/agentforesight/models/smollm2-135m \
+        --data /tmp/ab/demo-corpus/data/test.jsonl --format auto --steps 0 --trajectories 8 \
+        --max-new-tokens 128 --batch-size 8 --threads 2 --no-reencode
 Last line: walk_reencode_s=… walk_reuse_s=… ratio=… verdicts_equal=true|false
 """
 
@@ -43,7 +49,13 @@ def cut(traj, n):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(REPO / "eval" / "data" / "who_and_when"))
-    ap.add_argument("--steps", type=int, default=30, help="steps per trajectory (>= 20)")
+    ap.add_argument("--format", default="whoandwhen", help="reader format of --data (auto, whoandwhen, ...)")
+    ap.add_argument("--steps", type=int, default=30,
+                    help="steps per trajectory (>= 20; 0: whole runs, the shortest first)")
+    ap.add_argument("--batch-size", type=int, default=0,
+                    help="also walk with rounds of this many trajectories decoded together (0: off)")
+    ap.add_argument("--no-reencode", action="store_true",
+                    help="skip (a), the from-scratch re-encoding (slow with a real model)")
     ap.add_argument("--trajectories", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--model", help="a local model folder (default: a freshly built tiny Qwen2)")
@@ -56,8 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1 keeps the ratio stable on a shared machine)")
     args = ap.parse_args(argv)
-    if args.steps < 20:
-        ap.error("--steps must be >= 20")
+    if 0 < args.steps < 20 or args.steps < 0:
+        ap.error("--steps must be >= 20, or 0 for whole runs")
 
     # --- setup
     import torch
@@ -82,12 +94,12 @@ def main(argv=None) -> int:
                 if p.dim() >= 2:
                     p.copy_((torch.randn(p.shape, generator=g) * args.init_std).to(p))
     # The shortest (in characters) runs with at least --steps steps: bounded memory, real text.
-    long_enough = [cut(t, args.steps) for t in load_trajectories(args.data, "whoandwhen")
-                   if len(t.steps) >= args.steps]
+    long_enough = [cut(t, args.steps) if args.steps else t
+                   for t in load_trajectories(args.data, args.format) if len(t.steps) >= args.steps]
     trajs = sorted(long_enough, key=lambda t: sum(len(s.content) for s in t.steps))[: args.trajectories]
     if not trajs:
         ap.error(f"no trajectory in {args.data} has {args.steps} steps")
-    reuse = HFAuditor(model=model, tokenizer=tok, max_new_tokens=args.max_new_tokens)
+    reuse = HFAuditor(model=model, tokenizer=tok, max_new_tokens=args.max_new_tokens, batch_size=1)
     n_prefix = sum(len(t.steps) for t in trajs)
     prompt_tokens = 0
 
@@ -95,7 +107,7 @@ def main(argv=None) -> int:
     ref: dict[tuple[str, int], list[int]] = {}
     t0 = time.perf_counter()
     with torch.inference_mode():
-        for traj in trajs:
+        for traj in trajs if not args.no_reencode else []:
             for t in range(len(traj.steps)):
                 ids, _ = reuse.prompt_ids(traj, t)
                 prompt_tokens += len(ids)
@@ -107,13 +119,39 @@ def main(argv=None) -> int:
 
     # --- (b) the hf backend's walk (KV cache reused across prefixes)
     got: dict[tuple[str, int], list[int]] = {}
+    raw: dict[tuple[str, int], str] = {}
     t0 = time.perf_counter()
     for traj in trajs:
         for t in range(len(traj.steps)):
-            reuse.audit(traj, t)
+            raw[traj.id, t] = reuse.audit(traj, t).raw
             got[traj.id, t] = list(reuse.last_generated)
         reuse.end(traj)
     reuse_s = time.perf_counter() - t0
+    if args.no_reencode:
+        ref = got
+
+    # --- (c) rounds of --batch-size trajectories decoded together
+    batched_line = None
+    if args.batch_size > 0:
+        bat = HFAuditor(model=model, tokenizer=tok, max_new_tokens=args.max_new_tokens,
+                        batch_size=args.batch_size)
+        braw: dict[tuple[str, int], str] = {}
+        t0 = time.perf_counter()
+        for i in range(0, len(trajs), args.batch_size):
+            live = {tr.id: [tr, 0] for tr in trajs[i:i + args.batch_size]}
+            while live:
+                req = [(tr, t) for tr, t in live.values()]
+                for (tr, t), r in zip(req, bat.audit_batch(req)):
+                    braw[tr.id, t] = r.raw
+                    live[tr.id][1] += 1
+                    if t + 1 == len(tr.steps):
+                        bat.end(tr)
+                        del live[tr.id]
+        batched_s = time.perf_counter() - t0
+        same = sum(braw[k] == raw[k] for k in raw)
+        batched_line = (f"batch1_s_per_prefix={reuse_s / n_prefix:.3f} batched_s_per_prefix="
+                        f"{batched_s / n_prefix:.3f} batch_size={args.batch_size} "
+                        f"speedup={reuse_s / batched_s:.2f} batched_equal={same}/{len(raw)}")
 
     # --- report
     equal = all(got[k] == ref[k] for k in ref)
@@ -124,6 +162,8 @@ def main(argv=None) -> int:
           f"prompt_tokens_total={prompt_tokens} max_new_tokens={args.max_new_tokens}")
     if mismatches:
         print(f"mismatching prefixes: {mismatches[:5]}")
+    if batched_line:
+        print(batched_line)
     print(f"walk_reencode_s={reencode_s:.2f} walk_reuse_s={reuse_s:.2f} "
           f"ratio={reencode_s / reuse_s:.2f} verdicts_equal={'true' if equal else 'false'}")
     return 0 if equal else 1

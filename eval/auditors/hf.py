@@ -16,6 +16,19 @@ the tests assert it token for token in float32 on CPU. In bfloat16 on a GPU, chu
 one-shot prefill use different kernels, so logits can differ in the last bits and a near-tie
 may break the other way: compare on your hardware with benchmarks/walk_cost.py --model PATH.
 
+`audit_batch` (the walker's round: prefixes of up to `batch_size` different trajectories, CLI
+`--max-in-flight N`, default 16; 1 keeps one call at a time) brings each trajectory's cache to its
+prefix and runs its suffix alone, then decodes the round together: the caches stacked with left
+padding, pads masked, explicit position ids per row, greedy, each row stopping at EOS; then each
+cache is cropped back to its stable part. `max_batch_tokens` caps the stacked cache (rows x
+(longest prompt + max_new_tokens)) by splitting a round. The tests assert batched == batch 1 token
+for token in float32 on CPU.
+
+Without `budget`, the prompt budget is the model's context (`context_length`: config
+max_position_embeddings, else a real tokenizer model_max_length) less max_new_tokens and the chat
+template's tokens, so a long prefix gets the bounded view (coverage stamped) instead of silently
+passing the context; a prompt that still cannot fit is an error naming the trajectory and prefix.
+
 The folder may hold a full model (`config.json`) or a PEFT adapter (`adapter_config.json`, e.g.
 a stage-1 LoRA checkpoint), loaded on top of its base model. Nothing downloads. Confidence is
 P(UNSAFE) from the top-k log-probabilities at the verdict token (`eval.confidence`).
@@ -44,6 +57,22 @@ def _lcp(a: list[int], b: list[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+_JOIN_SLACK = 16  # tokens: the budget counts segments apart; BPE may merge across their joins
+_SANE_MAX_LENGTH = 10_000_000  # tokenizers without a limit report ~1e30 as model_max_length
+
+
+def context_length(model, tok) -> int | None:
+    """The model's context in tokens: config.max_position_embeddings, else the tokenizer's
+    model_max_length when it is a real limit; None when neither says."""
+    n = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(n, int) and n > 0:
+        return n
+    n = getattr(tok, "model_max_length", None)
+    if isinstance(n, int) and 0 < n < _SANE_MAX_LENGTH:
+        return n
+    return None
 
 
 def load_model(path: str | Path, *, dtype: str = "auto", device: str | None = None):
@@ -87,13 +116,13 @@ def load_model(path: str | Path, *, dtype: str = "auto", device: str | None = No
 class HFAuditor(Auditor):
     """Arguments: `hf` with `model=PATH` (CLI `--model`), or `hf:PATH`."""
 
-    max_in_flight = 1  # one call at a time; one KV cache per live trajectory
+    max_in_flight = 1  # set per instance from `batch_size`
 
     def __init__(self, arg: str | None = None, *, model=None, tokenizer=None,
                  max_new_tokens: int = 1024, budget: int | None = None,
                  reference_answer: bool = False, reuse_cache: bool = True, top_k: int = 20,
                  prefill_chunk: int = 2048, dtype: str = "auto", device: str | None = None,
-                 **kw) -> None:
+                 batch_size: int = 16, max_batch_tokens: int = 65536, **kw) -> None:
         super().__init__(arg, **kw)
         path = model if isinstance(model, (str, Path)) else arg
         if tokenizer is not None and not isinstance(model, (str, Path)) and model is not None:
@@ -104,7 +133,14 @@ class HFAuditor(Auditor):
             raise ValueError("hf auditor needs a model folder: --model PATH (or hf:PATH)")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
         self.max_new_tokens, self.budget = max_new_tokens, budget
+        # The walker interleaves at most this many walks; each round is decoded together.
+        self.max_in_flight = batch_size if reuse_cache else 1
+        self.max_batch_tokens = max_batch_tokens
         self.reference_answer, self.reuse_cache = reference_answer, reuse_cache
         self.top_k, self.prefill_chunk = top_k, prefill_chunk
         self.device = next(self.model.parameters()).device
@@ -113,10 +149,27 @@ class HFAuditor(Auditor):
         if self.tok.eos_token_id is not None:
             eos.append(self.tok.eos_token_id)
         self.eos = set(eos)
+        self.context = context_length(self.model, self.tok)
+        if budget is None and self.context is not None:
+            self.budget = self._default_budget()
         self.sessions: dict[str, _Session] = {}
         self.last_generated: list[int] = []   # token ids of the last completion (tests compare)
 
     # --------------------------------------------------------------- tokens
+    def _default_budget(self) -> int:
+        """The prompt budget when none is given: the model's context, less the completion, the chat
+        template's own tokens and a small slack for tokens merging across segment joins."""
+        empty = self.tok.apply_chat_template([{"role": "system", "content": ""},
+                                              {"role": "user", "content": ""}],
+                                             tokenize=False, add_generation_prompt=True)
+        overhead = self.count_tokens(empty) + _JOIN_SLACK
+        budget = self.context - self.max_new_tokens - overhead
+        if budget < 1:
+            raise ValueError(f"hf auditor: the model's context ({self.context} tokens) leaves no room "
+                             f"for a prompt after max_new_tokens={self.max_new_tokens} and the chat "
+                             f"template's {overhead} tokens; lower --max-new-tokens")
+        return budget
+
     def count_tokens(self, text: str) -> int:
         return len(self.tok(text, add_special_tokens=False)["input_ids"])
 
@@ -130,6 +183,11 @@ class HFAuditor(Auditor):
             raise ValueError("the chat template changed the user message; cannot locate the stable part")
         cut += len(r.stable)
         ids = self.tok(text, add_special_tokens=False)["input_ids"]
+        if self.context is not None and len(ids) + self.max_new_tokens > self.context:
+            raise ValueError(f"hf auditor: prefix t={t} of trajectory {traj.id!r} needs {len(ids)} prompt "
+                             f"+ {self.max_new_tokens} new tokens, beyond the model's context of "
+                             f"{self.context} (budget={self.budget}); pass a smaller --budget or "
+                             f"--max-new-tokens")
         stable = self.tok(text[:cut], add_special_tokens=False)["input_ids"]
         return ids, _lcp(ids, stable)
 
@@ -162,34 +220,128 @@ class HFAuditor(Auditor):
             logits = self._forward([nxt], cache)
         return gen, tops
 
-    def audit(self, traj, t) -> AuditResult:
-        import torch
+    def _prepare(self, traj, t):
+        """Bring traj's session cache to prefix t's stable part; returns
+        (session, prompt ids, n_stable, tokens reused from the cache)."""
         from transformers import DynamicCache
 
-        t0 = time.perf_counter()
         ids, n_stable = self.prompt_ids(traj, t)
-        with torch.inference_mode():
-            if self.reuse_cache:
-                s = self.sessions.setdefault(traj.id, _Session())
-                if s.cache is None:
-                    s.cache = DynamicCache(config=self.model.config)
-                common = _lcp(s.ids, ids[:n_stable])
-                if common < len(s.ids):
-                    s.cache.crop(-(len(s.ids) - common))
-                self._extend(s.cache, ids[common:n_stable])
-                s.ids = ids[:n_stable]
-                gen, tops = self._greedy(s.cache, ids[n_stable:])
-                s.cache.crop(-(s.cache.get_seq_length() - n_stable))
-                cached = common
-            else:
-                gen, tops = self._greedy(DynamicCache(config=self.model.config), ids)
-                cached = 0
+        s = self.sessions.setdefault(traj.id, _Session())
+        if s.cache is None:
+            s.cache = DynamicCache(config=self.model.config)
+        common = _lcp(s.ids, ids[:n_stable])
+        if common < len(s.ids):
+            s.cache.crop(-(len(s.ids) - common))
+        self._extend(s.cache, ids[common:n_stable])
+        s.ids = ids[:n_stable]
+        return s, ids, n_stable, common
+
+    def _first(self, logits) -> tuple[int, object]:
+        import torch
+
+        return int(torch.argmax(logits)), torch.topk(torch.log_softmax(logits, dim=-1),
+                                                     min(self.top_k, logits.shape[-1]))
+
+    def _result(self, t, ids, gen, tops, cached, t0) -> AuditResult:
         self.last_generated = [g for g in gen]
         body = [g for g in gen if g not in self.eos]
         text = self.tok.decode(body, skip_special_tokens=False)
         return AuditResult(parse_verdict(text, t), t=t, confidence=self._confidence(gen, tops),
                            latency_s=time.perf_counter() - t0, prompt_tokens=len(ids),
                            completion_tokens=len(gen), cached_tokens=cached, raw=text)
+
+    def audit(self, traj, t) -> AuditResult:
+        import torch
+        from transformers import DynamicCache
+
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            if self.reuse_cache:
+                s, ids, n_stable, cached = self._prepare(traj, t)
+                gen, tops = self._greedy(s.cache, ids[n_stable:])
+                s.cache.crop(-(s.cache.get_seq_length() - n_stable))
+            else:
+                ids, n_stable = self.prompt_ids(traj, t)
+                gen, tops = self._greedy(DynamicCache(config=self.model.config), ids)
+                cached = 0
+        return self._result(t, ids, gen, tops, cached, t0)
+
+    # --------------------------------------------------------------- batched rounds
+    def audit_batch(self, requests):
+        """One round of prefixes from different trajectories: each trajectory's cache is brought to
+        its prefix and runs its suffix alone, then the round decodes together (caches stacked with
+        left padding, pads masked, each row at its own positions), split so that no stacked batch
+        holds more than `max_batch_tokens` cache tokens."""
+        import torch
+
+        if not self.reuse_cache or len(requests) <= 1:
+            return [self.audit(traj, t) for traj, t in requests]
+        if len({traj.id for traj, _ in requests}) != len(requests):
+            raise ValueError("hf auditor: one round holds two prefixes of the same trajectory")
+        results = []
+        with torch.inference_mode():
+            group: list = []
+            for traj, t in requests:
+                t0 = time.perf_counter()
+                s, ids, n_stable, cached = self._prepare(traj, t)
+                logits = self._extend(s.cache, ids[n_stable:])     # the suffix, alone
+                row = (traj, t, s, ids, n_stable, cached, logits, t0)
+                longest = max([len(r[3]) for r in group] + [len(ids)]) + self.max_new_tokens
+                if group and longest * (len(group) + 1) > self.max_batch_tokens:
+                    results += self._decode_group(group)
+                    group = []
+                group.append(row)
+            results += self._decode_group(group)
+        return results
+
+    def _decode_group(self, group) -> list[AuditResult]:
+        import torch
+        from transformers import DynamicCache
+
+        gens, topss, done = [], [], []
+        for row in group:
+            nxt, top = self._first(row[6])
+            gens.append([nxt])
+            topss.append([top])
+            done.append(nxt in self.eos)
+        lengths = [len(r[3]) for r in group]          # each row's cache now holds its whole prompt
+        width = max(lengths)
+        n_layers = len(group[0][2].cache.layers)
+        stacked = DynamicCache(config=self.model.config)
+        for li in range(n_layers):
+            ks, vs = [], []
+            for row, n in zip(group, lengths):
+                layer = row[2].cache.layers[li]
+                pad = width - n
+                ks.append(torch.nn.functional.pad(layer.keys, (0, 0, pad, 0)))
+                vs.append(torch.nn.functional.pad(layer.values, (0, 0, pad, 0)))
+            stacked.update(torch.cat(ks), torch.cat(vs), li)
+        mask = torch.zeros(len(group), width, dtype=torch.long, device=self.device)
+        for i, n in enumerate(lengths):
+            mask[i, width - n:] = 1
+        steps = 1
+        while not all(done) and steps < self.max_new_tokens:
+            x = torch.tensor([[g[-1]] for g in gens], dtype=torch.long, device=self.device)
+            mask = torch.cat([mask, torch.ones(len(group), 1, dtype=torch.long, device=self.device)], 1)
+            pos = torch.tensor([[n + steps - 1] for n in lengths], dtype=torch.long, device=self.device)
+            out = self.model(input_ids=x, cache=stacked, attention_mask=mask, position_ids=pos,
+                             use_cache=True, logits_to_keep=1)
+            logits = out.logits[:, -1].float()
+            for i in range(len(group)):
+                if done[i]:
+                    continue
+                nxt, top = self._first(logits[i])
+                gens[i].append(nxt)
+                topss[i].append(top)
+                done[i] = nxt in self.eos
+            steps += 1
+        del stacked
+        results = []
+        for row, gen, tops in zip(group, gens, topss):
+            traj, t, s, ids, n_stable, cached, _, t0 = row
+            s.cache.crop(-(s.cache.get_seq_length() - n_stable))
+            results.append(self._result(t, ids, gen, tops, cached, t0))
+        return results
 
     def _confidence(self, gen: list[int], tops: list) -> float | None:
         if "answer" not in self.tok.decode(gen):

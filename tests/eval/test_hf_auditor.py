@@ -115,3 +115,126 @@ def test_bounded_view_recompiles_stay_exact(noisy_tiny, ww_trajs):
         shrunk |= prev is not None and r.cached_tokens < prev
         prev = reuse.prompt_ids(traj, t)[1]
     assert None in coverages and len(coverages) > 1 and shrunk
+
+
+# --------------------------------------------------------------------------- context budget
+
+def _full_tokens(aud, traj, t) -> int:
+    """What render_prompt compares with the budget for prefix t rendered whole."""
+    from aftraj.prompt import SYSTEM_PROMPT, render_prompt
+
+    r = render_prompt(traj, t, None, count_tokens=aud.count_tokens)
+    return aud.count_tokens(SYSTEM_PROMPT) + aud.count_tokens(r.stable + r.suffix)
+
+
+def test_default_budget_keeps_a_long_trajectory_within_the_context(noisy_tiny, make_traj, monkeypatch):
+    model, tok = noisy_tiny
+    monkeypatch.setattr(model.config, "max_position_embeddings", 1500)
+    aud = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=8)
+    assert aud.context == 1500 and aud.budget is not None and aud.budget < 1500 - 8
+    traj = make_traj(0, 200, None)
+    assert _full_tokens(aud, traj, 199) > 1500         # the whole run would overflow
+    from aftraj.prompt import render_prompt
+    for t in (0, 100, 199):
+        ids, _ = aud.prompt_ids(traj, t)
+        assert len(ids) + 8 <= 1500, t
+    assert render_prompt(traj, 199, aud.budget, count_tokens=aud.count_tokens).coverage  # stamped
+    r = aud.audit(traj, 199)
+    assert r.prompt_tokens + r.completion_tokens <= 1500
+
+
+def test_default_budget_both_sides_of_the_bound(noisy_tiny, make_traj, monkeypatch):
+    from aftraj.prompt import render_prompt
+
+    model, tok = noisy_tiny
+    traj = make_traj(1, 30, None)
+    monkeypatch.setattr(model.config, "max_position_embeddings", 100_000)
+    probe = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=8)
+    room = probe.context - probe.budget               # completion + template + slack
+    need = _full_tokens(probe, traj, 20)
+    monkeypatch.setattr(model.config, "max_position_embeddings", need + room)   # just fits
+    aud = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=8)
+    assert aud.budget == need
+    assert render_prompt(traj, 20, aud.budget, count_tokens=aud.count_tokens).coverage is None
+    assert aud.prompt_ids(traj, 20)[0] == probe.prompt_ids(traj, 20)[0]          # rendered whole
+    monkeypatch.setattr(model.config, "max_position_embeddings", need + room - 1)  # one short
+    aud = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=8)
+    assert render_prompt(traj, 20, aud.budget, count_tokens=aud.count_tokens).coverage is not None
+
+
+def test_context_without_room_is_a_clear_error(noisy_tiny, make_traj, monkeypatch):
+    model, tok = noisy_tiny
+    monkeypatch.setattr(model.config, "max_position_embeddings", 40)
+    with pytest.raises(ValueError, match="leaves no room"):
+        get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=8)
+    # An explicit budget beyond the context: the prefix that cannot fit is an error, not an overflow.
+    aud = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=8, budget=10_000)
+    with pytest.raises(ValueError, match="beyond the model's context of 40"):
+        aud.audit(make_traj(2, 10, None), 9)
+
+
+def test_context_length_sources(noisy_tiny, monkeypatch):
+    from eval.auditors.hf import context_length
+
+    from types import SimpleNamespace
+
+    model, tok = noisy_tiny
+    bare = SimpleNamespace(config=SimpleNamespace())          # a config without the field
+    monkeypatch.setattr(tok, "model_max_length", 512)
+    assert context_length(bare, tok) == 512
+    monkeypatch.setattr(tok, "model_max_length", int(1e30))   # "no limit": not a context
+    assert context_length(bare, tok) is None
+    monkeypatch.setattr(model.config, "max_position_embeddings", 256)
+    assert context_length(model, tok) == 256
+
+
+# --------------------------------------------------------------------------- batched rounds
+
+def _walk_rounds(aud, trajs, starts):
+    """Walk trajs together from different starting prefixes; per round, audit_batch of all live."""
+    out, ts = [], dict(zip((t.id for t in trajs), starts))
+    while any(ts[tr.id] < len(tr.steps) for tr in trajs):
+        req = [(tr, ts[tr.id]) for tr in trajs if ts[tr.id] < len(tr.steps)]
+        for (tr, t), r in zip(req, aud.audit_batch(req)):
+            out.append((tr.id, t, r.raw, r.confidence, r.prompt_tokens, r.completion_tokens,
+                        r.cached_tokens))
+            ts[tr.id] += 1
+    return sorted(out)
+
+
+@pytest.mark.parametrize("max_batch_tokens", [65536, 1])   # one stacked batch; every row alone
+def test_batched_round_equals_batch_one(noisy_tiny, make_traj, max_batch_tokens):
+    model, tok = noisy_tiny
+    trajs = [make_traj(10, 9, None), make_traj(11, 4, 2), make_traj(12, 14, 5)]
+    starts = [0, 1, 6]                    # different lengths, prefixes at different t
+    one = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=12, batch_size=1)
+    many = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=12, batch_size=16,
+                       max_batch_tokens=max_batch_tokens)
+    assert one.max_in_flight == 1 and many.max_in_flight == 16
+    a, b = _walk_rounds(one, trajs, starts), _walk_rounds(many, trajs, starts)
+    assert a == b
+    assert len({x[2] for x in a}) > 1     # completions depend on the context: not vacuous
+    assert any(x[6] > 0 for x in b)       # the caches were reused across rounds
+
+
+def test_batched_rows_stop_early_at_eos(noisy_tiny, make_traj, monkeypatch):
+    model, tok = noisy_tiny
+    trajs = [make_traj(20, 6, None), make_traj(21, 10, 3), make_traj(22, 3, None)]
+    one = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=10, batch_size=1)
+    # Make the 3rd token of one completion an EOS, so that rows stop at different steps.
+    one.audit(trajs[0], 0)
+    eos = one.last_generated[2]
+    one = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=10, batch_size=1)
+    many = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=10, batch_size=16)
+    one.eos.add(eos)
+    many.eos.add(eos)
+    a, b = _walk_rounds(one, trajs, [0, 0, 0]), _walk_rounds(many, trajs, [0, 0, 0])
+    assert a == b
+    counts = {x[5] for x in a}
+    assert min(counts) < 10 and len(counts) > 1   # some rows stopped early, not all at once
+
+
+def test_batch_size_is_validated(noisy_tiny):
+    model, tok = noisy_tiny
+    with pytest.raises(ValueError, match="batch_size"):
+        get_auditor("hf", model=model, tokenizer=tok, batch_size=0)

@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_walk_cost_benchmark_small():
     out = subprocess.run([sys.executable, str(REPO / "benchmarks" / "walk_cost.py"), "--steps", "20",
-                          "--trajectories", "1", "--hidden-size", "64", "--max-new-tokens", "4"],
+                          "--trajectories", "2", "--hidden-size", "64", "--max-new-tokens", "4",
+                          "--batch-size", "2"],
                          capture_output=True, text=True, timeout=900, cwd=REPO)
     assert out.returncode == 0, out.stderr[-2000:]
     last = out.stdout.strip().splitlines()[-1]
@@ -23,3 +24,5 @@ def test_walk_cost_benchmark_small():
                      r"verdicts_equal=(true|false)", last)
     assert m, last
     assert m.group(4) == "true"
+    b = re.search(r"batched_equal=(\d+)/(\d+)", out.stdout)
+    assert b and b.group(1) == b.group(2) == "40", out.stdout[-500:]   # 2 runs x 20 prefixes
