@@ -6,6 +6,7 @@ stages, the ablation): VALUE is YAML (`--set lr=1e-4`, `--set targets=[q_proj,v_
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from aftraj.errors import UsageError
@@ -23,7 +24,13 @@ def parse_set(items: Iterable[str]) -> dict:
         if not k.strip():
             raise UsageError(f"--set {item!r}: the key is empty")
         try:
-            out[k.strip()] = yaml.safe_load(v)
+            val = yaml.safe_load(v)
         except yaml.YAMLError as e:
             raise UsageError(f"--set {item!r}: the value is not YAML ({' '.join(str(e).split())})") from None
+        if isinstance(val, str) and _FLOAT.match(val.strip()):
+            val = float(val)        # YAML 1.1 reads 1e-3 (no dot) as a string
+        out[k.strip()] = val
     return out
+
+
+_FLOAT = re.compile(r"\A[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+\Z")

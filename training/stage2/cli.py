@@ -33,18 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    import yaml
-
+    from aftraj.overrides import parse_set
     from training.stage1.config import ConfigError
     from training.stage2.config import load_stage2_config
 
-    over = {}
-    for item in args.set:
-        if "=" not in item:
-            print(f"--set {item!r}: expected KEY=VALUE", file=sys.stderr)
-            return 2
-        k, v = item.split("=", 1)
-        over[k.strip()] = yaml.safe_load(v)
+    over = parse_set(args.set)
     for key, val in (("data", args.data), ("output_dir", args.out), ("model", args.init),
                      ("max_steps", args.max_steps)):
         if val is not None:

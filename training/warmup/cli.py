@@ -26,21 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    import yaml
-
-    from aftraj.errors import UsageError
+    from aftraj.overrides import parse_set
     from training.warmup.config import load_warmup_config
     from training.warmup.trainer import check_model, warmup
 
-    over = {}
-    for item in args.set:
-        if "=" not in item:
-            raise UsageError(f"--set {item!r}: expected KEY=VALUE")
-        k, v = item.split("=", 1)
-        try:
-            over[k.strip()] = yaml.safe_load(v)
-        except yaml.YAMLError as e:
-            raise UsageError(f"--set {item!r}: the value is not YAML ({' '.join(str(e).split())})") from None
+    over = parse_set(args.set)
     for key, val in (("data", args.data), ("output_dir", args.out), ("model", args.model),
                      ("max_steps", args.max_steps)):
         if val is not None:
