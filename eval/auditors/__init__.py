@@ -30,8 +30,8 @@ The contract:
 - `strategy` says how the walker queries it: "online" (strict walk t = 0, 1, … until the first
   ALARM; the default), "posthoc" (one call with the whole trajectory, t = N-1, labelled
   post-hoc in every report) or "bisect" (binary search for the first alarming prefix).
-- `max_in_flight` caps how many trajectories the walker interleaves (the `hf` backend sets 1:
-  it computes one call at a time and holds one KV cache per live trajectory).
+- `max_in_flight` caps how many trajectories the walker interleaves (the `hf` backend sets its
+  `batch_size`, default 16: one KV cache per live trajectory, each round decoded together).
 - Constructor: `Cls(arg=None, **kw)`; `get_auditor("name:arg", model=…, endpoint=…, …)` builds
   one. Unknown keywords should be accepted and ignored (`**kw`) so one CLI can feed any auditor.
 - Modules in this package are imported on the first `get_auditor`/`available_auditors`, so keep
