@@ -28,10 +28,19 @@ def test_shipped_configs_load(name):
 @pytest.mark.parametrize("key,value,match", [
     ("heldout_sample", 0, "heldout_sample"), ("val_sample", -1, "val_sample"),
     ("stage1_steps", 0, "stage1_steps"), ("stage1_set", ["no_equals"], "stage1_set"),
-    ("warmup_config", "configs/warmup/nope.yaml", "warmup_config"), ("colour", 1, "colour")])
+    ("warmup_config", "configs/warmup/nope.yaml", "warmup_config"), ("colour", 1, "colour"),
+    ("model_rows", [], "model_rows"), ("model_rows", ["stage 3"], "model_rows"),
+    ("model_rows", ["stage 1", "stage 1"], "model_rows"), ("model_rows", "stage 1", "model_rows")])
 def test_bad_config_values_are_named(tmp_path, key, value, match):
     with pytest.raises(ConfigError, match=match):
         ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {key: value})
+
+
+def test_model_rows_keep_the_table_order():
+    cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
+                         {"model_rows": ["stage 1 + 2", "raw base"]})
+    assert cfg.model_rows == ["raw base", "stage 1 + 2"]
+    assert ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml").model_rows == list(ab.MODEL_ROWS)
 
 
 def test_bounds_accept_their_edge(tmp_path):
@@ -154,6 +163,16 @@ def test_goal_lines_check_both_sides():
     assert "stage 1: Exact-F1 35.0 vs warmed base 20.0 (above) and best floor 30.0 (above); FAR 10.0 % (≤ 10 %)" in lines[0]
     assert "(above) and best floor 30.0 (NOT above); FAR 11.0 % (> 10 %)" in lines[1]
     assert "(NOT above)" in lines[2] and "FAR 0.0 % (≤ 10 %)" in lines[2]
+
+
+def test_goal_lines_skip_rows_not_built():
+    s = _summary({"warmed base": 0.2, "stage 1": 0.3}, {})
+    for k in ("stage 2", "stage 1 + 2"):
+        del s["results"]["heldout"][k]
+    lines = ab.goal_lines(s)
+    assert len(lines) == 1 and lines[0].startswith("- stage 1:")
+    del s["results"]["heldout"]["warmed base"]
+    assert "not evaluated" in ab.goal_lines(s)[0]
 
 
 def test_markdown_holds_every_row_interval_and_domain():
