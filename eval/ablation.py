@@ -295,7 +295,7 @@ class Ablation:
             n = c.raw_base_sample if row == "raw base" and c.raw_base_sample else c.heldout_sample
         elif target == "ww":
             data = ["--data", c.ww_data]
-            n = c.raw_base_sample if row == "raw base" and c.raw_base_sample else c.ww_sample
+            n = min(c.raw_base_sample, c.ww_sample) if row == "raw base" and c.raw_base_sample else c.ww_sample
         else:   # val
             data, n = ["--data", str(self.corpus), "--split", "val"], c.val_sample
         common = [*data, "--sample", str(n), "--sample-seed", str(c.seed), "--n-boot", str(c.n_boot),
