@@ -24,7 +24,7 @@ def quick_run(tmp_path_factory):
     out, report = root / "out", root / "report"
     env = dict(os.environ, OUT=str(out), REPORT=str(report))
     proc = subprocess.run(["bash", str(REPO / "scripts" / "demo.sh"), "--quick"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, report, proc.stdout
 
