@@ -250,9 +250,11 @@ def test_run_stops_its_server_and_refuses_an_empty_corpus(tmp_path):
     env.update({"OUT": str(tmp_path / "out"), "PYTHON": sys.executable, "CORPUS_MODEL": "m",
                 "CORPUS_URL": f"http://127.0.0.1:{port}/v1", "CORPUS_SERVER_CMD": f"{sys.executable} {fake} {port}"})
     r = subprocess.run(["bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
-    assert r.returncode == 1, r.stdout + r.stderr
+    # `aftraj corpus build` itself refuses a build that kept nothing (exit 3); the script's own
+    # empty-train guard (exit 1) stays as a second line of defence
+    assert r.returncode == 3, r.stdout + r.stderr
     assert "corpus-endpoint answers" in r.stdout and "stopped" in r.stdout
-    assert "train.jsonl is empty" in r.stderr
+    assert "no trajectory was built" in r.stderr
     assert "train_stage1.sh" not in r.stdout               # stopped before stage 1
     with socket.socket() as s:                              # the port is free again: no server left
         assert s.connect_ex(("127.0.0.1", port)) != 0
