@@ -128,5 +128,19 @@ def test_check_only_uses_the_same_prefixes_and_writes_parse_check(tiny_model_dir
                              {"model": str(tiny_model_dir), "output_dir": str(tmp_path / "raw")})
     res = check_model(cfg)
     assert res["n"] == 2 and res["parsed"] + sum(res["failure_codes"].values()) == 2
+    # every failure (up to the cap) is kept verbatim with its code, for diagnosis
+    assert len(res["failures"]) == sum(res["failure_codes"].values())
+    assert all(f["code"] in res["failure_codes"] and isinstance(f["text"], str) for f in res["failures"])
     assert json.loads((tmp_path / "raw" / "parse_check.json").read_text()) == res
     assert not (tmp_path / "raw" / "final").exists()
+
+
+def test_parse_check_keeps_at_most_the_cap_of_failures(tiny_model_dir, tmp_path, monkeypatch):
+    import training.warmup.trainer as wt
+
+    monkeypatch.setattr(wt, "MAX_FAILURES_SHOWN", 1)
+    cfg = load_warmup_config(CONFIGS / "warmup" / "tiny-cpu.yaml",
+                             {"model": str(tiny_model_dir), "output_dir": str(tmp_path / "raw")})
+    res = wt.check_model(cfg)
+    assert sum(res["failure_codes"].values()) == 2      # the random tiny model never parses
+    assert len(res["failures"]) == 1

@@ -73,10 +73,13 @@ def completion_loss(model, batch: dict, device) -> torch.Tensor:
                                              batch["target"].to(device).reshape(-1), ignore_index=-100)
 
 
+MAX_FAILURES_SHOWN = 8   # parse failures kept verbatim (first 400 characters) in the stats
+
+
 def parse_check(model, tok, prefixes, *, budget: int, max_new_tokens: int, count_tokens) -> dict:
     """Greedy decoding on each prefix; parse rate and failure codes (shared verdict parser)."""
     model.eval()
-    codes, ok = Counter(), 0
+    codes, ok, failures = Counter(), 0, []
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     for tr, t in prefixes:
         ids = prompt_token_ids(tok, render(tr, t, budget, count_tokens=count_tokens))
@@ -84,13 +87,17 @@ def parse_check(model, tok, prefixes, *, budget: int, max_new_tokens: int, count
             gen = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                  do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
                                  eos_token_id=tok.eos_token_id)
-        v = parse_verdict(tok.decode(gen[0, len(ids):], skip_special_tokens=True), t)
+        text = tok.decode(gen[0, len(ids):], skip_special_tokens=True)
+        v = parse_verdict(text, t)
         if isinstance(v, ParseFailure):
             codes[v.code] += 1
+            if len(failures) < MAX_FAILURES_SHOWN:
+                failures.append({"id": tr.id, "t": t, "code": v.code, "text": text[:400]})
         else:
             ok += 1
     n = len(prefixes)
-    return {"n": n, "parsed": ok, "parse_rate": ok / n if n else None, "failure_codes": dict(sorted(codes.items()))}
+    return {"n": n, "parsed": ok, "parse_rate": ok / n if n else None,
+            "failure_codes": dict(sorted(codes.items())), "failures": failures}
 
 
 def check_model(cfg: WarmupConfig, model_path: str | Path | None = None) -> dict:
