@@ -152,12 +152,13 @@ class Runner:
                    PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
         t0 = time.perf_counter()
         with open(log, "w", encoding="utf-8") as f:
-            rc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+            rc, peak_kb = _run_child(cmd, cwd=REPO, env=env, stdout=f)
         wall = time.perf_counter() - t0
         if rc != 0:
             tail = "".join(log.read_text(encoding="utf-8", errors="replace").splitlines(True)[-25:])
             raise PhaseFailed(f"phase {name!r} failed (exit {rc}) after {wall:.0f} s; log {log}:\n{tail}")
         rec = {"phase": name, "argv": ["aftraj", *argv], "wall_s": round(wall, 1),
+               "peak_rss_gb": round(peak_kb / 2**20, 2),
                "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
         self.marker(name).write_text(json.dumps(rec, indent=1) + "\n")
         self._say(f"[{name}] {wall:.0f} s")
@@ -166,6 +167,20 @@ class Runner:
     def _say(self, msg: str) -> None:
         if self.echo:
             print(msg, flush=True)
+
+
+def _run_child(cmd: list[str], *, cwd, env, stdout) -> tuple[int, int]:
+    """Run cmd to its end; (exit code, peak resident set in KiB of the child and the processes it
+    waited for, as the kernel counts it: wait4's ru_maxrss)."""
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=subprocess.STDOUT)
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_maxrss
 
 
 def _steps_args(flag_steps: int | None, save_steps: int | None, total_limit: bool = True) -> list[str]:
@@ -491,8 +506,9 @@ def render_markdown(s: dict) -> str:
         scored = ", ".join(f"{'final' if x['step'] is None else 'step ' + str(x['step'])}: "
                            f"F1 {_pct(x['exact_f1'])} FAR {_pct(x['far'])}" for x in sel["scored"]) or "one candidate"
         lines.append(f"- {row}: chosen `{sel['chosen']}` ({scored})")
-    lines += ["", "## Wall time per phase", "", "| phase | s |", "|---|---|"]
-    lines += [f"| {p['phase']} | {p['wall_s']:.0f} |" for p in s["phases"]]
+    lines += ["", "## Wall time per phase", "", "| phase | s | peak memory GiB |", "|---|---|---|"]
+    lines += [f"| {p['phase']} | {p['wall_s']:.0f} | "
+              f"{'–' if p.get('peak_rss_gb') is None else format(p['peak_rss_gb'], '.1f')} |" for p in s["phases"]]
     lines += ["", f"Total of the phases: {sum(p['wall_s'] for p in s['phases']) / 60:.1f} min.", ""]
     return "\n".join(lines)
 

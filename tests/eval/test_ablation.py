@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,11 +54,13 @@ def test_a_phase_runs_once_and_a_failure_leaves_no_marker(tmp_path, monkeypatch)
     r = ab.Runner(tmp_path, echo=False)
     rec = r.run("ok", ["summary", "who_and_when"])
     assert rec["wall_s"] >= 0 and r.done("ok")["argv"] == ["aftraj", "summary", "who_and_when"]
+    # the child's own peak memory (a Python process with the package loaded: tens of MiB, < 4 GiB)
+    assert 0.01 < rec["peak_rss_gb"] < 4
     assert "Who" in (tmp_path / "logs" / "ok.log").read_text() or (tmp_path / "logs" / "ok.log").stat().st_size > 0
 
     def boom(*a, **kw):
         raise AssertionError("a finished phase ran again")
-    monkeypatch.setattr(subprocess, "run", boom)
+    monkeypatch.setattr(subprocess, "Popen", boom)
     assert r.run("ok", ["summary", "who_and_when"]) == rec          # resumed: skipped
     monkeypatch.undo()
     with pytest.raises(ab.PhaseFailed, match="bad"):
@@ -180,4 +183,19 @@ def test_markdown_holds_every_row_interval_and_domain():
     for row in (*ab.MODEL_ROWS, *ab.BASELINE_ROWS):
         assert f"| {row} | 10 |" in md
     assert "35.0 [25, 75]" in md and "domain math" in md and "| math" not in md
-    assert "| corpus | 30 |" in md and "configs/ablation/x.yaml" in md
+    assert "| corpus | 30 | – |" in md and "configs/ablation/x.yaml" in md   # marker without peak memory
+    s = _summary({}, {})
+    s["phases"] = [{"phase": "warmup", "wall_s": 150.4, "peak_rss_gb": 6.84}]
+    assert "| warmup | 150 | 6.8 |" in ab.render_markdown(s)
+
+
+def test_peak_memory_is_the_childs_own(tmp_path):
+    """A child that holds ~300 MiB reports at least that; one that holds nothing reports less."""
+    code = "import sys; b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096])"
+    rc, big = ab._run_child([sys.executable, "-c", code], cwd=tmp_path, env=None, stdout=subprocess.DEVNULL)
+    rc0, small = ab._run_child([sys.executable, "-c", "pass"], cwd=tmp_path, env=None, stdout=subprocess.DEVNULL)
+    assert rc == rc0 == 0
+    assert big / 2**10 >= 300 > small / 2**10
+    rc, _ = ab._run_child([sys.executable, "-c", "raise SystemExit(3)"], cwd=tmp_path, env=None,
+                          stdout=subprocess.DEVNULL)
+    assert rc == 3
