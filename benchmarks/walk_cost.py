@@ -20,6 +20,13 @@ produces one repeated token, which would make the comparison vacuous).
     .venv/bin/python benchmarks/walk_cost.py --model ~/.cache/agentforesight/models/smollm2-135m \
         --data /tmp/ab/demo-corpus/data/test.jsonl --format auto --steps 0 --trajectories 8 \
         --max-new-tokens 128 --batch-size 8 --threads 2 --no-reencode
+  (d) with --compare-cache: (b) (and (c) when --batch-size is given) again with transformers' own
+      DynamicCache, which concatenates the whole cache at every token, in place of the backend's
+      slack layers (`eval.auditors.hf.new_cache`); prints both times, their ratio and whether
+      the completions are equal:
+    .venv/bin/python benchmarks/walk_cost.py --model ~/.cache/agentforesight/models/smollm2-135m \
+        --data runs/ablation-cpu/corpus/test.jsonl --format auto --steps 0 --trajectories 4 \
+        --max-new-tokens 128 --batch-size 4 --threads 2 --no-reencode --compare-cache
 Last line: walk_reencode_s=… walk_reuse_s=… ratio=… verdicts_equal=true|false
 """
 
@@ -56,6 +63,8 @@ def main(argv=None) -> int:
                     help="also walk with rounds of this many trajectories decoded together (0: off)")
     ap.add_argument("--no-reencode", action="store_true",
                     help="skip (a), the from-scratch re-encoding (slow with a real model)")
+    ap.add_argument("--compare-cache", action="store_true",
+                    help="also walk with transformers' DynamicCache and print the ratio (d)")
     ap.add_argument("--trajectories", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--model", help="a local model folder (default: a freshly built tiny Qwen2)")
@@ -118,23 +127,27 @@ def main(argv=None) -> int:
     reencode_s = time.perf_counter() - t0
 
     # --- (b) the hf backend's walk (KV cache reused across prefixes)
-    got: dict[tuple[str, int], list[int]] = {}
-    raw: dict[tuple[str, int], str] = {}
-    t0 = time.perf_counter()
-    for traj in trajs:
-        for t in range(len(traj.steps)):
-            raw[traj.id, t] = reuse.audit(traj, t).raw
-            got[traj.id, t] = list(reuse.last_generated)
-        reuse.end(traj)
-    reuse_s = time.perf_counter() - t0
+    def walk_one_by_one():
+        got: dict[tuple[str, int], list[int]] = {}
+        raw: dict[tuple[str, int], str] = {}
+        t0 = time.perf_counter()
+        for traj in trajs:
+            for t in range(len(traj.steps)):
+                raw[traj.id, t] = reuse.audit(traj, t).raw
+                got[traj.id, t] = list(reuse.last_generated)
+            reuse.end(traj)
+        return got, raw, time.perf_counter() - t0
+
+    got, raw, reuse_s = walk_one_by_one()
     if args.no_reencode:
         ref = got
 
     # --- (c) rounds of --batch-size trajectories decoded together
     batched_line = None
-    if args.batch_size > 0:
-        bat = HFAuditor(model=model, tokenizer=tok, max_new_tokens=args.max_new_tokens,
-                        batch_size=args.batch_size)
+    bat = HFAuditor(model=model, tokenizer=tok, max_new_tokens=args.max_new_tokens,
+                    batch_size=max(args.batch_size, 1))
+
+    def walk_batched():
         braw: dict[tuple[str, int], str] = {}
         t0 = time.perf_counter()
         for i in range(0, len(trajs), args.batch_size):
@@ -147,11 +160,34 @@ def main(argv=None) -> int:
                     if t + 1 == len(tr.steps):
                         bat.end(tr)
                         del live[tr.id]
-        batched_s = time.perf_counter() - t0
+        return braw, time.perf_counter() - t0
+
+    if args.batch_size > 0:
+        braw, batched_s = walk_batched()
         same = sum(braw[k] == raw[k] for k in raw)
         batched_line = (f"batch1_s_per_prefix={reuse_s / n_prefix:.3f} batched_s_per_prefix="
                         f"{batched_s / n_prefix:.3f} batch_size={args.batch_size} "
                         f"speedup={reuse_s / batched_s:.2f} batched_equal={same}/{len(raw)}")
+
+    # --- (d) the same walks with transformers' DynamicCache (torch.cat at every token)
+    cache_line = None
+    if args.compare_cache:
+        import eval.auditors.hf as hf
+        from transformers import DynamicCache
+
+        slack = hf.new_cache
+        hf.new_cache = lambda config: DynamicCache(config=config)
+        try:
+            _, draw, dyn_s = walk_one_by_one()
+            dyn_b = walk_batched() if args.batch_size > 0 else None
+        finally:
+            hf.new_cache = slack
+        same = draw == raw and (dyn_b is None or dyn_b[0] == braw)
+        cache_line = (f"cache_dynamic_s={dyn_s:.2f} cache_slack_s={reuse_s:.2f} "
+                      f"cache_speedup={dyn_s / reuse_s:.2f}"
+                      + (f" batched_dynamic_s={dyn_b[1]:.2f} batched_slack_s={batched_s:.2f} "
+                         f"batched_cache_speedup={dyn_b[1] / batched_s:.2f}" if dyn_b else "")
+                      + f" cache_equal={'true' if same else 'false'}")
 
     # --- report
     equal = all(got[k] == ref[k] for k in ref)
@@ -164,6 +200,8 @@ def main(argv=None) -> int:
         print(f"mismatching prefixes: {mismatches[:5]}")
     if batched_line:
         print(batched_line)
+    if cache_line:
+        print(cache_line)
     print(f"walk_reencode_s={reencode_s:.2f} walk_reuse_s={reuse_s:.2f} "
           f"ratio={reencode_s / reuse_s:.2f} verdicts_equal={'true' if equal else 'false'}")
     return 0 if equal else 1

@@ -238,3 +238,48 @@ def test_batch_size_is_validated(noisy_tiny):
     model, tok = noisy_tiny
     with pytest.raises(ValueError, match="batch_size"):
         get_auditor("hf", model=model, tokenizer=tok, batch_size=0)
+
+
+def test_slack_cache_layers_hold_what_dynamic_layers_hold():
+    """Appends, in-room writes, a regrowth, crops (then writes over the cropped room), batch
+    selection: the slack layer's keys and values equal transformers' DynamicLayer's each time."""
+    from transformers.cache_utils import DynamicLayer
+
+    from eval.auditors.hf import _slack_layer_class
+
+    g = torch.Generator().manual_seed(0)
+    kv = lambda n, b=2: (torch.randn(b, 3, n, 4, generator=g), torch.randn(b, 3, n, 4, generator=g))  # noqa: E731
+    ref, got = DynamicLayer(), _slack_layer_class()()
+
+    def same():
+        assert got.get_seq_length() == ref.get_seq_length()
+        assert torch.equal(got.keys, ref.keys) and torch.equal(got.values, ref.values)
+
+    for n in (5, 1, 1, 300, 1, 40):        # 5 + 1 + 1 fits the first room (256); 300 regrows it
+        k, v = kv(n)
+        out_ref, out_got = ref.update(k, v), got.update(k, v)
+        assert all(torch.equal(a, b) for a, b in zip(out_ref, out_got))
+        same()
+    room = got._buf[0].shape[2]
+    assert room >= got.get_seq_length() + 1
+    ref.crop(-30), got.crop(-30)
+    same()
+    k, v = kv(2)
+    ref.update(k, v), got.update(k, v)      # written over the cropped positions, same buffer
+    same()
+    assert got._buf[0].shape[2] == room
+    idx = torch.tensor([1])
+    ref.batch_select_indices(idx), got.batch_select_indices(idx)
+    k, v = kv(3, b=1)
+    ref.update(k, v), got.update(k, v)      # no longer a view of the old buffer: a new one
+    same()
+    assert got._buf[0].shape[0] == 1
+
+
+def test_new_cache_uses_slack_layers_for_full_attention(noisy_tiny):
+    from eval.auditors.hf import new_cache
+
+    model, _ = noisy_tiny
+    cache = new_cache(model.config)
+    assert len(cache.layers) == model.config.num_hidden_layers
+    assert all(type(layer).__name__ == "SlackLayer" for layer in cache.layers)
