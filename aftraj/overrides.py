@@ -33,4 +33,14 @@ def parse_set(items: Iterable[str]) -> dict:
     return out
 
 
+def cli_overrides(args, flags: dict[str, str]) -> dict:
+    """A training command's overrides: its `--set` items, then each dedicated flag that was given
+    ({config key: argparse attribute}, e.g. {"output_dir": "out"}); a flag wins over `--set`."""
+    over = parse_set(getattr(args, "set", None) or [])
+    for key, attr in flags.items():
+        if (val := getattr(args, attr, None)) is not None:
+            over[key] = val
+    return over
+
+
 _FLOAT = re.compile(r"\A[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+\Z")

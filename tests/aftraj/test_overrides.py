@@ -30,3 +30,15 @@ def test_every_command_uses_it(argv, capsys):
 
     assert main([*argv, "--set", "novalue"]) == 2
     assert "--set 'novalue': expected KEY=VALUE" in capsys.readouterr().err
+
+
+def test_cli_overrides_flags_win_over_set_and_absent_flags_do_not_override():
+    import argparse
+
+    from aftraj.overrides import cli_overrides
+
+    args = argparse.Namespace(set=["output_dir=a", "max_steps=3", "lr=1e-3"], out="b", data=None, max_steps=None)
+    over = cli_overrides(args, {"output_dir": "out", "data": "data", "max_steps": "max_steps"})
+    assert over == {"output_dir": "b", "max_steps": 3, "lr": 1e-3}
+    assert cli_overrides(argparse.Namespace(set=[], out=None), {"output_dir": "out"}) == {}
+    assert cli_overrides(argparse.Namespace(out="c"), {"output_dir": "out"}) == {"output_dir": "c"}

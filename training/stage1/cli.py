@@ -36,15 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from aftraj.overrides import parse_set
+    from aftraj.overrides import cli_overrides
     from training.stage1.config import load_stage1_config
     from training.stage1.trainer import sample_preferences, train
 
-    over = parse_set(args.set)
-    for key, val in (("data", args.data), ("output_dir", args.out), ("model", args.model),
-                     ("max_steps", args.max_steps)):
-        if val is not None:
-            over[key] = val
+    over = cli_overrides(args, {"data": "data", "output_dir": "out", "model": "model", "max_steps": "max_steps"})
     if args.max_steps is not None:
         over["num_epochs"] = None
     cfg = load_stage1_config(args.config, over)    # ConfigError, OSError: the CLI's user-error rule

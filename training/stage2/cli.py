@@ -33,15 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from aftraj.overrides import parse_set
+    from aftraj.overrides import cli_overrides
     from training.stage1.config import ConfigError
     from training.stage2.config import load_stage2_config
 
-    over = parse_set(args.set)
-    for key, val in (("data", args.data), ("output_dir", args.out), ("model", args.init),
-                     ("max_steps", args.max_steps)):
-        if val is not None:
-            over[key] = val
+    over = cli_overrides(args, {"data": "data", "output_dir": "out", "model": "init", "max_steps": "max_steps"})
     try:
         cfg = load_stage2_config(args.config, over)
     except (ConfigError, FileNotFoundError) as e:

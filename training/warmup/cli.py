@@ -26,15 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from aftraj.overrides import parse_set
+    from aftraj.overrides import cli_overrides
     from training.warmup.config import load_warmup_config
     from training.warmup.trainer import check_model, warmup
 
-    over = parse_set(args.set)
-    for key, val in (("data", args.data), ("output_dir", args.out), ("model", args.model),
-                     ("max_steps", args.max_steps)):
-        if val is not None:
-            over[key] = val
+    over = cli_overrides(args, {"data": "data", "output_dir": "out", "model": "model", "max_steps": "max_steps"})
     cfg = load_warmup_config(args.config, over)
     if args.check_only:
         print(json.dumps(check_model(cfg)))
