@@ -150,6 +150,19 @@ def summarize(preds: Sequence[dict], *, n_boot: int = 1000, seed: int = 0,
     return out
 
 
+def ratio_with_ci(num: Sequence[float], den: Sequence[float], *, n_boot: int = 1000,
+                  seed: int = 0) -> tuple[float | None, list[float] | None]:
+    """sum(num) / sum(den) over units (e.g. trajectories) and its bootstrap 95 % interval over
+    the units, by the same resampling as `summarize`."""
+    num, den = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    point = _ratio(num, den) if len(num) else None
+    if point is None or n_boot <= 0:
+        return point, None
+    W = np.random.default_rng(seed).multinomial(len(num), np.full(len(num), 1.0 / len(num)),
+                                                size=n_boot).astype(float)
+    return point, _ci(W, num, den)
+
+
 def _ci(W: np.ndarray, num: np.ndarray, den: np.ndarray) -> list[float] | None:
     dn = W @ den
     with np.errstate(divide="ignore", invalid="ignore"):

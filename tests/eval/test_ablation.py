@@ -199,3 +199,17 @@ def test_peak_memory_is_the_childs_own(tmp_path):
     rc, _ = ab._run_child([sys.executable, "-c", "raise SystemExit(3)"], cwd=tmp_path, env=None,
                           stdout=subprocess.DEVNULL)
     assert rc == 3
+
+
+def test_probe_section_lists_every_probed_row_with_intervals():
+    g = lambda a, ci, m: {"n": 4, "accuracy": a, "accuracy_ci": ci, "mean_margin": m}  # noqa: E731
+    s = _summary({}, {})
+    s["probe"] = {"warmed base": {"n_runs": 4, "pre": g(1.0, [1.0, 1.0], 2.5), "post": g(0.0, [0.0, 0.0], -3.25),
+                                  "both": g(0.5, [0.25, 0.75], -0.375)},
+                  "stage 1": {"n_runs": 4, "pre": g(0.75, None, 0.5), "post": g(None, None, None),
+                              "both": g(0.75, [0.5, 1.0], 0.5)}}
+    md = ab.render_markdown(s)
+    assert "## Boundary probe: every unsafe run of the test split (4 runs)" in md
+    assert "| warmed base | 100.0 [100, 100] | 0.0 [0, 0] | 50.0 [25, 75] | +2.50 | -3.25 |" in md
+    assert "| stage 1 | 75.0 | – | 75.0 [50, 100] | +0.50 | – |" in md
+    assert "Boundary probe" not in ab.render_markdown(_summary({}, {}))     # no probe, no section

@@ -54,7 +54,7 @@ def test_targets_parse_and_mix_alarm_and_safe():
         assert not isinstance(v, ParseFailure)
         kinds.append(v.decision)
         if v.decision == "UNSAFE":
-            assert 0 <= v.step <= e["t"] and v.agent == by_id[e["traj_id"]].steps[v.step].agent
+            assert v.step == e["t"] and v.agent == by_id[e["traj_id"]].steps[e["t"]].agent
     frac = kinds.count("UNSAFE") / len(kinds)
     assert 0.2 < frac < 0.4
     assert {parse_verdict(e["completion"], e["t"]).decision

@@ -38,7 +38,7 @@ class WarmupConfig:
     synthetic_trajectories: int = 24
     max_prompt_tokens: int = 2048      # render() budget, counted with the model's tokenizer
     max_completion_tokens: int = 192
-    alarm_fraction: float = 0.3        # share of targets that are an ALARM at a random shown step
+    alarm_fraction: float = 0.3        # share of targets that are an ALARM at the last shown step
 
     # --- optimisation (plain AdamW, constant lr)
     batch_size: int = 4

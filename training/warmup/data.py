@@ -1,7 +1,16 @@
 """Warm-up examples: a random prefix t of a train-split run, rendered by the one prompt builder,
 with a target verdict drawn from a seeded RNG that never reads the label or the content: with
-probability `alarm_fraction` an ALARM at a uniformly random shown step s <= t blaming
-steps[s].agent, else SAFE. The model learns the format, not the boundary (NOT in the paper).
+probability `alarm_fraction` an ALARM at the last shown step t blaming steps[t].agent (the step
+the prompt's last line names: "Verdict on steps 0 to t"), else SAFE. The model learns the format,
+not the boundary (NOT in the paper): the decision is a coin, so greedy decoding keeps the
+majority answer (SAFE) and the base row measures no boundary.
+
+Why the last step and not a random one (measured 2026-11-30, SmolLM2-135M, 32 val prefixes):
+with the ALARM at a uniformly random step s <= t, 10 steps parsed 90.6 % and 14 steps 71.9 %
+(7 ALARMs at step t+1, out of range; 2 SAFE answers carrying the alarm's fields): a random step
+is noise the model cannot fit, and greedy decoding settles on a wrong mode. The last step is a
+deterministic function of the prompt (copy its index and agent), the verdict shape an online
+auditor gives when an alarm is on time.
 
     from training.warmup.data import warmup_examples
 """
@@ -17,12 +26,11 @@ from aftraj.verdict import Verdict, alarm_think, format_completion, safe_think
 
 
 def draw_verdict(rng: random.Random, traj: Trajectory, t: int, alarm_fraction: float) -> Verdict:
-    """A content-independent verdict for prefix t (reads only step count and agent names)."""
+    """A content-independent verdict for prefix t (reads only t and the agent of step t)."""
     if rng.random() < alarm_fraction:
-        s = rng.randint(0, t)
-        agent = traj.steps[s].agent
-        return Verdict("UNSAFE", step=s, agent=agent, reason=f"{agent} made an error at step {s}.",
-                       think=alarm_think(s, agent))
+        agent = traj.steps[t].agent
+        return Verdict("UNSAFE", step=t, agent=agent, reason=f"{agent} made an error at step {t}.",
+                       think=alarm_think(t, agent))
     return Verdict("SAFE", think=safe_think(t))
 
 
