@@ -4,10 +4,15 @@ A diagnostic beside the online walk (not a DESIGN §6 metric): at CPU scale a wa
 of runs cannot show a change, while this asks every unsafe run of a split two questions by
 teacher forcing, no decoding. For each unsafe run, the two boundary prompts of stage 1
 (`training.stage1.pairs.boundary_pair`): the pre-boundary prefix (steps 0..k*-1, gold SAFE) and
-the post-boundary prefix (0..k*, gold ALARM at k*, a*). On each, the model scores the canonical
-gold completion (`aftraj.verdict.format_completion`) and the canonical boundary error
-(`training.stage1.preferences.canonical_wrong`: a premature alarm at the last shown step on pre,
-a missed alarm on post) by total log-probability of the completion's tokens (EOS included). The
+the post-boundary prefix (0..k*, gold ALARM at k*, a*). On each, the model scores the gold
+decision and the canonical boundary error (`training.stage1.preferences.canonical_wrong`: a
+premature alarm at the last shown step on pre, a missed alarm on post) by total log-probability
+of the completion's tokens (EOS included). Both sides are canonical completions
+(`aftraj.verdict.format_completion`) with templated text: the gold ALARM carries the same
+templated reason as the premature one ("AGENT made the decisive error at step K."), not the
+label's own reason. With the label's reason (free text no model can guess) the gold ALARM lost
+by ~100 nats on every post prompt whatever the model (measured 2026-11-30), so the probe asked
+"can you write this label's reason", not "alarm or continue, here?". The
 prompt counts as preferred when log p(gold) > log p(error). Reported: accuracy on pre, on post
 and on both, with bootstrap 95 % intervals over runs (`eval.metrics.ratio_with_ci`), and the
 mean margin log p(gold) - log p(error). A model that always answers SAFE is right on every pre
@@ -18,13 +23,14 @@ prompt and wrong on every post prompt: read the two subsets, not only "both".
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from aftraj.schema import Trajectory
-from aftraj.verdict import format_completion
+from aftraj.verdict import Verdict, format_completion
 
 Scorer = Callable[[list[dict], str], float]   # (prompt messages, completion text) -> log p
 
@@ -47,6 +53,13 @@ def hf_scorer(model, tok) -> Scorer:
     return score
 
 
+def templated(v: Verdict) -> Verdict:
+    """v with the canonical reason text of a boundary alarm (SAFE verdicts unchanged)."""
+    if not v.alarm:
+        return v
+    return dataclasses.replace(v, reason=f"{v.agent} made the decisive error at step {v.step}.")
+
+
 def probe(trajs: Sequence[Trajectory], score: Scorer, *, budget: int | None,
           count_tokens: Callable[[str], int], n_boot: int = 1000, seed: int = 0) -> dict:
     """Per-run records and the summary (see the module docstring)."""
@@ -58,7 +71,7 @@ def probe(trajs: Sequence[Trajectory], score: Scorer, *, budget: int | None,
     for traj in trajs:
         rec = {"id": traj.id, "k_star": traj.label.decisive_step if traj.label.unsafe else None}
         for p in boundary_pair(traj, budget=budget, count_tokens=count_tokens):
-            gold = score(p.messages, format_completion(p.gold))
+            gold = score(p.messages, format_completion(templated(p.gold)))
             wrong = score(p.messages, format_completion(canonical_wrong(p)))
             rec["pre" if p.subset == PRE else "post"] = {"t": p.t, "logp_gold": gold, "logp_error": wrong,
                                                           "preferred": gold > wrong}

@@ -50,6 +50,10 @@ def test_post_prompt_gold_names_the_decisive_step_and_agent(make_traj):
     assert pre_gold.decision == "SAFE" and post_err.decision == "SAFE"
     assert (pre_err.decision, pre_err.step, pre_err.agent) == ("UNSAFE", 2, traj.steps[2].agent)   # premature
     assert (post_gold.decision, post_gold.step, post_gold.agent) == ("UNSAFE", 3, traj.steps[3].agent)
+    # the gold alarm carries the templated reason of the premature one, never the label's text
+    assert traj.label.reason == "bad" and "bad" not in seen[2]
+    assert post_gold.reason == f"{traj.steps[3].agent} made the decisive error at step 3."
+    assert pre_err.reason == f"{traj.steps[2].agent} made the decisive error at step 2."
 
 
 def test_hf_scorer_is_the_completions_log_probability(noisy_tiny):
