@@ -81,6 +81,7 @@ class AblationConfig:
     eval_batch: int = 16                   # trajectories decoded together by the hf auditor
     n_boot: int = 1000
     rules_policy: str = "configs/policies/templates.yaml"   # the rules row on the corpus
+    probe: bool = True                     # the boundary probe of every model row (eval/probe.py)
 
     def __post_init__(self) -> None:
         from training.stage1.config import ConfigError
@@ -88,6 +89,8 @@ class AblationConfig:
         for k in ("heldout_sample", "ww_sample", "max_new_tokens", "eval_batch", "n_boot"):
             if not isinstance(getattr(self, k), int) or getattr(self, k) < 1:
                 raise ConfigError(f"must be an integer >= 1, got {getattr(self, k)!r}", key=k)
+        if not isinstance(self.probe, bool):
+            raise ConfigError(f"must be true or false, got {self.probe!r}", key="probe")
         if not isinstance(self.val_sample, int) or self.val_sample < 0:
             raise ConfigError(f"must be an integer >= 0, got {self.val_sample!r}", key="val_sample")
         for k in ("warmup_steps", "stage1_steps", "stage1_save_steps", "stage2_steps",
@@ -240,6 +243,9 @@ class Ablation:
         now = dataclasses.asdict(self.cfg)
         if saved.is_file():
             was = yaml.safe_load(saved.read_text(encoding="utf-8"))
+            # a key added to the config after that run was saved, at its default, changes nothing
+            defaults = dataclasses.asdict(AblationConfig())
+            was = {**{k: v for k, v in defaults.items() if k not in was and now.get(k) == v}, **was}
             if was != now:
                 diff = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k))
                 raise UsageError(f"{self.out} holds an ablation run with another config (differs in "
@@ -286,7 +292,7 @@ class Ablation:
         models = {k: v for k, v in models.items() if k in rows}
         for row, path in models.items():
             self.evaluate(row, model=path)
-        for row, path in models.items():      # teacher forcing on every unsafe test run (eval/probe.py)
+        for row, path in (models.items() if c.probe else ()):   # teacher forcing, every unsafe test run
             d = self.out / "probe" / row_slug(row)
             r.run(f"probe {row}", ["probe", "--model", str(path), "--data", str(self.corpus), "--split",
                                    "test", "--out", str(d), "--n-boot", str(c.n_boot), "--seed", str(c.seed)],

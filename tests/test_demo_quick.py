@@ -59,6 +59,9 @@ def test_training_phases_ran_their_steps(quick_run):
     assert (out / "ablation" / "warmup" / "final" / "config.json").is_file()
     assert (out / "ablation" / "stage1" / "final" / "config.json").is_file()
     assert json.loads((out / "ablation" / "stage12" / "selection.json").read_text())["chosen"]
+    for row in cfg.model_rows:                                    # quick.yaml keeps the probe on
+        probe = json.loads((out / "ablation" / "probe" / ab.row_slug(row) / "probe.json").read_text())
+        assert probe["summary"]["n_runs"] >= 1
 
 
 def test_no_process_is_left_running(quick_run):

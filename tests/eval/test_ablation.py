@@ -31,7 +31,8 @@ def test_shipped_configs_load(name):
     ("stage1_steps", 0, "stage1_steps"), ("stage1_set", ["no_equals"], "stage1_set"),
     ("warmup_config", "configs/warmup/nope.yaml", "warmup_config"), ("colour", 1, "colour"),
     ("model_rows", [], "model_rows"), ("model_rows", ["stage 3"], "model_rows"),
-    ("model_rows", ["stage 1", "stage 1"], "model_rows"), ("model_rows", "stage 1", "model_rows")])
+    ("model_rows", ["stage 1", "stage 1"], "model_rows"), ("model_rows", "stage 1", "model_rows"),
+    ("probe", "yes", "probe")])
 def test_bad_config_values_are_named(tmp_path, key, value, match):
     with pytest.raises(ConfigError, match=match):
         ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {key: value})
@@ -84,6 +85,23 @@ def test_another_config_in_the_same_folder_is_refused(tmp_path):
     other = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {"heldout_sample": 7})
     with pytest.raises(UsageError, match="heldout_sample"):
         ab.Ablation(other, tmp_path, echo=False).check_config()
+
+
+def test_a_key_added_later_at_its_default_keeps_an_old_run_folder(tmp_path):
+    """A run folder saved before `probe` existed resumes when the config holds probe at its
+    default (true), and is refused when it does not."""
+    import yaml
+
+    cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml")
+    ab.Ablation(cfg, tmp_path, echo=False).check_config()
+    saved = tmp_path / "ablation_config.yaml"
+    old = yaml.safe_load(saved.read_text())
+    del old["probe"]
+    saved.write_text(yaml.safe_dump(old, sort_keys=False))
+    ab.Ablation(cfg, tmp_path, echo=False).check_config()            # probe: true, the default
+    off = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {"probe": False})
+    with pytest.raises(UsageError, match="probe"):
+        ab.Ablation(off, tmp_path, echo=False).check_config()
 
 
 def _fake_run(root: Path, steps: list[int]) -> Path:
