@@ -174,7 +174,8 @@ class Runner:
 
 def _run_child(cmd: list[str], *, cwd, env, stdout) -> tuple[int, int]:
     """Run cmd to its end; (exit code, peak resident set in KiB of the child and the processes it
-    waited for, as the kernel counts it: wait4's ru_maxrss)."""
+    waited for, as the kernel counts it: wait4's ru_maxrss, which includes the image of this
+    process the child starts from, ~0.2-0.4 GiB for the ablation driver)."""
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=stdout, stderr=subprocess.STDOUT)
     try:
         _, status, usage = os.wait4(proc.pid, 0)

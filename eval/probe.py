@@ -88,13 +88,19 @@ def probe(trajs: Sequence[Trajectory], score: Scorer, *, budget: int | None,
     return {"summary": out, "runs": runs}
 
 
-def run_probe(model_path: str | Path, trajs: Sequence[Trajectory], out: Path, *, budget: int | None = 2048,
+COMPLETION_ROOM = 128   # tokens kept free for a completion (the longest canonical one is ~85)
+
+
+def run_probe(model_path: str | Path, trajs: Sequence[Trajectory], out: Path, *, budget: int | None = None,
               n_boot: int = 1000, seed: int = 0, dtype: str = "float32") -> dict:
-    """Load the model (a folder, a merged model or a LoRA adapter folder), probe, write OUT/probe.json."""
-    from eval.auditors.hf import load_model
+    """Load the model (a folder, a merged model or a LoRA adapter folder), probe, write OUT/probe.json.
+    budget None: the hf auditor's default, the model's context less the template and 128 tokens."""
+    from eval.auditors.hf import HFAuditor, load_model
 
     model, tok = load_model(model_path, dtype=dtype)
     model.eval()
+    if budget is None:
+        budget = HFAuditor(model=model, tokenizer=tok, max_new_tokens=COMPLETION_ROOM).budget
     t0 = time.perf_counter()
     res = probe(trajs, hf_scorer(model, tok), budget=budget, n_boot=n_boot, seed=seed,
                 count_tokens=lambda s: len(tok(s, add_special_tokens=False)["input_ids"]))

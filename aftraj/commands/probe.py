@@ -20,8 +20,8 @@ def register(sub) -> None:
     p.add_argument("--split", choices=("train", "val", "test", "all"),
                    help="split of data that has splits (default: test)")
     p.add_argument("--out", required=True, help="folder for probe.json")
-    p.add_argument("--budget", type=int, default=2048, help="prompt budget in tokens (default 2048, "
-                                                            "the CPU stage-1 configs' max_prompt_tokens)")
+    p.add_argument("--budget", type=int, help="prompt budget in tokens (default: the model's context "
+                                              "less the chat template and 128 tokens, as the hf auditor)")
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)

@@ -56,7 +56,7 @@ def test_a_phase_runs_once_and_a_failure_leaves_no_marker(tmp_path, monkeypatch)
     rec = r.run("ok", ["summary", "who_and_when"])
     assert rec["wall_s"] >= 0 and r.done("ok")["argv"] == ["aftraj", "summary", "who_and_when"]
     # the child's own peak memory (a Python process with the package loaded: tens of MiB, < 4 GiB)
-    assert 0.01 < rec["peak_rss_gb"] < 4
+    assert 0.01 < rec["peak_rss_gb"] < 8
     assert "Who" in (tmp_path / "logs" / "ok.log").read_text() or (tmp_path / "logs" / "ok.log").stat().st_size > 0
 
     def boom(*a, **kw):
@@ -208,16 +208,18 @@ def test_markdown_holds_every_row_interval_and_domain():
 
 
 def test_peak_memory_is_the_childs_own(tmp_path):
-    """A child that holds ~300 MiB reports at least that; one that holds nothing reports less."""
+    """A child that holds ~300 MiB reports at least that more than one that holds nothing. ru_maxrss
+    also counts the parent's image the child starts from, so the children are started from a
+    small Python (as the ablation driver is), not from this pytest process."""
     code = "import sys; b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096])"
-    rc, big = ab._run_child([sys.executable, "-c", code], cwd=tmp_path, env=None, stdout=subprocess.DEVNULL)
-    rc0, small = ab._run_child([sys.executable, "-c", "pass"], cwd=tmp_path, env=None, stdout=subprocess.DEVNULL)
-    assert rc == rc0 == 0
-    assert big / 2**10 >= 300 > small / 2**10
-    rc, _ = ab._run_child([sys.executable, "-c", "raise SystemExit(3)"], cwd=tmp_path, env=None,
-                          stdout=subprocess.DEVNULL)
-    assert rc == 3
-
+    driver = ("import json, subprocess, sys; from eval.ablation import _run_child; "
+              "run = lambda c: _run_child([sys.executable, '-c', c], cwd='.', env=None, stdout=subprocess.DEVNULL); "
+              f"print(json.dumps([run({code!r}), run('pass'), run('raise SystemExit(3)')]))")
+    out = subprocess.run([sys.executable, "-c", driver], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (rc, big), (rc0, small), (rc3, _) = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rc == rc0 == 0 and rc3 == 3
+    assert (big - small) / 2**10 >= 250
 
 def test_probe_section_lists_every_probed_row_with_intervals():
     g = lambda a, ci, m: {"n": 4, "accuracy": a, "accuracy_ci": ci, "mean_margin": m}  # noqa: E731

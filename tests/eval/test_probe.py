@@ -86,5 +86,7 @@ def test_cli_probe_writes_probe_json(tiny_model_dir, make_traj, tmp_path, capsys
     res = json.loads((tmp_path / "p" / "probe.json").read_text())
     assert res["summary"]["n_runs"] == 2 and res["summary"]["both"]["n"] == 4
     assert res["model"] == str(tiny_model_dir)
+    from eval.auditors.hf import HFAuditor                           # the hf auditor's default budget
+    assert res["budget"] == HFAuditor(model=str(tiny_model_dir), max_new_tokens=128).budget > 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["n_runs"] == 2 and printed["split"] == "test"
