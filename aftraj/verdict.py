@@ -244,6 +244,11 @@ def alarm_think(k: int, agent: str) -> str:
     return f"Step {k} by {agent} is the first decisive error."
 
 
+def alarm_reason(k: int, agent: str) -> str:
+    """The canonical reason of an ALARM that names no label's reason (a boundary error, a probe)."""
+    return f"{agent} made the decisive error at step {k}."
+
+
 def gold_completion(traj: Trajectory, t: int) -> str:
     return format_completion(gold_verdict(traj, t))
 

@@ -135,10 +135,7 @@ def summarize(preds: Sequence[dict], *, n_boot: int = 1000, seed: int = 0,
         metrics[COST_METRIC[0]] = COST_METRIC[1]
     out: dict = {"n": c.n, "n_safe": int(c.cols["S"].sum()) if c.n else 0,
                  "n_unsafe": int(c.cols["U"].sum()) if c.n else 0}
-    W = None
-    if c.n and n_boot > 0:
-        rng = np.random.default_rng(seed)
-        W = rng.multinomial(c.n, np.full(c.n, 1.0 / c.n), size=n_boot).astype(float)
+    W = _boot_weights(c.n, n_boot, seed) if c.n and n_boot > 0 else None
     for name, (num, den) in metrics.items():
         point = _ratio(c.cols[num], c.cols[den]) if c.n else None
         out[name] = point
@@ -158,9 +155,12 @@ def ratio_with_ci(num: Sequence[float], den: Sequence[float], *, n_boot: int = 1
     point = _ratio(num, den) if len(num) else None
     if point is None or n_boot <= 0:
         return point, None
-    W = np.random.default_rng(seed).multinomial(len(num), np.full(len(num), 1.0 / len(num)),
-                                                size=n_boot).astype(float)
-    return point, _ci(W, num, den)
+    return point, _ci(_boot_weights(len(num), n_boot, seed), num, den)
+
+
+def _boot_weights(n: int, n_boot: int, seed: int) -> np.ndarray:
+    """n_boot x n multiplicities of a bootstrap over n units (the resampling of every interval)."""
+    return np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(float)
 
 
 def _ci(W: np.ndarray, num: np.ndarray, den: np.ndarray) -> list[float] | None:

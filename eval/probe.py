@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from aftraj.schema import Trajectory
-from aftraj.verdict import Verdict, format_completion
+from aftraj.verdict import Verdict, alarm_reason, format_completion
 
 Scorer = Callable[[list[dict], str], float]   # (prompt messages, completion text) -> log p
 
@@ -53,11 +53,16 @@ def hf_scorer(model, tok) -> Scorer:
     return score
 
 
+# Scoring both completions from one prefill of the prompt (its cache repeated, the completions
+# right-padded together) was measured no faster on CPU (144.7 vs 142.7 s for 21 runs): with a
+# cache the prefill takes SDPA's masked path instead of the causal kernel. Two plain forwards stay.
+
+
 def templated(v: Verdict) -> Verdict:
     """v with the canonical reason text of a boundary alarm (SAFE verdicts unchanged)."""
     if not v.alarm:
         return v
-    return dataclasses.replace(v, reason=f"{v.agent} made the decisive error at step {v.step}.")
+    return dataclasses.replace(v, reason=alarm_reason(v.step, v.agent))
 
 
 def probe(trajs: Sequence[Trajectory], score: Scorer, *, budget: int | None,

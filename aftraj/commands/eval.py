@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from aftraj.errors import UsageError
+
 
 def register(sub) -> None:
     p = sub.add_parser("eval", help="evaluate an auditor (strict online walk) and write reports; "
@@ -80,14 +82,14 @@ def select_split(trajs: list, split: str | None, data: str) -> tuple[list, str |
     has = {t.meta.get("split") for t in trajs} - {None}
     if not has:
         if split not in (None, "all"):
-            raise ValueError(f"--split {split}: {data} has no splits (no meta.split on its trajectories)")
+            raise UsageError(f"--split {split}: {data} has no splits (no meta.split on its trajectories)")
         return trajs, None
     split = split or "test"
     if split == "all":
         return trajs, "all"
     chosen = [t for t in trajs if t.meta.get("split") == split]
     if not chosen:
-        raise ValueError(f"--split {split}: {data} has no trajectory in that split "
+        raise UsageError(f"--split {split}: {data} has no trajectory in that split "
                          f"(it has {', '.join(sorted(has))})")
     return chosen, split
 

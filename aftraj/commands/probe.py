@@ -32,7 +32,12 @@ def run(args) -> int:
     from aftraj.readers import load_trajectories
     from eval.probe import run_probe
 
+    from aftraj.errors import UsageError
+
     trajs, split = select_split(load_trajectories(args.data), args.split, args.data)
+    if not any(t.label.unsafe for t in trajs):
+        raise UsageError(f"--data {args.data}: no unsafe run in {'split ' + split if split else 'it'}: "
+                         f"nothing to probe (the probe asks at each unsafe run's decisive step)")
     res = run_probe(args.model, trajs, Path(args.out), budget=args.budget, n_boot=args.n_boot, seed=args.seed)
     s = res["summary"]
     print(json.dumps({"split": split, "n_runs": s["n_runs"], **{k: s[k]["accuracy"] for k in ("pre", "post", "both")},

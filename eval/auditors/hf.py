@@ -36,6 +36,7 @@ P(UNSAFE) from the top-k log-probabilities at the verdict token (`eval.confidenc
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,7 @@ class _Session:
     cache: object | None = None
 
 
+@functools.cache
 def _slack_layer_class():
     from transformers.cache_utils import DynamicLayer
 
@@ -84,20 +86,14 @@ def _slack_layer_class():
     return SlackLayer
 
 
-_SLACK_LAYER = None
-
-
 def new_cache(config):
     """A DynamicCache for `config` whose full-attention layers append in place (SlackLayer);
     other layer kinds (sliding windows) keep transformers' own classes."""
-    global _SLACK_LAYER
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
-    if _SLACK_LAYER is None:
-        _SLACK_LAYER = _slack_layer_class()
     cache = DynamicCache(config=config)
-    cache.layers = [_SLACK_LAYER() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    cache.layers = [_slack_layer_class()() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
 
 

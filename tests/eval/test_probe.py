@@ -90,3 +90,16 @@ def test_cli_probe_writes_probe_json(tiny_model_dir, make_traj, tmp_path, capsys
     assert res["budget"] == HFAuditor(model=str(tiny_model_dir), max_new_tokens=128).budget > 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed["n_runs"] == 2 and printed["split"] == "test"
+
+
+def test_cli_probe_refuses_data_without_an_unsafe_run_and_without_the_split(tiny_model_dir, make_traj, tmp_path, capsys):
+    from aftraj.cli import main
+    from aftraj.schema import write_jsonl
+
+    write_jsonl([make_traj(0, 4, None)], tmp_path / "safe.jsonl")
+    assert main(["probe", "--model", str(tiny_model_dir), "--data", str(tmp_path / "safe.jsonl"),
+                 "--out", str(tmp_path / "p")]) == 2
+    assert "no unsafe run" in capsys.readouterr().err and not (tmp_path / "p").exists()
+    assert main(["probe", "--model", str(tiny_model_dir), "--data", str(tmp_path / "safe.jsonl"),
+                 "--split", "test", "--out", str(tmp_path / "p")]) == 2
+    assert "has no splits" in capsys.readouterr().err

@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from aftraj.verdict import (ParseFailure, Verdict, alarm_think, format_completion, parse_verdict,
+from aftraj.verdict import (ParseFailure, Verdict, alarm_reason, alarm_think, format_completion, parse_verdict,
                             safe_think, verdict_outcome)
 from training.stage1.pairs import POST, PRE, BoundaryPrompt
 
@@ -56,7 +56,7 @@ def canonical_wrong(p: BoundaryPrompt) -> Verdict:
     if p.subset == PRE:
         agent = p.agents[-1] if p.agents else "unknown"
         return Verdict("UNSAFE", step=p.t, agent=agent,
-                       reason=f"{agent} made the decisive error at step {p.t}.",
+                       reason=alarm_reason(p.t, agent),
                        think=alarm_think(p.t, agent))
     return Verdict("SAFE", think=safe_think(p.t))
 
