@@ -10,6 +10,8 @@ transformers (DEVELOPERS.md), so it lives in `.venv-vllm` (`scripts/test_vllm.sh
 the GPU build in another venv. Always on: prefix caching and `--enable-prompt-tokens-details`
 (usage then reports cached prompt tokens). Optional: structured output backend, a reasoning
 parser, the KV block size. CPU: `VLLM_CPU_KVCACHE_SPACE` from `kv_cache_space_gib`, and eager mode.
+A reasoning parser is checked against the model's tokenizer before vLLM starts
+(`check_reasoning_parser`): vLLM refuses one whose markers are not single vocabulary entries.
 """
 
 from __future__ import annotations
@@ -21,7 +23,33 @@ import sys
 import time
 from pathlib import Path
 
-from serve.config import VllmConfig
+from serve.config import ConfigError, VllmConfig
+
+# vLLM's reasoning parsers that look their markers up in the vocabulary when the engine starts
+# (vllm/reasoning/basic_parsers.py BaseThinkingReasoningParser.__init__: `self.vocab.get(token)`,
+# RuntimeError when None); the auditor needs none: the one client parses the raw text.
+REASONING_PARSER_TOKENS = {"deepseek_r1": ("<think>", "</think>"), "qwen3": ("<think>", "</think>"),
+                           "deepseek_v3": ("<think>", "</think>"), "mistral": ("[THINK]", "[/THINK]")}
+
+
+def check_reasoning_parser(cfg: VllmConfig) -> None:
+    """Raise ConfigError unless `cfg.reasoning_parser` is None or its markers are single entries of
+    the model folder's vocabulary (what vLLM checks at start-up, after a 7B load)."""
+    name = cfg.reasoning_parser
+    if not name:
+        return
+    if name not in REASONING_PARSER_TOKENS:
+        raise ConfigError(f"reasoning_parser: {name!r} cannot be checked against the tokenizer here "
+                          f"(known: {', '.join(REASONING_PARSER_TOKENS)}); the auditor needs none (null)")
+    from transformers import AutoTokenizer
+
+    model = os.path.expanduser(cfg.model)
+    vocab = AutoTokenizer.from_pretrained(model).get_vocab()
+    missing = [t for t in REASONING_PARSER_TOKENS[name] if t not in vocab]
+    if missing:
+        raise ConfigError(f"reasoning_parser: {name!r} needs {', '.join(missing)} as single tokens, and the "
+                          f"tokenizer of {model} has no such entry (vLLM would refuse to start); "
+                          f"set reasoning_parser: null")
 
 
 def vllm_command(cfg: VllmConfig) -> list[str]:
@@ -81,6 +109,11 @@ def launch(cfg: VllmConfig, *, log: Path | None = None) -> int:
         return 2
     if not Path(cfg.model).expanduser().is_dir():
         print(f"aftraj serve vllm: model: {cfg.model} is not a folder", file=sys.stderr)
+        return 2
+    try:
+        check_reasoning_parser(cfg)
+    except ConfigError as e:
+        print(f"aftraj serve vllm: {e}", file=sys.stderr)
         return 2
     def _term(*_):            # SIGTERM (a supervisor, `kill`) stops vLLM too, like Ctrl-C
         raise KeyboardInterrupt
