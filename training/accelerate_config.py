@@ -80,6 +80,32 @@ def _layer_class_exists(name: str) -> bool:
     return hasattr(mod, name)
 
 
+def set_rank_device() -> None:
+    """Make this rank's accelerator device the current one, as accelerate's `PartialState.set_device`
+    does (`LOCAL_RANK % device_count`), without starting the process group. Needed BEFORE
+    `FullyShardedDataParallelPlugin(...)`: with `sync_module_states` (forced on by
+    `cpu_ram_efficient_loading`) accelerate 1.15 captures `torch.cuda.current_device()` in the
+    plugin's `param_init_fn` when the plugin is built; left at cuda:0, rank 1's FSDP wrap raises
+    "Inconsistent compute device and device_id on rank 1". No-op without CUDA or outside a launch."""
+    import os
+
+    import torch
+
+    local = os.environ.get("LOCAL_RANK")
+    if local is None or not torch.cuda.is_available():
+        return
+    torch.cuda.set_device(torch.device("cuda", int(local) % torch.cuda.device_count()))
+
+
+def fsdp_plugin(**kwargs):
+    """`FullyShardedDataParallelPlugin(**kwargs)` built after `set_rank_device()` (the launch
+    config's `FSDP_*` environment fills what `kwargs` leaves out)."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    set_rank_device()
+    return FullyShardedDataParallelPlugin(**kwargs)
+
+
 def cpu_variant(path: str | Path, out: str | Path) -> Path:
     """The same launch config for CPU ranks (gloo), as the two-rank CPU tests run it: `use_cpu`,
     and no `sync_module_states` / `cpu_ram_efficient_loading` (accelerate needs a GPU for them;

@@ -210,11 +210,13 @@ def make_accelerator(cfg: Stage1Config, out: Path):
     """The Accelerator: explicit process-group timeout, and under `accelerate launch` with FSDP the
     launch config's plugin (read from the environment) with `fsdp_mixed_precision`."""
     from accelerate import Accelerator
-    from accelerate.utils import FullyShardedDataParallelPlugin, InitProcessGroupKwargs
+    from accelerate.utils import InitProcessGroupKwargs
+
+    from training.accelerate_config import fsdp_plugin
 
     kw = {}
-    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
-        kw["fsdp_plugin"] = FullyShardedDataParallelPlugin(mixed_precision_policy=fsdp_mixed_precision(cfg))
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":   # the rank's device first
+        kw["fsdp_plugin"] = fsdp_plugin(mixed_precision_policy=fsdp_mixed_precision(cfg))
     pg = InitProcessGroupKwargs(timeout=timedelta(minutes=cfg.process_group_timeout_minutes))
     if not _launched_distributed():
         # accelerate keeps one AcceleratorState per process and refuses a second Accelerator with
