@@ -8,8 +8,16 @@ mapping; `AdapterError` names the source file and the field that does not fit; `
     rb.tool_result("searcher", "3 hits", tool="web_search", call_id="call_1")
     traj = rb.trajectory(task="…")
 
-What a source does not record stays None (unknown): no invented result ids, usage, times or
-labels. Where it records them, token usage and start times become the events' `usage` and `ts`.
+What a source does not record stays None (unknown): no invented usage, times or labels. Where it
+records them, token usage and start times become the events' `usage` and `ts`. Result ids are the
+one exception, because the fold's loop, stall and cycle detectors need them and no framework
+records them: a successful tool result gets one id derived from its call (tool and canonical
+arguments) and its text (`derived_result_ids`; the event's `meta["result_ids"]` says "derived"),
+so the same call answering the same text twice is the same result, and anything new is new.
+Framework boilerplate around a tool's error ("Please try again", `strip_boilerplate`) is kept in
+the content, not in the error the fold judges. A handoff with no text of its own is rendered as
+"handoff to X". Sequence numbers come from one counter (`next_seq`), the termination included, so
+an event after the termination (AG2 delivers messages after TERMINATE) still follows it.
 The schema requires a label; an imported run carries the placeholder SAFE/`external` label with
 `provenance["unlabeled"] = True` (and `meta["unlabeled"] = True`), which no evaluation may read as
 a gold verdict.
@@ -17,7 +25,9 @@ a gold verdict.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +53,34 @@ def refuse_unlabeled(trajs, where: str) -> None:
 
 class AdapterError(SchemaError):
     """A framework record that cannot be read; names the file (or object) and the field."""
+
+
+# What frameworks wrap around a tool's error for the model; it says nothing about the error itself
+# ("try again" is one of the policy's retryable markers, so left in, every error would read as a
+# transient one).
+_BOILERPLATE = (
+    re.compile(r"\s*Please try again or (?:use another tool|request to another team member)\.?\s*$",
+               re.I),                                                              # smolagents
+    re.compile(r"\s*Please try again\.?", re.I),                                 # Agents SDK default
+    re.compile(r"^\s*An error occurred while running the tool\.?\s*", re.I),    # Agents SDK default
+)
+
+
+def strip_boilerplate(error: str) -> str:
+    """A framework's tool error without the advice it adds for the model (see `_BOILERPLATE`)."""
+    out = str(error)
+    for rx in _BOILERPLATE:
+        out = rx.sub(" ", out).strip()
+    return out or str(error).strip()
+
+
+def derived_result_ids(tool: str | None, arguments: Any, text: str) -> list[str]:
+    """One result id for a tool result whose framework records none: sha256 of the tool, its
+    canonical arguments and the result text (16 hex digits). Equal call and equal text: the same
+    id (a repeat); any other result: a new id."""
+    canon = json.dumps(arguments, sort_keys=True, default=str, ensure_ascii=False)
+    h = hashlib.sha256(f"{tool or ''}\x00{canon}\x00{text}".encode("utf-8", "surrogatepass")).hexdigest()
+    return [f"h:{h[:16]}"]
 
 
 def fail(field: str, msg: str, source: str | None = None):
@@ -115,6 +153,9 @@ class RunBuilder:
         self.run_id, self.source, self.origin = run_id, source, origin
         self.events: list[Event] = []
         self.calls: dict[str, str] = {}          # framework call id -> our event id
+        self.call_of: dict[str, tuple[str, Any]] = {}   # our call event id -> (tool, arguments)
+        self.next_seq = 1                        # the seq of the next event (termination included)
+        self._end: Event | None = None
         self.ts: float | str | None = None       # the time of the record being read (events' `ts`)
         self.termination: str | None = None
         self.final_answer: str | None = None
@@ -134,11 +175,12 @@ class RunBuilder:
             fail(f"{field}.agent", f"names no agent (got {agent!r})", self.origin)
         try:
             ev = make_event(event_id=self._eid(want_id), run_id=self.run_id, kind=kind, agent=agent,
-                            payload=payload, seq=len(self.events) + 1, parent_id=parent_id,
+                            payload=payload, seq=self.next_seq, parent_id=parent_id,
                             ts=ts if ts is not None else self.ts,
                             usage=usage or None, meta={"source": self.source, **(meta or {})})
         except EventError as e:
             raise AdapterError(e.message, field=f"{field} ({e.field})", source=self.origin) from None
+        self.next_seq += 1
         self.events.append(ev)
         return ev
 
@@ -156,20 +198,35 @@ class RunBuilder:
                        field=field, want_id=call_id, **kw)
         if call_id:
             self.calls[call_id] = ev.event_id
+        self.call_of[ev.event_id] = (tool, ev.payload.get("arguments"))
         return ev
 
     def tool_result(self, agent, content, *, tool=None, call_id=None, result_ids=None, error=None,
                     field="tool_result", **kw) -> Event:
+        """A tool's result; with no `result_ids` from the source, a successful result gets the
+        derived one (`derived_result_ids`: its call's tool and arguments, where known, and its text)."""
         given = kw.pop("parent_id", None)
         parent = (self.calls.get(call_id) if call_id else None) or given
         want = f"{call_id}/result" if call_id else None
-        return self._add("tool_result", agent, {"content": text_of(content), "tool": tool,
+        text = text_of(content)
+        meta = kw.pop("meta", None)
+        if result_ids is None and error is None:
+            ctool, cargs = self.call_of.get(parent, (tool, None)) if parent else (tool, None)
+            result_ids = derived_result_ids(tool or ctool, cargs, text)
+            meta = {**(meta or {}), "result_ids": "derived"}
+        return self._add("tool_result", agent, {"content": text, "tool": tool,
                                                 "result_ids": None if result_ids is None else list(result_ids),
                                                 "error": error},
-                         field=field, want_id=want, parent_id=parent, **kw)
+                         field=field, want_id=want, parent_id=parent, meta=meta, **kw)
 
     def handoff(self, agent, to, content="", *, field="handoff", **kw) -> Event:
-        return self._add("handoff", agent, {"content": text_of(content), "to": to}, field=field, **kw)
+        """A handoff; its step reads "handoff to X" (then the text handed over, if any), so the
+        prompt shows a real step, not an empty message."""
+        text = text_of(content).strip()
+        if not isinstance(to, str) or not to.strip():
+            fail(f"{field}.to", f"names no agent to hand off to (got {to!r})", self.origin)
+        shown = f"handoff to {to}" + (f": {text}" if text else "")
+        return self._add("handoff", agent, {"content": shown, "to": to}, field=field, **kw)
 
     def error(self, agent, error, *, content="", tool=None, call_id=None, field="error", **kw) -> Event:
         parent = self.calls.get(call_id) if call_id else None
@@ -186,19 +243,25 @@ class RunBuilder:
             self.final_answer = final_answer
 
     def termination_event(self) -> Event | None:
-        """The run's end as an event (seq after the last step), when the source recorded it."""
+        """The run's end as an event, when the source recorded it. Built once, at the first call:
+        it takes the next seq then, and events added later (a message after AG2's TERMINATE)
+        follow it."""
         if self.termination is None:
             return None
-        p = {"reason": self.termination}
-        if self.final_answer is not None:
-            p["final_answer"] = self.final_answer
-        return make_event(event_id=f"{self.run_id}/termination", run_id=self.run_id, kind="termination",
-                          agent="system", payload=p, seq=len(self.events) + 1, meta={"source": self.source})
+        if self._end is None:
+            p = {"reason": self.termination}
+            if self.final_answer is not None:
+                p["final_answer"] = self.final_answer
+            self._end = make_event(event_id=f"{self.run_id}/termination", run_id=self.run_id, kind="termination",
+                                   agent="system", payload=p, seq=self.next_seq, meta={"source": self.source})
+            self.next_seq += 1
+        return self._end
 
     def all_events(self) -> list[Event]:
-        """The run's events, ending with a termination event when the source recorded the end."""
+        """The run's events in seq order, with the termination event when the source recorded
+        the end (at the end, or where a live hook posted it)."""
         end = self.termination_event()
-        return self.events + ([end] if end is not None else [])
+        return sorted(self.events + ([end] if end is not None else []), key=lambda e: e.seq)
 
     def trajectory(self, task: str | None = None, *, meta: dict | None = None) -> Trajectory:
         """The run as a trajectory (domain `external`, unlabeled). The termination is held in

@@ -8,7 +8,8 @@ The file is `agent.memory.get_full_steps()` (or `RunResult.steps`) written as JS
 step dicts, or {"agent": NAME, "run_id": ID, "steps": [...]}, or JSON Lines of such objects.
 In Python, `from_memory(agent.memory.steps, agent=agent.name)` takes the objects themselves.
 Memory does not name its agent: the file's "agent" (else `agent`) names every step.
-A call to a managed agent (a tool named after it) is a handoff. `AgentMaxStepsError` ends the
+A call to a managed agent (a tool named after it) is a handoff. A tool error's advice to the model
+("Please try again or use another tool") stays in the step's content, not in its error. `AgentMaxStepsError` ends the
 run with `step_limit`, "Agent interrupted" with `cancelled`; a final answer with `completed`.
 """
 
@@ -18,7 +19,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from aftraj.adapters.base import AdapterError, RunBuilder, fail, load_json, text_of
+from aftraj.adapters.base import AdapterError, RunBuilder, fail, load_json, strip_boilerplate, text_of
 from aftraj.events import Event
 from aftraj.schema import Trajectory
 
@@ -122,7 +123,8 @@ def _action(rb: RunBuilder, d: dict, agent: str, field: str, managed: tuple[str,
     if err:
         etype = err.get("type") if isinstance(err, dict) else None
         msg = err.get("message") if isinstance(err, dict) else str(err)
-        rb.error(agent, f"{etype}: {msg}" if etype else str(msg), content=str(msg or ""),
+        # the error without smolagents' "Please try again or use another tool" (kept in the content)
+        rb.error(agent, strip_boilerplate(f"{etype}: {msg}" if etype else str(msg)), content=str(msg or ""),
                  tool=last_call[1] if last_call else None, call_id=last_call[0] if last_call else None,
                  field=f"{field}.error")
         if etype == "AgentMaxStepsError" or (msg and "max steps" in str(msg).lower()):

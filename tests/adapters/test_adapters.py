@@ -68,9 +68,14 @@ def test_smolagents_memory_steps_keep_calls_results_errors_and_the_answer(tmp_pa
     res = [s for s in t.steps if s.kind == "tool_result"]
     assert [(s.content, s.tool, s.meta["aftraj_event"]["parent_id"]) for s in res] == [
         ("408", "multiply", "r1/call_1"), ("Paris: 2.1 million", "lookup", "r1/call_3")]
-    assert all(s.result_ids is None for s in res)      # smolagents records none: unknown, not ()
+    # smolagents records no result ids: each result gets one derived from its call and its text
+    from aftraj.adapters.base import derived_result_ids
+    assert [s.result_ids for s in res] == [tuple(derived_result_ids("multiply", {"a": 17, "b": 24}, "408")),
+                                           tuple(derived_result_ids("lookup", {"city": "Paris"}, "Paris: 2.1 million"))]
+    assert res[0].result_ids != res[1].result_ids
     err = t.steps[3]
     assert err.error.startswith("AgentToolExecutionError") and "no such city" in err.error
+    assert "try again" not in err.error.lower() and "Please try again" in err.content   # boilerplate kept out of the error
     assert err.meta["aftraj_event"]["parent_id"] == "r1/call_2"
     assert (t.agents, t.task, t.final_answer, t.termination) == (["calc"], "How many pens?",
                                                                 "408 pens; Paris: 2.1 million", "completed")
@@ -122,7 +127,7 @@ def test_smolagents_managed_agent_call_is_a_handoff():
     t = from_memory(boss.memory.steps, agent="boss", run_id="r3", managed_agents=["worker"])
     hand = t.steps[0]
     assert kinds(t)[0] == "handoff" and hand.meta["aftraj_event"]["payload"] == {"to": "worker"}
-    assert hand.content == "3*4"
+    assert hand.content == "handoff to worker: 3*4"     # a real step in the prompt, with the task handed over
 
 
 # --------------------------------------------------------------------------- AG2
@@ -235,7 +240,8 @@ def test_openai_agents_trace_export(tmp_path):
     res_step = t.steps[3]
     assert (res_step.tool, res_step.content, res_step.meta["aftraj_event"]["parent_id"]) == (
         "multiply", "408", t.steps[2].event_id)
-    assert t.steps[2].event_id.endswith("/call_m") and res_step.result_ids is None
+    assert t.steps[2].event_id.endswith("/call_m") and len(res_step.result_ids) == 1    # derived (the SDK records none)
+    assert hand.content == "handoff to math"
     assert (t.termination, t.final_answer, t.meta["workflow_name"]) == ("completed", "408 pens", "pens")
     round_trips(t, tmp_path)
     src = tmp_path / "trace.jsonl"
