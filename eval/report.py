@@ -48,6 +48,7 @@ def build_metrics(preds: list[dict], *, meta: dict, n_boot: int = 1000, seed: in
                "far": "null when there are no safe trajectories (e.g. Who&When)",
                "ass": "null when no unsafe trajectory raised an alarm"}}
     out["calls"] = call_counts(preds)
+    out["calls"]["strict_vs_reference"] = parser_counts(preds)
     if expectation is not None:
         out["analytic_expectation"] = expectation
     return out
@@ -58,9 +59,15 @@ def call_line(c: dict) -> str:
     def pct(v):
         return "–" if v is None else f"{100 * v:.1f}%"
     kinds = ", ".join(f"{k} {v}" for k, v in (c.get("errors_by_kind") or {}).items())
-    return (f"calls: {c.get('n', 0)}  parse failures: {c.get('parse_failures', 0)} "
+    line = (f"calls: {c.get('n', 0)}  parse failures: {c.get('parse_failures', 0)} "
             f"({pct(c.get('parse_failure_rate'))})  endpoint errors: {c.get('errors', 0)} "
             f"({pct(c.get('error_rate'))}{'; ' + kinds if kinds else ''})")
+    sv = c.get("strict_vs_reference")
+    if sv and sv["completions"]:
+        codes = ", ".join(f"{k} {v}" for k, v in sv["accepted_by_code"].items())
+        line += (f"\nstrict parse failures the release's parser (--parser reference) accepts: "
+                 f"{sv['reference_accepts']} of {sv['strict_failures']}{' (' + codes + ')' if codes else ''}")
+    return line
 
 
 def call_counts(preds: list[dict]) -> dict:
@@ -77,6 +84,31 @@ def call_counts(preds: list[dict]) -> dict:
             "parse_failure_rate": pf / n if n else None, "error_rate": err / n if n else None,
             "errors_by_kind": dict(sorted(kinds.items())),
             "first_error": next((p["first_error"] for p in preds if p.get("first_error")), None)}
+
+
+def parser_counts(preds: list[dict]) -> dict:
+    """Every completion of the run read by both parsers: how many the strict parser refuses and,
+    of those, how many the release's rules (`aftraj.reference_parse`) accept, by strict code.
+    The same figures whichever parser the run used."""
+    from aftraj.reference_parse import parse_reference
+    from aftraj.verdict import ParseFailure, parse_verdict
+
+    n = strict = accepts = 0
+    by_code: dict[str, int] = {}
+    for p in preds:
+        for e in p.get("trace", ()):
+            raw = e.get("raw")
+            if raw is None:
+                continue
+            n += 1
+            s = parse_verdict(raw, e["t"])
+            if isinstance(s, ParseFailure):
+                strict += 1
+                if not isinstance(parse_reference(raw, e["t"]), ParseFailure):
+                    accepts += 1
+                    by_code[s.code] = by_code.get(s.code, 0) + 1
+    return {"completions": n, "strict_failures": strict, "reference_accepts": accepts,
+            "accepted_by_code": dict(sorted(by_code.items()))}
 
 
 def write_predictions(preds: list[dict], path: Path) -> None:

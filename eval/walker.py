@@ -15,16 +15,22 @@ Query plans, chosen per trajectory:
   over our one prompt): about log2(N) calls; d = that prefix.
 `protocol="reference"` reproduces the released evaluation: safe trajectories get one full
 trajectory call (which understates a live deployment's false alarms), unsafe ones are walked.
+`parser="reference"` re-reads every completion with the release's acceptance rules
+(`aftraj.reference_parse`) instead of the strict parser the auditors use; those rules accept a
+step after the prefix, so the k <= t check applies only to the strict parser.
 
     aftraj eval --auditor dummy:gold --data ww.jsonl --out runs/eval-gold
 """
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 
+import dataclasses
+
 from aftraj.prompt import ParseFailure
+from aftraj.reference_parse import PARSERS, parse_with
 from aftraj.schema import Trajectory
 from eval.auditors import AuditResult, Auditor
 
@@ -38,10 +44,13 @@ class WalkConfig:
     protocol: str = "strict"
     max_in_flight: int = 32       # trajectories walked at once
     all_prefixes: bool = False    # keep scoring after the first ALARM (threshold sweep, AUC)
+    parser: str = "strict"        # "reference": the release's acceptance rules (aftraj.reference_parse)
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {PROTOCOLS}, got {self.protocol!r}")
+        if self.parser not in PARSERS:
+            raise ValueError(f"parser must be one of {PARSERS}, got {self.parser!r}")
         if self.max_in_flight < 1:
             raise ValueError(f"max_in_flight must be >= 1, got {self.max_in_flight}")
 
@@ -150,16 +159,19 @@ def max_calls(auditor: Auditor, traj: Trajectory, cfg: WalkConfig) -> int:
 
 
 def walk(auditor: Auditor, trajs: Iterable[Trajectory], cfg: WalkConfig = WalkConfig(), *,
-         progress: bool | None = None) -> list[dict]:
+         progress: bool | None = None,
+         on_record: Callable[[int, dict], None] | None = None) -> list[dict]:
     """Walk every trajectory; returns one prediction record per trajectory, in input order.
-    The progress bar counts auditor calls: its total is the most calls the walks can take and
-    shrinks as walks end early (an ALARM), so it moves with every call, not every trajectory."""
-    from tqdm.auto import tqdm
+    `on_record(i, record)` is called as each walk ends (in the order they end), so a caller can
+    write predictions as they come (`aftraj eval --resume` reads them back).
+    The progress reporter (`aftraj.console.progress`) counts auditor calls: its total is the
+    most calls the walks can take and shrinks as walks end early (an ALARM), so it moves with
+    every call, not every trajectory."""
+    from aftraj.console import progress as make_progress
 
     trajs = list(trajs)
     budget = {i: max_calls(auditor, t, cfg) for i, t in enumerate(trajs)}
-    bar = tqdm(total=sum(budget.values()), desc=f"eval {auditor.label}", unit="call",
-               disable=progress is False, leave=False)
+    bar = make_progress(sum(budget.values()), f"eval {auditor.label}", "call", enabled=progress is not False)
     n_done = 0
     pending = iter(enumerate(trajs))
     live: dict[int, _Walk] = {}
@@ -185,8 +197,10 @@ def walk(auditor: Auditor, trajs: Iterable[Trajectory], cfg: WalkConfig = WalkCo
         w = live.pop(i)
         records[i] = w.record()
         auditor.end(w.traj)
+        if on_record is not None:
+            on_record(i, records[i])
         unused = budget[i] - len(w.results)   # calls this walk no longer needs
-        if unused > 0:
+        if unused > 0 and bar.total is not None:
             bar.total -= unused
         n_done += 1
         bar.set_postfix_str(f"{n_done}/{len(trajs)} trajectories", refresh=False)
@@ -196,14 +210,21 @@ def walk(auditor: Auditor, trajs: Iterable[Trajectory], cfg: WalkConfig = WalkCo
         w.send(r)
         bar.update(1)
 
-    def check(w: _Walk, r: AuditResult) -> None:
+    reparse = parse_with(cfg.parser) if cfg.parser != "strict" else None
+
+    def check(w: _Walk, r: AuditResult) -> AuditResult:
         if r.t != w.next_t:
             raise RuntimeError(f"{auditor.label}: answered prefix {r.t} of {w.traj.id!r} "
                                f"when asked for {w.next_t}")
+        if reparse is not None and r.raw is not None and r.verdict is not None:
+            r = dataclasses.replace(r, verdict=reparse(r.raw, r.t))
         k = getattr(r.verdict, "step", None) if r.alarm else 0
+        if reparse is not None and isinstance(k, int) and k > r.t:
+            return r   # the release's rules accept a step after the prefix
         if not (isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= r.t):
             raise RuntimeError(f"{auditor.label}: the ALARM on {w.traj.id!r} blames step {k!r} "
                                f"at prefix {r.t} (a step 0..{r.t} is required)")
+        return r
 
     try:
         refill()
@@ -218,8 +239,7 @@ def walk(auditor: Auditor, trajs: Iterable[Trajectory], cfg: WalkConfig = WalkCo
                                    f"for {len(requests)} requests")
             for i, r in zip(order, results):
                 w = live[i]
-                check(w, r)
-                called(w, r)
+                called(w, check(w, r))
                 if w.next_t is None:
                     finish(i)
             refill()
@@ -247,9 +267,7 @@ def _walk_async(auditor: Auditor, live: dict, refill, finish, check, called) -> 
             for fut in done:
                 i = futures.pop(fut)
                 w = live[i]
-                r = fut.result()
-                check(w, r)
-                called(w, r)
+                called(w, check(w, fut.result()))
                 if w.next_t is None:
                     finish(i)
             refill()

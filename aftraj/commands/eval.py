@@ -44,6 +44,12 @@ def register(sub) -> None:
                    help="prompt layout: ours (default; prefix-cache friendly, never cuts) or "
                         "reference (the released evaluation's: header before the steps, contents "
                         "cut at 2,000 characters), to compare with the paper's table")
+    p.add_argument("--parser", choices=("strict", "reference"), default="strict",
+                   help="strict: the contract's parser (default); reference: the released "
+                        "evaluation's acceptance rules (aftraj/reference_parse.py: no <think> needed, "
+                        "text around the answer, \"safe\", \"2\", 2.0, null agent, a step after the "
+                        "prefix), to compare with the paper's table. Reports count the strict parse "
+                        "failures the reference rules accept either way")
     p.add_argument("--model", help="local model folder (hf backend)")
     p.add_argument("--endpoint", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--api-model", help="model name to send to the endpoint (default: its first model)")
@@ -72,7 +78,11 @@ def register(sub) -> None:
     p.add_argument("--price-prompt", type=float, help="USD per million uncached prompt tokens")
     p.add_argument("--price-cached", type=float, help="USD per million cached prompt tokens")
     p.add_argument("--price-completion", type=float, help="USD per million completion tokens")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress (else a bar on a terminal, a line every few seconds in a log)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the trajectories already in OUT/predictions.jsonl (written as walks end) "
+                        "and walk only the others; the settings must be the same (eval/resume.py)")
     p.set_defaults(func=run, _parser=p)
 
 
@@ -95,6 +105,11 @@ def select_split(trajs: list, split: str | None, data: str) -> tuple[list, str |
 
 
 def run(args) -> int:
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():   # before any evaluation starts (issue 23)
+        raise UsageError(f"--out {out}: is a file, not a folder; give a folder for the reports")
+    if args.auc_start < 0:
+        raise UsageError(f"--auc-start must be >= 0 (the first step of the per-step AUC), got {args.auc_start}")
     if args.compare:
         if args.compare[0] != "compare" or len(args.compare) < 2:
             print("aftraj eval: positional arguments are only for `aftraj eval compare RUN_DIR… "
@@ -128,7 +143,7 @@ def _run_eval(args) -> int:
         return 2
     try:
         cfg = WalkConfig(protocol=args.protocol, max_in_flight=args.max_in_flight,
-                         all_prefixes=args.all_prefixes)
+                         all_prefixes=args.all_prefixes, parser=args.parser)
     except ValueError as e:
         print(f"aftraj eval: {e}", file=sys.stderr)
         return 2
@@ -162,6 +177,9 @@ def _run_eval(args) -> int:
               f"label (imported from an agent framework, e.g. {unlabeled[0]!r}); label them first, or "
               f"audit them with `aftraj fold` / the gateway", file=sys.stderr)
         return 2
+    from eval.resume import PredictionLog
+
+    log = PredictionLog(Path(args.out), _resume_settings(args, trajs, split), resume=args.resume)
     kw = dict(model=args.model, endpoint=args.endpoint, api_model=args.api_model,
               api_key_env=args.api_key_env, concurrency=args.concurrency, timeout=args.timeout,
               retries=args.retries, max_new_tokens=args.max_new_tokens, budget=args.budget,
@@ -173,12 +191,22 @@ def _run_eval(args) -> int:
         print(f"aftraj eval: {args.auditor}: {e}", file=sys.stderr)
         return 2
     t0 = time.perf_counter()
-    with auditor:
+    with auditor, log:
+        todo = [t for t in trajs if t.id not in log.done]
+        if log.done:
+            print(f"aftraj eval: resuming {args.out}: {len(trajs) - len(todo)} of {len(trajs)} trajectories "
+                  f"already walked, {len(todo)} to go", file=sys.stderr)
         try:
-            preds = walk(auditor, trajs, cfg, progress=not args.no_progress)
+            new = walk(auditor, todo, cfg, progress=not args.no_progress,
+                       on_record=lambda i, rec: log.write(rec))
         except (AuditorError, PromptBudgetError) as e:
             print(f"aftraj eval: the auditor failed, no report written: {e}", file=sys.stderr)
             return 3
+        if log.done:   # ids are unique here (_resume_settings)
+            by_id = {**log.done, **{r["id"]: r for r in new}}
+            preds = [by_id[t.id] for t in trajs]
+        else:
+            preds = new
         expectation = None
         if hasattr(auditor, "analytic_expectation"):
             subsets = sorted({p["subset"] for p in preds})
@@ -196,8 +224,9 @@ def _run_eval(args) -> int:
             "strategy": auditor.strategy, "protocol": args.protocol, "data": str(args.data),
             "reference_answer_in_prompt": args.reference_answer, "all_prefixes": args.all_prefixes,
             "model": args.model, "endpoint": args.endpoint, "wall_s": round(wall, 3),
-            "split": split, "n_trajectories": len(trajs), "layout": args.layout,
-            "sample": (None if args.sample is None else {"n": args.sample, "seed": args.sample_seed})}
+            "split": split, "n_trajectories": len(trajs), "layout": args.layout, "parser": args.parser,
+            "sample": (None if args.sample is None else {"n": args.sample, "seed": args.sample_seed}),
+            "resumed_trajectories": len(trajs) - len(todo)}
     meta["provenance"] = _provenance(args)
     metrics = write_report(preds, Path(args.out), meta=meta, n_boot=args.n_boot, seed=args.seed,
                            prices=prices, expectation=expectation, auc_start=args.auc_start)
@@ -247,12 +276,28 @@ def _print_summary(m: dict, out: Path) -> None:
     sys.stdout.flush()
 
 
+def _resume_settings(args, trajs: list, split) -> dict:
+    """What decides a walk's answers: a resume must match all of it (eval/resume.py)."""
+    from eval.resume import ids_digest
+
+    ids = [t.id for t in trajs]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        if args.resume:
+            raise UsageError(f"--resume: {args.data} holds trajectory id {dup!r} more than once; "
+                             f"a resume matches runs by id")
+    settings = {k: getattr(args, k, None) for k in (
+        "auditor", "model", "endpoint", "api_model", "max_new_tokens", "budget", "protocol", "parser",
+        "layout", "reference_answer", "all_prefixes", "seed", "data")}
+    return {**settings, "split": split, "n_trajectories": len(ids), "trajectory_ids_sha256": ids_digest(ids)}
+
+
 def _provenance(args) -> dict:
     from eval.provenance import command_line, provenance
 
     settings = {k: getattr(args, k, None) for k in (
         "auditor", "model", "endpoint", "api_model", "max_new_tokens", "budget", "concurrency",
         "timeout", "retries", "protocol", "reference_answer", "all_prefixes", "max_in_flight",
-        "seed", "split", "limit", "layout")}
+        "seed", "split", "limit", "layout", "parser")}
     return provenance(command=command_line(args, args._parser, "aftraj eval"), settings=settings,
                       layout=getattr(args, "layout", None) or "ours")

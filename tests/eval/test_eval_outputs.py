@@ -148,7 +148,6 @@ def test_compare_refuses_a_folder_without_metrics(tmp_path, capsys):
 def test_progress_bar_counts_auditor_calls(monkeypatch, make_traj):
     """The bar moves with every call (an hf walk of one long trajectory no longer sits at 0/N
     trajectories) and its total shrinks to the calls made when an ALARM ends a walk early."""
-    import tqdm.auto
 
     from eval.auditors import get_auditor
     from eval.walker import WalkConfig, max_calls, walk
@@ -172,7 +171,9 @@ def test_progress_bar_counts_auditor_calls(monkeypatch, make_traj):
         def close(self):
             pass
 
-    monkeypatch.setattr(tqdm.auto, "tqdm", Bar)
+    import aftraj.console
+
+    monkeypatch.setattr(aftraj.console, "progress", lambda total, desc, unit, **kw: Bar(total, unit=unit, **kw))
     trajs = [make_traj(0, 6, 2), make_traj(1, 5, None), make_traj(2, 40, 30)]
     aud = get_auditor("dummy:gold")
     assert [max_calls(aud, t, WalkConfig()) for t in trajs] == [6, 5, 40]
