@@ -6,12 +6,24 @@
 #   bash scripts/setup_verl.sh --gpu    # a GPU node: verl[vllm] at the pinned version (pulls CUDA torch
 #                                       # 2.11 and vLLM) + bitsandbytes for 8-bit AdamW; for training
 #   VERL_VENV=/path bash scripts/setup_verl.sh ...    # another location (default .venv-verl)
+#   PYTHON=python3.12 bash scripts/setup_verl.sh ...  # the interpreter (default: the first of
+#                                       # python3.12, python3.11, python3.10, python3 that is 3.10-3.12,
+#                                       # verl 0.9.1's Requires-Python)
 # Idempotent: skipped when the venv already holds the pinned verl and imports cleanly.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VERL_VENV:-$ROOT/.venv-verl}"
-PYTHON="${PYTHON:-python3.11}"
 REQ="$ROOT/training/verl/requirements.txt"
+REQ_GPU="$ROOT/training/verl/requirements-gpu.txt"
+py_ok() { "$1" -c 'import sys; sys.exit(0 if (3, 10) <= sys.version_info[:2] <= (3, 12) else 1)' 2>/dev/null; }
+if [ -n "${PYTHON:-}" ]; then
+  py_ok "$PYTHON" || { echo "[setup_verl] PYTHON=$PYTHON is not a Python 3.10-3.12 (verl 0.9.1 needs one)" >&2; exit 1; }
+else
+  for p in python3.12 python3.11 python3.10 python3; do
+    if command -v "$p" >/dev/null && py_ok "$p"; then PYTHON="$p"; break; fi
+  done
+  [ -n "${PYTHON:-}" ] || { echo "[setup_verl] no Python 3.10-3.12 found (verl 0.9.1 needs one); set PYTHON" >&2; exit 1; }
+fi
 VERL_PIN="$(grep -E '^verl==' "$REQ")"
 TORCH_CPU=2.13.0
 MODE=cpu
@@ -40,7 +52,9 @@ if [ "$MODE" = cpu ]; then
   "${PIP[@]}" -r "$REQ"
   "$VENV/bin/python" -c "import torch; assert torch.version.cuda is None, torch.__version__"
 else
-  "${PIP[@]}" "verl[vllm]==${VERL_PIN#verl==}" "bitsandbytes==0.50.2" "pytest==9.2.0"
+  # verl's vllm extra pins torch 2.11 (CUDA), vllm 0.24.0 and transformers 5.9.0; no flash-attn
+  # (the recipe uses SDPA). The rest of the GPU set: training/verl/requirements-gpu.txt.
+  "${PIP[@]}" "verl[vllm]==${VERL_PIN#verl==}" -r "$REQ_GPU"
 fi
 venv_ok || { echo "[setup_verl] $VENV does not import verl cleanly" >&2; exit 1; }
 echo "[setup_verl] ready: $VENV ($VERL_PIN, $MODE)"

@@ -80,6 +80,23 @@ def test_recipe_composes_against_verls_config_and_validates(stage2, tiny_model_d
         omega_conf_to_dataclass(node)
 
 
+def test_actor_and_reference_attention_loads_in_this_verl_environment(stage2, tiny_model_dir):
+    """verl 0.9.1 loads with `override_config.attn_implementation` (default flash_attention_2): the
+    composed recipe must name one that this environment's transformers can build a model with."""
+    import importlib.util
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    m = stage2["composed"].actor_rollout_ref.model
+    impl = m.override_config.get("attn_implementation", "flash_attention_2")
+    if impl.startswith("flash_attention"):
+        assert importlib.util.find_spec("flash_attn") is not None, f"{impl} needs flash-attn in this environment"
+    assert not m.use_remove_padding or importlib.util.find_spec("flash_attn") is not None
+    hf = AutoConfig.from_pretrained(tiny_model_dir, attn_implementation=impl)
+    model = AutoModelForCausalLM.from_config(hf, attn_implementation=impl)
+    assert model.config._attn_implementation == impl
+
+
 def test_a_misspelt_key_is_refused_by_verls_schema(stage2):
     from hydra import compose, initialize_config_dir
     from hydra.errors import ConfigCompositionException
