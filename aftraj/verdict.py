@@ -223,14 +223,33 @@ def format_completion(verdict: Verdict) -> str:
     return f"<think>\n{escape(verdict.think)}\n</think>\n<answer>\n{verdict.answer_json()}\n</answer>"
 
 
+def canonical_verdict(t: int, step: int | None = None, agent: str | None = None) -> Verdict:
+    """The one wording of every trained or scored verdict on prefix t (DESIGN §5, amended
+    2026-12-01): SAFE when `step` is None, else ALARM at `step` blaming `agent`, with the templated
+    reasoning and reason. The warm-up targets, the stage-1 pairs (chosen and rejected), the gold
+    completions and the boundary probe all come from here, so the probe scores what training
+    trained. A label's free-text reason is never a target: no model can guess it from the prefix,
+    and a margin over it measures the wording, not the decision."""
+    if step is None:
+        return Verdict("SAFE", think=safe_think(t))
+    if agent is None:
+        raise ValueError("an ALARM verdict names its agent")
+    return Verdict("UNSAFE", step=step, agent=agent, reason=alarm_reason(step, agent),
+                   think=alarm_think(step, agent))
+
+
+def canonical_completion(t: int, step: int | None = None, agent: str | None = None) -> str:
+    """`format_completion(canonical_verdict(t, step, agent))`: the text a verdict is trained as."""
+    return format_completion(canonical_verdict(t, step, agent))
+
+
 def gold_verdict(traj: Trajectory, t: int) -> Verdict:
-    """The optimal verdict for prefix t: SAFE before k*, UNSAFE (k*, a*) from k* on."""
+    """The optimal verdict for prefix t, in the one wording (`canonical_verdict`): SAFE before k*,
+    UNSAFE (k*, a*) from k* on. The label's own reason stays in `traj.label.reason`."""
     lb = traj.label
     if not lb.unsafe or t < lb.decisive_step:
-        return Verdict("SAFE", think=safe_think(t))
-    k, a = lb.decisive_step, lb.decisive_agent
-    reason = lb.reason or f"{a} made the error at step {k} that decides the failure of the run."
-    return Verdict("UNSAFE", step=k, agent=a, reason=reason, think=alarm_think(k, a))
+        return canonical_verdict(t)
+    return canonical_verdict(t, lb.decisive_step, lb.decisive_agent)
 
 
 def safe_think(t: int) -> str:

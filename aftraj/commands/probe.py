@@ -1,8 +1,8 @@
 """`aftraj probe --model PATH --data PATH --out DIR [--split S] [--budget N]`
 
-The boundary probe (eval/probe.py): on every unsafe run of the split, does the model give the
-gold verdict a higher log-probability than the boundary error, before and at the decisive step?
-Teacher forcing only (no decoding): cheap enough for a whole test split on a CPU.
+The boundary probe (eval/probe.py): on every unsafe run of the split, the decision-token log-odds
+ALARM − SAFE on the pre, post and twin prompts; the headline is post-beats-twin (content-blind
+rules score 50 %), beside the content-blind rules. Teacher forcing only (no decoding).
 
     aftraj probe --model runs/ablation-cpu/stage1/final --data runs/ablation-cpu/corpus --out runs/probe-s1
 """
@@ -22,6 +22,8 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="folder for probe.json")
     p.add_argument("--budget", type=int, help="prompt budget in tokens (default: the model's context "
                                               "less the chat template and 128 tokens, as the hf auditor)")
+    p.add_argument("--max-post-tokens", type=int, help="probe only unsafe runs whose full post-boundary prompt "
+                                                        "has at most this many tokens (as stage 1's max_post_tokens)")
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
@@ -38,8 +40,13 @@ def run(args) -> int:
     if not any(t.label.unsafe for t in trajs):
         raise UsageError(f"--data {args.data}: no unsafe run in {'split ' + split if split else 'it'}: "
                          f"nothing to probe (the probe asks at each unsafe run's decisive step)")
-    res = run_probe(args.model, trajs, Path(args.out), budget=args.budget, n_boot=args.n_boot, seed=args.seed)
+    from eval.probe import read_error_types
+
+    res = run_probe(args.model, trajs, Path(args.out), budget=args.budget, n_boot=args.n_boot, seed=args.seed,
+                    max_post_tokens=args.max_post_tokens, error_types=read_error_types(args.data))
     s = res["summary"]
-    print(json.dumps({"split": split, "n_runs": s["n_runs"], **{k: s[k]["accuracy"] for k in ("pre", "post", "both")},
+    print(json.dumps({"split": split, "n_runs": s["n_runs"],
+                      "post_beats_twin": s["post_beats_twin"]["share"], "post_beats_twin_ci": s["post_beats_twin"]["ci"],
+                      "n_twin_pairs": s["post_beats_twin"]["n"], "post_beats_pre": s["post_beats_pre"]["share"],
                       "out": str(Path(args.out) / "probe.json")}))
     return 0

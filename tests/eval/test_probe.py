@@ -1,5 +1,5 @@
-"""The boundary probe (eval/probe.py): accuracies per subset from a scorer, the hf scorer's
-log-probabilities by hand, and `aftraj probe` end to end on the tiny model."""
+"""The boundary probe (eval/probe.py): post-beats-twin and the content-blind rules from a scorer,
+the hf scorer's decision-token log-odds by hand, and `aftraj probe` end to end on the tiny model."""
 
 from __future__ import annotations
 
@@ -8,75 +8,96 @@ import json
 import pytest
 import torch
 
-from eval.probe import hf_scorer, probe
+from eval.probe import CONTENT_BLIND_RULES, hf_scorer, probe
 
 pytestmark = pytest.mark.usefixtures("torch_one_thread")
 
 
-def _safe_lover(messages, completion):
-    """Prefers any SAFE completion: right on every pre prompt, wrong on every post prompt."""
-    return 0.0 if "SAFE" in completion and "UNSAFE" not in completion else -1.0
+def _with_twin(make_traj, i: int, n: int, k: int):
+    """An unsafe run and its verified-safe twin (same family and steps but step k's content)."""
+    import dataclasses
+
+    unsafe = make_traj(i, n, k)
+    twin = dataclasses.replace(make_traj(i, n, None), id=f"twin{i}")
+    return [unsafe, twin]
 
 
-def test_subsets_are_scored_apart(make_traj):
-    trajs = [make_traj(0, 6, 3), make_traj(1, 5, 0), make_traj(2, 4, None), make_traj(3, 8, 5)]
-    res = probe(trajs, _safe_lover, budget=None, count_tokens=len, n_boot=200)
+def _reads_content(messages, t, alarm):
+    """+1 when the prompt shows the planted error, -1 otherwise: a model that reads content."""
+    return {"decision": 1.0 if "[[ERROR]]" in messages[1]["content"] else -1.0}
+
+
+def test_post_beats_twin_is_met_by_content_and_half_by_content_blind_rules(make_traj):
+    trajs = [*_with_twin(make_traj, 0, 6, 3), *_with_twin(make_traj, 1, 5, 2), make_traj(2, 5, 0),
+             make_traj(3, 4, None)]
+    res = probe(trajs, _reads_content, budget=None, count_tokens=len, n_boot=200)
     s = res["summary"]
-    assert s["n_runs"] == 3                               # the safe run has no boundary
-    assert s["pre"]["n"] == 2 and s["post"]["n"] == 3     # k* = 0 has no pre-boundary prompt
-    assert s["pre"]["accuracy"] == 1.0 and s["post"]["accuracy"] == 0.0
-    assert s["both"]["accuracy"] == pytest.approx(2 / 5) and s["both"]["n"] == 5
-    assert s["pre"]["mean_margin"] == 1.0 and s["post"]["mean_margin"] == -1.0
-    assert s["both"]["accuracy_ci"][0] <= 0.4 <= s["both"]["accuracy_ci"][1]
-    run = {r["id"]: r for r in res["runs"]}
-    assert run["t0"]["pre"]["t"] == 2 and run["t0"]["post"]["t"] == 3 and "pre" not in run["t1"]
-    # a tie is not a preference
-    tie = probe(trajs, lambda m, c: 0.0, budget=None, count_tokens=len, n_boot=0)["summary"]
-    assert tie["both"]["accuracy"] == 0.0 and tie["both"]["accuracy_ci"] is None
+    assert s["n_runs"] == 3 and s["twin"]["n"] == 2 and s["pre"]["n"] == 2 and s["post"]["n"] == 3
+    assert s["post_beats_twin"]["share"] == 1.0 and s["post_beats_twin"]["n"] == 2
+    assert s["post_beats_pre"]["share"] == 1.0
+    assert s["post"]["accuracy"] == s["pre"]["accuracy"] == s["twin"]["accuracy"] == 1.0
+    # every content-blind rule scores exactly one half on post vs twin, by construction
+    assert set(res["rules"]) == set(CONTENT_BLIND_RULES)
+    for name, r in res["rules"].items():
+        assert r["post_beats_twin"]["share"] == 0.5, name
+    # ... while the position rule passes post-beats-pre outright: that figure does not measure content
+    assert res["rules"]["rule: later prefix, more alarm"]["post_beats_pre"]["share"] == 1.0
+    # a scorer that ignores content gets one half too; one that inverts content gets 0
+    blind = probe(trajs, lambda m, t, a: {"decision": float(t)}, budget=None, count_tokens=len, n_boot=0)
+    assert blind["summary"]["post_beats_twin"]["share"] == 0.5
+    inv = probe(trajs, lambda m, t, a: {"decision": -_reads_content(m, t, a)["decision"]}, budget=None,
+                count_tokens=len, n_boot=0)
+    assert inv["summary"]["post_beats_twin"]["share"] == 0.0
+    assert s["by_domain"]["math"]["n"] == 2
 
 
-def test_post_prompt_gold_names_the_decisive_step_and_agent(make_traj):
+def test_each_prompt_competes_with_its_canonical_alarm(make_traj):
     seen = []
 
-    def record(messages, completion):
-        seen.append(completion)
-        return 0.0
+    def record(messages, t, alarm):
+        seen.append((t, alarm))
+        return {"decision": 0.0}
 
-    probe([make_traj(0, 6, 3)], record, budget=None, count_tokens=len, n_boot=0)
-    from aftraj.verdict import parse_verdict
-
-    pre_gold, pre_err, post_gold, post_err = (parse_verdict(c, t) for c, t in zip(seen, (2, 2, 3, 3)))
-    traj = make_traj(0, 6, 3)
-    assert pre_gold.decision == "SAFE" and post_err.decision == "SAFE"
-    assert (pre_err.decision, pre_err.step, pre_err.agent) == ("UNSAFE", 2, traj.steps[2].agent)   # premature
-    assert (post_gold.decision, post_gold.step, post_gold.agent) == ("UNSAFE", 3, traj.steps[3].agent)
-    # the gold alarm carries the templated reason of the premature one, never the label's text
-    assert traj.label.reason == "bad" and "bad" not in seen[2]
-    assert post_gold.reason == f"{traj.steps[3].agent} made the decisive error at step 3."
-    assert pre_err.reason == f"{traj.steps[2].agent} made the decisive error at step 2."
+    unsafe, twin = _with_twin(make_traj, 0, 6, 3)
+    probe([unsafe, twin], record, budget=None, count_tokens=len, n_boot=0)
+    (t_pre, pre), (t_post, post), (t_twin, tw) = seen
+    assert (t_pre, t_post, t_twin) == (2, 3, 3)
+    assert (pre.step, pre.agent) == (2, unsafe.steps[2].agent)          # the latest agent step before k*
+    assert (post.step, post.agent) == (3, unsafe.steps[3].agent) == (tw.step, tw.agent)
+    assert post.reason == f"{unsafe.steps[3].agent} made the decisive error at step 3."   # templated
 
 
-def test_hf_scorer_is_the_completions_log_probability(noisy_tiny):
+def test_hf_scorer_gives_the_decision_tokens_log_odds(noisy_tiny):
+    from aftraj.verdict import canonical_completion, canonical_verdict
+    from training.stage1.data import completion_token_ids, first_divergence, prompt_token_ids
+
     model, tok = noisy_tiny
     messages = [{"role": "system", "content": "audit"}, {"role": "user", "content": "step 0: hello"}]
-    score = hf_scorer(model, tok)
-    from training.stage1.data import completion_token_ids, prompt_token_ids
-
+    alarm = canonical_verdict(2, 1, "Solver")
+    got = hf_scorer(model, tok)(messages, 2, alarm)
     p = prompt_token_ids(tok, messages)
-    c, _ = completion_token_ids(tok, "<answer>SAFE</answer>", 1 << 30)
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([p + c])).logits[0].float()
-    lp = torch.log_softmax(logits, -1)
-    want = sum(float(lp[len(p) - 1 + i, tok_id]) for i, tok_id in enumerate(c))
-    assert score(messages, "<answer>SAFE</answer>") == pytest.approx(want, abs=1e-4)
-    assert score(messages, "<answer>UNSAFE</answer>") != pytest.approx(want, abs=1e-4)
+    s, _ = completion_token_ids(tok, canonical_completion(2), 1 << 30)
+    a, _ = completion_token_ids(tok, canonical_completion(2, 1, "Solver"), 1 << 30)
+    d = first_divergence(s, a)
+    assert d is not None and s[:d] == a[:d]
+
+    def lp(c):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([p + c])).logits[0].float()
+        return torch.log_softmax(logits, -1)[torch.arange(len(p) - 1, len(p) + len(c) - 1), torch.tensor(c)]
+
+    ls, la = lp(s), lp(a)
+    assert got["decision"] == pytest.approx(float(la[d] - ls[d]), abs=1e-4)
+    assert got["full"] == pytest.approx(float(la.sum() - ls.sum()), abs=1e-3)
+    fast = hf_scorer(model, tok, full=False)(messages, 2, alarm)
+    assert set(fast) == {"decision"} and fast["decision"] == pytest.approx(got["decision"], abs=1e-4)
 
 
 def test_cli_probe_writes_probe_json(tiny_model_dir, make_traj, tmp_path, capsys):
     from aftraj.cli import main
     from aftraj.schema import write_jsonl
 
-    trajs = [make_traj(i, 5, k) for i, k in enumerate((2, None, 1))]
+    trajs = [make_traj(i, 5, k) for i, k in enumerate((2, None, 1))] + _with_twin(make_traj, 3, 5, 2)
     for t in trajs:
         t.meta["split"] = "test"
     write_jsonl(trajs, tmp_path / "test.jsonl")
@@ -84,12 +105,13 @@ def test_cli_probe_writes_probe_json(tiny_model_dir, make_traj, tmp_path, capsys
                "--out", str(tmp_path / "p"), "--n-boot", "50"])
     assert rc == 0
     res = json.loads((tmp_path / "p" / "probe.json").read_text())
-    assert res["summary"]["n_runs"] == 2 and res["summary"]["both"]["n"] == 4
+    assert res["summary"]["n_runs"] == 3 and res["summary"]["post_beats_twin"]["n"] == 1
+    assert set(res["rules"]) == set(CONTENT_BLIND_RULES)
     assert res["model"] == str(tiny_model_dir)
     from eval.auditors.hf import HFAuditor                           # the hf auditor's default budget
     assert res["budget"] == HFAuditor(model=str(tiny_model_dir), max_new_tokens=128).budget > 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert printed["n_runs"] == 2 and printed["split"] == "test"
+    assert printed["n_runs"] == 3 and printed["split"] == "test" and "post_beats_twin" in printed
 
 
 def test_cli_probe_refuses_data_without_an_unsafe_run_and_without_the_split(tiny_model_dir, make_traj, tmp_path, capsys):

@@ -21,12 +21,14 @@ import yaml
 
 FINETUNES = ("full", "lora")
 DTYPES = ("float32", "bfloat16", "float16")
-MIXED_PRECISIONS = ("no", "bf16")   # fp16 would need a grad scaler whose state must round-trip too
+MIXED_PRECISIONS = ("no", "bf16", "auto")   # auto: bf16 where the device computes it natively (a
+                                            # CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX), else no   # fp16 would need a grad scaler whose state must round-trip too
 EXPORT_DTYPES = ("float32", "bfloat16")
 MAX_EPOCHS = 5                        # more needs allow_many_epochs: true (issue 12: 87 epochs went unnoticed)
 OPTIMIZERS = ("adamw_torch", "adamw_bnb_8bit")
 SCHEDULERS = ("cosine", "linear", "constant")
 REFERENCES = ("precomputed", "live")
+BATCHINGS = ("padded", "per_pair")
 SAMPLERS = ("hf", "openai")
 TRACKERS = ("tensorboard", "wandb")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
@@ -79,6 +81,8 @@ class Stage1Config:
     synthetic_trajectories: int = 24   # size of `builtin:synthetic`
     max_prompt_tokens: int = 8192      # render() budget, counted with the model's tokenizer
     max_completion_tokens: int = 512   # longer completions are cut at the end (counted in stats)
+    max_post_tokens: int | None = None # skip unsafe runs whose full post-boundary prompt is longer
+                                       # (no bounded view: the evidence stays in the prompt); counted
 
     # --- preferences (base-policy samples, classified against the gold verdict)
     samples_per_prompt: int = 0        # K; 0 = canonical stand-ins only
@@ -103,10 +107,20 @@ class Stage1Config:
     weight_pre: float = 0.5            # per-subset weights w_s of DESIGN §5, not normalised: summing
     weight_post: float = 0.5           # to 1 keeps the loss on DPO's scale (ln 2 at the start)
     nll_coef: float = 0.0              # optional NLL on the chosen completion
+    # --- amended DESIGN §5 (2026-12-01), beyond the paper: off by default
+    weight_twin: float = 0.0           # > 0: the twin subset (a verified-safe twin's prefix 0..k*,
+                                       # chosen SAFE, rejected ALARM(k*, a*)) is built and trained on
+    twin_per_batch: int = 1            # twin pairs per micro-batch when weight_twin > 0
+    decision_coef: float = 0.0         # CE on the decision token (first token where chosen and
+                                       # rejected diverge, SAFE vs ALARM)
+    margin_tokens: int | None = None   # DPO log-probs over the first N completion tokens only
     reference: str = "precomputed"     # ref log-probs computed once before step 1, or live each step
 
     # --- optimisation
     per_device_batch_size: int = 2     # preference pairs per micro-batch, both subsets in each
+    batching: str = "padded"           # padded: one padded forward per micro-batch; per_pair: one
+                                       # unpadded forward + backward per pair (prompt once, its KV
+                                       # cache shared by both completions), no padding mask
     pre_fraction: float = 0.5          # share of each micro-batch drawn from the pre subset
     gradient_accumulation_steps: int = 1
     learning_rate: float = 5e-4
@@ -140,7 +154,8 @@ class Stage1Config:
         for k, choices in (("finetune", FINETUNES), ("dtype", DTYPES), ("mixed_precision", MIXED_PRECISIONS),
                            ("optimizer", OPTIMIZERS), ("lr_scheduler", SCHEDULERS),
                            ("reference", REFERENCES), ("sampler", SAMPLERS),
-                           ("attn_implementation", ATTN_IMPLEMENTATIONS), ("export_dtype", EXPORT_DTYPES)):
+                           ("attn_implementation", ATTN_IMPLEMENTATIONS), ("export_dtype", EXPORT_DTYPES),
+                           ("batching", BATCHINGS)):
             if getattr(self, k) not in choices:
                 raise ConfigError(f"must be one of {', '.join(choices)}; got {getattr(self, k)!r}", key=k)
         for t in self.report_to:
@@ -148,16 +163,24 @@ class Stage1Config:
                 raise ConfigError(f"unknown tracker {t!r}; choose from {', '.join(TRACKERS)}", key="report_to")
         if self.beta <= 0:
             raise ConfigError(f"must be > 0, got {self.beta}", key="beta")
-        for k in ("weight_pre", "weight_post", "nll_coef", "weight_decay", "lora_dropout"):
+        for k in ("weight_pre", "weight_post", "weight_twin", "nll_coef", "decision_coef", "weight_decay",
+                  "lora_dropout"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"must be >= 0, got {getattr(self, k)}", key=k)
         if self.weight_pre + self.weight_post <= 0:
             raise ConfigError("weight_pre + weight_post must be > 0", key="weight_post")
         if not 0 < self.pre_fraction < 1:
             raise ConfigError(f"must be strictly between 0 and 1, got {self.pre_fraction}", key="pre_fraction")
-        if self.per_device_batch_size < 2:
-            raise ConfigError("must be >= 2: every micro-batch holds both subsets (pre and post)",
-                              key="per_device_batch_size")
+        if self.per_device_batch_size < 2 + (self.twin_per_batch if self.weight_twin > 0 else 0):
+            raise ConfigError("must be >= 2 (+ twin_per_batch with the twin subset on): every micro-batch "
+                              "holds every subset", key="per_device_batch_size")
+        for k in ("twin_per_batch", "margin_tokens", "max_post_tokens"):
+            v = getattr(self, k)
+            if v is not None and v < 1:
+                raise ConfigError(f"must be >= 1{' or null' if k != 'twin_per_batch' else ''}, got {v}", key=k)
+        if self.batching == "per_pair" and self.gradient_checkpointing:
+            raise ConfigError("per_pair batching shares the prompt's KV cache between the two completions, "
+                              "which gradient checkpointing disables; use batching: padded", key="batching")
         if self.learning_rate <= 0:
             raise ConfigError(f"must be > 0, got {self.learning_rate}", key="learning_rate")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
@@ -188,11 +211,13 @@ class Stage1Config:
             raise ConfigError(f"must be in [0, 1), got {self.warmup_ratio}", key="warmup_ratio")
 
     @property
-    def batch_split(self) -> tuple[int, int]:
-        """(pre, post) pairs per micro-batch; both at least 1."""
-        n_pre = min(max(1, round(self.per_device_batch_size * self.pre_fraction)),
-                    self.per_device_batch_size - 1)
-        return n_pre, self.per_device_batch_size - n_pre
+    def batch_split(self) -> tuple[int, ...]:
+        """(pre, post) pairs per micro-batch, both at least 1; (pre, post, twin) with the twin
+        subset on (twin_per_batch of the batch, the rest split by pre_fraction)."""
+        n_twin = self.twin_per_batch if self.weight_twin > 0 else 0
+        rest = self.per_device_batch_size - n_twin
+        n_pre = min(max(1, round(rest * self.pre_fraction)), rest - 1)
+        return (n_pre, rest - n_pre, n_twin) if n_twin else (n_pre, rest - n_pre)
 
     def schedule(self, n_pairs: int, world_size: int) -> "Schedule":
         """Steps, warm-up and epochs for `n_pairs` preference pairs on `world_size` ranks.
@@ -229,6 +254,22 @@ class Schedule:
     def describe(self) -> str:
         return (f"schedule: {self.n_pairs} pairs, global batch {self.global_batch}, {self.steps} steps "
                 f"= {self.epochs:.2f} epochs, warm-up {self.warmup_steps} steps")
+
+
+def resolve_mixed_precision(mp: str) -> str:
+    """"auto" -> "bf16" where the device computes bf16 natively (a CUDA GPU that supports it, or a
+    CPU with AVX512-BF16 / AMX-BF16; elsewhere bf16 autocast is emulated and slower), else "no"."""
+    if mp != "auto":
+        return mp
+    import torch
+
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "no"
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "no"
+    return "bf16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "no"
 
 
 def _check_types(cfg) -> None:

@@ -115,6 +115,22 @@ class TokenizedPair:
     prompt_ids: list[int]
     chosen_ids: list[int]
     rejected_ids: list[int]
+    is_twin: bool = False
+    decision_at: int | None = None   # first completion token where chosen and rejected diverge,
+                                     # when their decisions differ (SAFE vs ALARM); None otherwise
+
+    @property
+    def subset(self) -> str:
+        return "pre" if self.is_pre else "twin" if self.is_twin else "post"
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token lists differ (None when one is a prefix of the other):
+    for a SAFE and an ALARM completion of one prompt, the decision token."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None
 
 
 def prompt_token_ids(tokenizer, messages: list[dict]) -> list[int]:
@@ -138,10 +154,19 @@ def tokenize_records(records: list[dict], tokenizer, *, max_prompt_tokens: int,
         c, cut_c = completion_token_ids(tokenizer, r["chosen"], max_completion_tokens)
         j, cut_r = completion_token_ids(tokenizer, r["rejected"], max_completion_tokens)
         n_cut += cut_c + cut_r
-        pairs.append(TokenizedPair(i, r["subset"] == "pre", p, c, j))
+        decides = _decision_of(r["chosen"]) != _decision_of(r["rejected"])
+        pairs.append(TokenizedPair(i, r["subset"] == "pre", p, c, j, is_twin=r["subset"] == "twin",
+                                   decision_at=first_divergence(c, j) if decides else None))
     lens = [len(x.prompt_ids) for x in pairs] or [0]
     return pairs, {"n_pairs": len(pairs), "completions_cut": n_cut, "prompt_tokens_max": max(lens),
                    "prompt_tokens_mean": sum(lens) / len(lens)}
+
+
+def _decision_of(text: str) -> str | None:
+    from aftraj.verdict import ParseFailure, parse_verdict
+
+    v = parse_verdict(text)
+    return None if isinstance(v, ParseFailure) else v.decision
 
 
 # --------------------------------------------------------------------------- batch schedule
@@ -156,15 +181,22 @@ def _stream_item(n: int, pos: int, seed: int, tag: int) -> int:
 
 
 def micro_batch_indices(*, step: int, micro: int, rank: int, world: int, accum: int,
-                        pre: list[int], post: list[int], split: tuple[int, int], seed: int) -> list[int]:
-    """Indices (into the pair list) of one micro-batch: `split[0]` pre pairs then `split[1]` post
-    pairs. `step` counts optimizer steps from 1. Deterministic; resuming needs only `step`."""
+                        pre: list[int], post: list[int], split: tuple[int, ...], seed: int,
+                        twin: list[int] | None = None) -> list[int]:
+    """Indices (into the pair list) of one micro-batch: `split[0]` pre pairs, `split[1]` post
+    pairs, then `split[2]` twin pairs (when `split` has a third count). `step` counts optimizer
+    steps from 1. Deterministic; resuming needs only `step`."""
     if not pre or not post:
         raise ValueError(f"every batch must hold both subsets, but the data has {len(pre)} "
                          f"pre-boundary and {len(post)} post-boundary pairs")
+    n_twin = split[2] if len(split) > 2 else 0
+    if n_twin and not twin:
+        raise ValueError("the twin subset is on (weight_twin > 0) but the data holds no twin pair: no "
+                         "unsafe run has a verified-safe twin in its family")
     g = ((step - 1) * accum + micro) * world + rank
     out = [pre[_stream_item(len(pre), g * split[0] + j, seed, 0)] for j in range(split[0])]
     out += [post[_stream_item(len(post), g * split[1] + j, seed, 1)] for j in range(split[1])]
+    out += [twin[_stream_item(len(twin), g * n_twin + j, seed, 2)] for j in range(n_twin)]
     return out
 
 
@@ -189,6 +221,8 @@ def collate(pairs: list[TokenizedPair], pad_id: int, ref_logps: torch.Tensor | N
              "position_ids": (attention_mask.cumsum(1) - 1).clamp(min=0),
              "completion_ids": torch.tensor(cids), "completion_mask": torch.tensor(cmask),
              "is_pre": torch.tensor([p.is_pre for p in pairs]),
+             "is_twin": torch.tensor([p.is_twin for p in pairs]),
+             "decision_at": torch.tensor([-1 if p.decision_at is None else p.decision_at for p in pairs]),
              "index": torch.tensor([p.index for p in pairs])}
     if ref_logps is not None:
         batch["ref_chosen"] = ref_logps[batch["index"], 0]

@@ -3,11 +3,18 @@
     L = Σ_s w_s · E_(x,y+,y-)∈D_s [ -log σ( β((log πθ(y+|x) - log πref(y+|x))
                                            - (log πθ(y-|x) - log πref(y-|x))) ) ]  + λ · NLL(y+)
 
-over s ∈ {pre, post}, exactly as written: the weights are not normalised. With weights summing
+over s ∈ {pre, post, twin} (twin: the amended DESIGN §5's content control, weight 0 = off), exactly as written: the weights are not normalised. With weights summing
 to 1 (the configs use 0.5 and 0.5) the loss is on DPO's scale, ln 2 when the policy equals the
 reference; one subset with weight 1 is exactly TRL's `sigmoid` DPO loss. A subset absent from
 the batch adds nothing (the trainer puts both in every batch). NLL(y+) is the mean negative
 log-likelihood per chosen-completion token (TRL's `sft` term).
+
+Two optional terms for small models whose summed margins hide the decision (DESIGN §5 amended,
+not in the paper): `decision_coef` · CE on the decision token, the first completion token where
+the chosen and rejected completions diverge (found by the tokenizer: `data.first_divergence`),
+averaged over the pairs that have one; and `margin_tokens`: the DPO log-probabilities summed
+over the first N completion tokens only (`sequence_logps`), so the template text after the
+decision cannot dominate the margin.
 
     from training.stage1.loss import bppo_loss
     loss, metrics = bppo_loss(pc, pr, rc, rr, is_pre, beta=0.1, weight_pre=0.5, weight_post=0.5)
@@ -39,6 +46,40 @@ def completion_logps(model, batch: dict, *, return_per_token: bool = False):
     return (logps, per_token) if return_per_token else logps
 
 
+def sequence_logps(per_token: torch.Tensor, mask: torch.Tensor, margin_tokens: int | None = None) -> torch.Tensor:
+    """Per-row sums of per-token log-probs over the completion (right-padded: `mask` marks real
+    tokens), over its first `margin_tokens` tokens when given."""
+    m = mask.to(per_token.dtype)
+    if margin_tokens is not None:
+        m = m * (torch.arange(per_token.shape[1], device=per_token.device) < margin_tokens).to(m.dtype)
+    return (per_token * m).sum(dim=1)
+
+
+def pair_token_logps(model, prompt_ids: list[int], completions: list[list[int]]) -> list[torch.Tensor]:
+    """Per-token log-probs of each completion after one prompt, with no padding mask: the prompt
+    runs once (one row, the causal kernel) and its KV cache is shared by the completions, which run
+    together right-padded (a padded tail is never attended by the real tokens before it, so no mask
+    is needed). Gradients flow through the cache into the prompt's forward. Equal to scoring each
+    prompt + completion on its own (tests/training/test_stage1_loss.py), at about a third of the
+    cost for ~700-token prompts and ~60-token completions."""
+    device = next(model.parameters()).device
+    p = torch.tensor([prompt_ids], device=device)
+    out = model(input_ids=p, use_cache=True, logits_to_keep=1)
+    first = out.logits[:, -1:]                                   # predicts completion token 0
+    cache = out.past_key_values
+    n, width = len(completions), max(map(len, completions))
+    ids = torch.tensor([c + [c[-1]] * (width - len(c)) for c in completions], device=device)
+    if width > 1:
+        cache.batch_repeat_interleave(n)
+        pos = torch.arange(len(prompt_ids), len(prompt_ids) + width - 1, device=device).expand(n, -1)
+        rest = model(input_ids=ids[:, :-1], past_key_values=cache, position_ids=pos, use_cache=True).logits
+        logits = torch.cat([first.expand(n, -1, -1), rest], dim=1)
+    else:
+        logits = first.expand(n, -1, -1)
+    lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[..., None])[..., 0]
+    return [lp[i, : len(c)] for i, c in enumerate(completions)]
+
+
 def dpo_losses(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
                ref_rejected: torch.Tensor, beta: float) -> torch.Tensor:
     """Per-pair sigmoid DPO loss -log σ(β(Δθ - Δref))."""
@@ -49,17 +90,23 @@ def dpo_losses(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_c
 def bppo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,
               ref_rejected: torch.Tensor, is_pre: torch.Tensor, *, beta: float, weight_pre: float,
               weight_post: float, chosen_token_logps: torch.Tensor | None = None,
-              chosen_mask: torch.Tensor | None = None, nll_coef: float = 0.0
-              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The dual-subset DPO loss; returns (loss, detached metrics)."""
+              chosen_mask: torch.Tensor | None = None, nll_coef: float = 0.0,
+              is_twin: torch.Tensor | None = None, weight_twin: float = 0.0,
+              decision_logps: torch.Tensor | None = None, has_decision: torch.Tensor | None = None,
+              decision_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The per-subset DPO loss (pre, post, twin); returns (loss, detached metrics).
+    `decision_logps`: the chosen completion's log-prob at its decision token, one per pair
+    (`has_decision` marks the pairs that have one); the term is -mean over those pairs."""
     per_pair = dpo_losses(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)
     is_pre = is_pre.to(torch.bool)
+    is_twin = torch.zeros_like(is_pre) if is_twin is None else is_twin.to(torch.bool)
     total_w = 0.0
     loss = per_pair.new_zeros(())
     metrics: dict[str, torch.Tensor] = {}
     chosen_r = beta * (policy_chosen - ref_chosen).detach()
     rejected_r = beta * (policy_rejected - ref_rejected).detach()
-    for name, sel, w in (("pre", is_pre, weight_pre), ("post", ~is_pre, weight_post)):
+    for name, sel, w in (("pre", is_pre, weight_pre), ("post", ~is_pre & ~is_twin, weight_post),
+                         ("twin", is_twin, weight_twin)):
         if sel.any():
             sub = per_pair[sel].mean()
             loss = loss + w * sub
@@ -76,6 +123,14 @@ def bppo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_ch
         nll = -(chosen_token_logps * chosen_mask).sum() / chosen_mask.sum().clamp(min=1)
         loss = loss + nll_coef * nll
         metrics["nll"] = nll.detach()
+    if decision_coef > 0:
+        if decision_logps is None or has_decision is None:
+            raise ValueError("decision_coef > 0 needs decision_logps and has_decision")
+        sel = has_decision.to(torch.bool)
+        if sel.any():
+            ce = -decision_logps[sel].mean()
+            loss = loss + decision_coef * ce
+            metrics["decision_ce"] = ce.detach()
     metrics["reward_chosen"] = chosen_r.mean()
     metrics["reward_rejected"] = rejected_r.mean()
     return loss, metrics

@@ -8,8 +8,8 @@ preference pair per prompt:
 - rejected = a sampled, well-formed, WRONG verdict when one exists, by preference
   `wrong_decision`, then `wrong_step`, then `wrong_agent` (first sample of the best class);
   else the canonical boundary error (`canonical_wrong`): on a pre-boundary prompt a premature
-  ALARM at the last shown step (blaming its agent), on a post-boundary prompt a missed alarm
-  (SAFE). These are exactly the two errors a boundary pair separates. A parse failure is used as
+  ALARM blaming the latest agent step, on a post-boundary prompt a missed alarm (SAFE), on a
+  twin prompt a false ALARM at (k*, a*). These are exactly the two errors a boundary pair separates. A parse failure is used as
   rejected only when the config asks for it (`rejected_parse_failures: true`, default false), and
   then only after every well-formed wrong sample: pairs that contrast a template with garbage
   teach the format, not the boundary (issue 11).
@@ -38,9 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
-from aftraj.verdict import (ParseFailure, Verdict, alarm_reason, alarm_think, format_completion, parse_verdict,
-                            safe_think, verdict_outcome)
-from training.stage1.pairs import POST, PRE, BoundaryPrompt
+from aftraj.verdict import ParseFailure, Verdict, format_completion, parse_verdict, verdict_outcome
+from training.stage1.pairs import SUBSETS, BoundaryPrompt
 
 
 def classify(text: str, gold: Verdict, t: int) -> str:
@@ -52,13 +51,9 @@ def classify(text: str, gold: Verdict, t: int) -> str:
 
 
 def canonical_wrong(p: BoundaryPrompt) -> Verdict:
-    """The boundary error on this prompt: a premature alarm (pre) or a missed alarm (post)."""
-    if p.subset == PRE:
-        agent = p.agents[-1] if p.agents else "unknown"
-        return Verdict("UNSAFE", step=p.t, agent=agent,
-                       reason=alarm_reason(p.t, agent),
-                       think=alarm_think(p.t, agent))
-    return Verdict("SAFE", think=safe_think(p.t))
+    """The boundary error on this prompt (`pairs.boundary_pair`): a premature alarm blaming the
+    latest agent step (pre), a missed alarm (post), a false alarm at k* (twin)."""
+    return p.wrong
 
 
 class Sampler(Protocol):
@@ -182,18 +177,18 @@ def pick_rejected(texts: Sequence[str], classes: Sequence[str], *,
 
 @dataclass
 class PreferenceStats:
-    n_prompts: dict = field(default_factory=lambda: {PRE: 0, POST: 0})
+    n_prompts: dict = field(default_factory=lambda: dict.fromkeys(SUBSETS, 0))
     samples_per_prompt: int = 0
     n_samples: int = 0
     sample_outcomes: dict = field(default_factory=dict)        # classify() result -> count
-    chosen_canonical: dict = field(default_factory=lambda: {PRE: 0, POST: 0})
-    rejected_canonical: dict = field(default_factory=lambda: {PRE: 0, POST: 0})
+    chosen_canonical: dict = field(default_factory=lambda: dict.fromkeys(SUBSETS, 0))
+    rejected_canonical: dict = field(default_factory=lambda: dict.fromkeys(SUBSETS, 0))
     # per subset: {"sample": n, "canonical": n}
     chosen_by_source: dict = field(default_factory=lambda: {s: dict.fromkeys(CHOSEN_KINDS, 0)
-                                                            for s in (PRE, POST)})
+                                                            for s in SUBSETS})
     # per subset: {"sample:wrong_decision": n, ..., "sample:parse_failure": n, "canonical": n}
     rejected_by_class: dict = field(default_factory=lambda: {s: dict.fromkeys(REJECTED_KINDS, 0)
-                                                             for s in (PRE, POST)})
+                                                             for s in SUBSETS})
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -266,7 +261,12 @@ def build_preferences(prompts: Sequence[BoundaryPrompt], sampler: Sampler | None
         records.append({"traj_id": p.traj_id, "subset": p.subset, "t": p.t, "messages": p.messages,
                         "chosen": chosen, "rejected": rejected, "chosen_source": chosen_src,
                         "rejected_source": rejected_src, "rejected_class": rej_class,
+                        "prompt_traj_id": p.prompt_traj_id or p.traj_id,
                         "gold": {"decision": p.gold.decision, "step": p.gold.step,
                                  "agent": p.gold.agent}})
     stats.sample_outcomes = dict(sorted(outcomes.items()))
+    if not stats.n_prompts["twin"]:   # the twin subset is off (or the data has no twin): not reported
+        for d in (stats.n_prompts, stats.chosen_canonical, stats.rejected_canonical, stats.chosen_by_source,
+                  stats.rejected_by_class):
+            d.pop("twin")
     return records, stats

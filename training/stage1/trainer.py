@@ -55,10 +55,11 @@ import torch
 import yaml
 
 from aftraj.errors import UsageError
-from training.stage1.config import Stage1Config
+from aftraj.tokens import prompt_budget
+from training.stage1.config import Stage1Config, resolve_mixed_precision
 from training.stage1.data import (TokenizedPair, collate, load_training_trajectories, micro_batch_indices,
                                   tokenize_records)
-from training.stage1.loss import bppo_loss, completion_logps
+from training.stage1.loss import bppo_loss, completion_logps, pair_token_logps, sequence_logps
 from training.stage1.pairs import boundary_prompts
 from training.stage1.preferences import build_preferences, cap_pairs, make_sampler
 
@@ -134,7 +135,8 @@ def sample_preferences(cfg: Stage1Config, progress: bool = True) -> dict:
     trajs, src = load_training_trajectories(cfg.data, max_trajectories=cfg.max_trajectories,
                                             synthetic_n=cfg.synthetic_trajectories, seed=cfg.seed)
     count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
-    prompts, bstats = boundary_prompts(trajs, budget=cfg.max_prompt_tokens - 32, count_tokens=count)
+    prompts, bstats = boundary_prompts(trajs, budget=prompt_budget(cfg.max_prompt_tokens), count_tokens=count,
+                                       twins=cfg.weight_twin > 0, max_post_tokens=cfg.max_post_tokens)
     if not prompts:
         raise UsageError(f"{src}: no unsafe trajectory, so no boundary pair to train on")
     n_all = len({p.traj_id for p in prompts})
@@ -202,7 +204,7 @@ def fsdp_mixed_precision(cfg: Stage1Config):
     bf16 puts RoPE phases off by up to 9.5 rad at position 8,192 (issue 12)."""
     from torch.distributed.fsdp import MixedPrecision
 
-    compute = torch.bfloat16 if cfg.mixed_precision == "bf16" else torch.float32
+    compute = torch.bfloat16 if resolve_mixed_precision(cfg.mixed_precision) == "bf16" else torch.float32
     return MixedPrecision(param_dtype=compute, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
 
 
@@ -225,7 +227,7 @@ def make_accelerator(cfg: Stage1Config, out: Path):
         from accelerate.state import AcceleratorState
 
         AcceleratorState._reset_state()
-    return Accelerator(mixed_precision=cfg.mixed_precision, log_with=cfg.report_to or None,
+    return Accelerator(mixed_precision=resolve_mixed_precision(cfg.mixed_precision), log_with=cfg.report_to or None,
                        project_dir=str(out / "tb"), kwargs_handlers=[pg], **kw)
 
 
@@ -303,9 +305,11 @@ def _to(batch: dict, device) -> dict:
 
 
 @torch.no_grad()
-def precompute_reference(model, pairs: list[TokenizedPair], pad_id: int, batch_size: int, acc) -> torch.Tensor:
-    """(N, 2) reference log-probs (chosen, rejected) with the model as it is now (the base).
-    Ranks score equal shards (FSDP needs every rank in every forward) and gather."""
+def precompute_reference(model, pairs: list[TokenizedPair], pad_id: int, batch_size: int, acc, *,
+                         margin_tokens: int | None = None, per_pair: bool = False) -> torch.Tensor:
+    """(N, 2) reference log-probs (chosen, rejected) with the model as it is now (the base), summed
+    as the loss sums them (`margin_tokens`). Ranks score equal shards (FSDP needs every rank in
+    every forward) and gather. `per_pair`: one unpadded forward per pair (`pair_token_logps`)."""
     n, world, rank = len(pairs), acc.num_processes, acc.process_index
     per = math.ceil(n / world)
     order = list(range(n)) + [n - 1] * (per * world - n)
@@ -313,10 +317,18 @@ def precompute_reference(model, pairs: list[TokenizedPair], pad_id: int, batch_s
     was_training = model.training
     model.eval()
     out = []
-    for s in range(0, len(mine), batch_size):
-        chunk = [pairs[i] for i in mine[s:s + batch_size]]
-        lp = completion_logps(model, _to(collate(chunk, pad_id), acc.device)).float()
-        out.append(torch.stack(lp.chunk(2), dim=1))
+    if per_pair:
+        for i in mine:
+            c, r = pair_token_logps(model, pairs[i].prompt_ids, [pairs[i].chosen_ids, pairs[i].rejected_ids])
+            lim = slice(0, margin_tokens)
+            out.append(torch.stack([c[lim].sum(), r[lim].sum()]).float()[None].to(acc.device))
+    else:
+        for s in range(0, len(mine), batch_size):
+            chunk = [pairs[i] for i in mine[s:s + batch_size]]
+            batch = _to(collate(chunk, pad_id), acc.device)
+            _, tok = completion_logps(model, batch, return_per_token=True)
+            lp = sequence_logps(tok, batch["completion_mask"], margin_tokens).float()
+            out.append(torch.stack(lp.chunk(2), dim=1))
     model.train(was_training)
     gathered = acc.gather(torch.cat(out)).cpu()
     ref = torch.empty(n, 2)
@@ -487,8 +499,9 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
     if acc.is_main_process:
         print(sched.describe(), flush=True)
     _record(acc, out, schedule=vars(sched))
-    pre = [p.index for p in pairs if p.is_pre]
-    post = [p.index for p in pairs if not p.is_pre]
+    pre = [p.index for p in pairs if p.subset == "pre"]
+    post = [p.index for p in pairs if p.subset == "post"]
+    twin = [p.index for p in pairs if p.subset == "twin"]
     pad_id = tok.pad_token_id
     ref_model = None
     if cfg.reference == "live" and cfg.finetune == "full":
@@ -518,7 +531,9 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
         if ref_path.exists():
             ref_logps = torch.load(ref_path)
         else:
-            ref_logps = precompute_reference(model, pairs, pad_id, cfg.per_device_batch_size, acc)
+            ref_logps = precompute_reference(model, pairs, pad_id, cfg.per_device_batch_size, acc,
+                                             margin_tokens=cfg.margin_tokens,
+                                             per_pair=cfg.batching == "per_pair")
             if acc.is_main_process:
                 torch.save(ref_logps, ref_path)
         if ref_logps.shape != (len(pairs), 2):
@@ -539,6 +554,7 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
             (out / "metrics.jsonl").write_text("".join(ln + "\n" for ln in kept))
     if acc.is_main_process:
         (out / "data_stats.json").write_text(json.dumps({**tok_stats, "n_pre": len(pre), "n_post": len(post),
+                                                         "n_twin": len(twin),
                                                          "schedule": vars(sched), "preferences": pref_stats},
                                                         indent=2) + "\n")
     if cfg.report_to:
@@ -561,12 +577,16 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
         for micro in range(accum):
             idx = micro_batch_indices(step=step, micro=micro, rank=acc.process_index,
                                       world=acc.num_processes, accum=accum, pre=pre, post=post,
-                                      split=split, seed=cfg.seed)
+                                      split=split, seed=cfg.seed, twin=twin)
             batch = _to(collate([pairs[i] for i in idx], pad_id, ref_logps), acc.device)
             n_tokens += int(batch["attention_mask"].sum())
             with _grad_sync(acc, model, micro == accum - 1):
-                loss, metrics = _micro_step(cfg, model, unwrapped, ref_model, batch)
-                acc.backward(loss / accum)
+                if cfg.batching == "per_pair":
+                    loss, metrics = _per_pair_step(cfg, model, unwrapped, ref_model, [pairs[i] for i in idx],
+                                                   batch, lambda x: acc.backward(x / accum))
+                else:
+                    loss, metrics = _micro_step(cfg, model, unwrapped, ref_model, batch)
+                    acc.backward(loss / accum)
             if step == start and micro == 0:
                 rotary["after_forward"] = assert_rotary_fp32(model, "after the first forward")
                 if accum > 1:   # the gradient each rank holds between micro-steps (FSDP: its shard)
@@ -628,27 +648,73 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
     return RunResult(out, last, final, history)
 
 
-def _micro_step(cfg: Stage1Config, model, unwrapped, ref_model, batch: dict):
-    need_tokens = cfg.nll_coef > 0
-    res = completion_logps(model, batch, return_per_token=need_tokens)
-    logps, per_token = res if need_tokens else (res, None)
-    chosen, rejected = logps.chunk(2)
+def _loss_kwargs(cfg: Stage1Config, batch: dict, tok_c: torch.Tensor) -> dict:
+    """The loss's subset, NLL and decision-token arguments for per-token chosen log-probs `tok_c`."""
+    n = tok_c.shape[0]
+    kw = dict(beta=cfg.beta, weight_pre=cfg.weight_pre, weight_post=cfg.weight_post,
+              is_twin=batch["is_twin"], weight_twin=cfg.weight_twin)
+    if cfg.nll_coef > 0:
+        kw.update(chosen_token_logps=tok_c, chosen_mask=batch["completion_mask"][:n], nll_coef=cfg.nll_coef)
+    if cfg.decision_coef > 0:
+        at = batch["decision_at"]
+        has = at >= 0
+        kw.update(decision_logps=tok_c.gather(1, at.clamp(min=0)[:, None])[:, 0], has_decision=has,
+                  decision_coef=cfg.decision_coef)
+    return kw
+
+
+def _reference(cfg: Stage1Config, model, unwrapped, ref_model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     if cfg.reference == "precomputed":
-        ref_c, ref_r = batch["ref_chosen"], batch["ref_rejected"]
-    else:
-        with torch.no_grad():
-            if ref_model is not None:
-                ref = completion_logps(ref_model, batch)
-            else:  # LoRA: the base is the model with its adapter switched off
-                with unwrapped.disable_adapter():
-                    ref = completion_logps(model, batch)
-        ref_c, ref_r = ref.chunk(2)
-    kw = {}
-    if need_tokens:
-        kw = dict(chosen_token_logps=per_token.chunk(2)[0], chosen_mask=batch["completion_mask"].chunk(2)[0],
-                  nll_coef=cfg.nll_coef)
-    return bppo_loss(chosen, rejected, ref_c, ref_r, batch["is_pre"], beta=cfg.beta,
-                     weight_pre=cfg.weight_pre, weight_post=cfg.weight_post, **kw)
+        return batch["ref_chosen"], batch["ref_rejected"]
+    with torch.no_grad():
+        if ref_model is not None:
+            _, tok = completion_logps(ref_model, batch, return_per_token=True)
+        else:  # LoRA: the base is the model with its adapter switched off
+            with unwrapped.disable_adapter():
+                _, tok = completion_logps(model, batch, return_per_token=True)
+    return sequence_logps(tok, batch["completion_mask"], cfg.margin_tokens).chunk(2)
+
+
+def _micro_step(cfg: Stage1Config, model, unwrapped, ref_model, batch: dict):
+    _, per_token = completion_logps(model, batch, return_per_token=True)
+    chosen, rejected = sequence_logps(per_token, batch["completion_mask"], cfg.margin_tokens).chunk(2)
+    ref_c, ref_r = _reference(cfg, model, unwrapped, ref_model, batch)
+    return bppo_loss(chosen, rejected, ref_c, ref_r, batch["is_pre"],
+                     **_loss_kwargs(cfg, batch, per_token.chunk(2)[0]))
+
+
+def _per_pair_step(cfg: Stage1Config, model, unwrapped, ref_model, pairs: list[TokenizedPair], batch: dict,
+                   backward: Callable[[torch.Tensor], None]):
+    """The micro-batch's loss with one unpadded forward and backward per pair (no padding mask;
+    `pair_token_logps`). The loss is a sum of per-pair terms with fixed normalisers (subset sizes,
+    token and decision counts of the micro-batch), so the gradient of the whole is the sum of the
+    gradients of each pair's row with the others held constant: each pair is back-propagated alone
+    and freed before the next (peak memory of one pair). Returns the loss and metrics computed on
+    the detached rows, equal to the padded path's (tests/training/test_stage1_loss.py)."""
+    width = batch["completion_ids"].shape[1]
+    n = len(pairs)
+    ref_c, ref_r = _reference(cfg, model, unwrapped, ref_model, batch)
+
+    def padded(rows: list[torch.Tensor]) -> torch.Tensor:
+        return torch.stack([torch.nn.functional.pad(r, (0, width - r.shape[0])) for r in rows])
+
+    done_c, done_r = [None] * n, [None] * n
+    zero = torch.zeros(width, device=batch["completion_ids"].device)
+    mask = batch["completion_mask"]
+    for i, p in enumerate(pairs):
+        c, r = pair_token_logps(model, p.prompt_ids, [p.chosen_ids, p.rejected_ids])
+        rows_c = [c if j == i else (done_c[j] if done_c[j] is not None else zero)[: width] for j in range(n)]
+        rows_r = [r if j == i else (done_r[j] if done_r[j] is not None else zero)[: width] for j in range(n)]
+        tok_c, tok_r = padded(rows_c), padded(rows_r)
+        lc = sequence_logps(tok_c, mask[:n], cfg.margin_tokens)
+        lr = sequence_logps(tok_r, mask[n:], cfg.margin_tokens)
+        loss_i, _ = bppo_loss(lc, lr, ref_c, ref_r, batch["is_pre"], **_loss_kwargs(cfg, batch, tok_c))
+        backward(loss_i)
+        done_c[i], done_r[i] = c.detach(), r.detach()
+    tok_c, tok_r = padded(done_c), padded(done_r)
+    return bppo_loss(sequence_logps(tok_c, mask[:n], cfg.margin_tokens),
+                     sequence_logps(tok_r, mask[n:], cfg.margin_tokens), ref_c, ref_r, batch["is_pre"],
+                     **_loss_kwargs(cfg, batch, tok_c))
 
 
 def _save_checkpoint(acc, optimizer, out: Path, step: int, limit: int | None) -> None:

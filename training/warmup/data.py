@@ -2,7 +2,8 @@
 with a target verdict drawn from a seeded RNG that never reads the label or the content: with
 probability `alarm_fraction` an ALARM at the last shown step t blaming steps[t].agent (the step
 the prompt's last line names: "Verdict on steps 0 to t"), else SAFE. The model learns the format,
-not the boundary (NOT in the paper): the decision is a coin, so greedy decoding keeps the
+not the boundary (NOT in the paper). The verdicts are worded by `aftraj.verdict.canonical_verdict`,
+the one wording stage 1 and the probe use: the decision is a coin, so greedy decoding keeps the
 majority answer (SAFE) and the base row measures no boundary.
 
 Why the last step and not a random one (measured 2026-11-30, SmolLM2-135M, 32 val prefixes):
@@ -22,16 +23,14 @@ from collections.abc import Callable, Sequence
 
 from aftraj.prompt import approx_tokens, render
 from aftraj.schema import Trajectory
-from aftraj.verdict import Verdict, alarm_think, format_completion, safe_think
+from aftraj.verdict import Verdict, canonical_verdict, format_completion
 
 
 def draw_verdict(rng: random.Random, traj: Trajectory, t: int, alarm_fraction: float) -> Verdict:
     """A content-independent verdict for prefix t (reads only t and the agent of step t)."""
     if rng.random() < alarm_fraction:
-        agent = traj.steps[t].agent
-        return Verdict("UNSAFE", step=t, agent=agent, reason=f"{agent} made an error at step {t}.",
-                       think=alarm_think(t, agent))
-    return Verdict("SAFE", think=safe_think(t))
+        return canonical_verdict(t, t, traj.steps[t].agent)
+    return canonical_verdict(t)
 
 
 def warmup_examples(trajs: Sequence[Trajectory], n: int, *, seed: int, alarm_fraction: float,
