@@ -6,7 +6,8 @@ Two native shapes, told apart per message:
 - AG2 (`autogen` 0.x) group-chat message lists: `groupchat.messages` or `ChatResult.chat_history`,
   each {"content", "role", "name", "tool_calls": [{"id", "function": {"name", "arguments"}}],
   "tool_responses": [{"tool_call_id", "content"}]}. `name` is the agent; a tool response links
-  to its call by `tool_call_id`; a message holding "TERMINATE" ends the run (`completed`). The
+  to its call by `tool_call_id` (one reading "Error: …", what AG2 answers for a tool that raised,
+  is an error event); a message holding "TERMINATE" ends the run (`completed`). The
   first message is the task. AG2 writes a tool-call message's empty content as the string "None";
   that is read as empty.
 - AutoGen AgentChat `TaskResult.model_dump()`: {"messages": [{"type": "TextMessage" |
@@ -29,6 +30,7 @@ from aftraj.events import Event
 from aftraj.schema import Trajectory
 
 TERMINATE = "TERMINATE"
+AG2_TOOL_ERROR = "Error: "    # how AG2's execute_function answers for a tool that raised
 
 
 def add_message(rb: RunBuilder, m: Any, *, field: str = "messages[0]") -> list[Event]:
@@ -64,7 +66,12 @@ def _ag2(rb: RunBuilder, m: dict, field: str) -> None:
                 fail(f"{field}.tool_responses[{j}]", "must be an object", rb.origin)
             cid = r.get("tool_call_id")
             tool = rb.call_tools.get(cid)
-            rb.tool_result(agent, r.get("content"), tool=tool, call_id=cid, field=f"{field}.tool_responses[{j}]")
+            text = text_of(r.get("content"))
+            if text.startswith(AG2_TOOL_ERROR):      # AG2's execute_function caught the tool's exception
+                rb.error(agent, text[len(AG2_TOOL_ERROR):].strip() or "tool error", content=text, tool=tool,
+                         call_id=cid, field=f"{field}.tool_responses[{j}]")
+            else:
+                rb.tool_result(agent, text, tool=tool, call_id=cid, field=f"{field}.tool_responses[{j}]")
         return
     if text_of(content).strip() or not calls:
         rb.message(agent, content, field=field)

@@ -158,6 +158,7 @@ class RunBuilder:
         self._end: Event | None = None
         self.ts: float | str | None = None       # the time of the record being read (events' `ts`)
         self.termination: str | None = None
+        self.termination_note: str | None = None   # what ended the run, as the termination's content
         self.final_answer: str | None = None
         self._ids: set[str] = set()
 
@@ -237,8 +238,10 @@ class RunBuilder:
         self.final_answer = text_of(content)
         return self._add("final_answer", agent, {"content": self.final_answer}, field=field, **kw)
 
-    def terminate(self, reason: str, final_answer: str | None = None) -> None:
+    def terminate(self, reason: str, final_answer: str | None = None, note: str | None = None) -> None:
         self.termination = reason
+        if note:
+            self.termination_note = note
         if final_answer is not None:
             self.final_answer = final_answer
 
@@ -252,6 +255,8 @@ class RunBuilder:
             p = {"reason": self.termination}
             if self.final_answer is not None:
                 p["final_answer"] = self.final_answer
+            if self.termination_note:
+                p["content"] = self.termination_note
             self._end = make_event(event_id=f"{self.run_id}/termination", run_id=self.run_id, kind="termination",
                                    agent="system", payload=p, seq=self.next_seq, meta={"source": self.source})
             self.next_seq += 1

@@ -14,8 +14,12 @@ intervention action is pause/halt), as serve/example_agent.py does for a scripte
   `agent.interrupt()`, so no further step runs.
 - AG2: `AG2GatewayHook.attach(*agents)` registers a `process_message_before_send` hook on each
   agent; on ALARM it raises `RunStopped` before the flagged message is delivered.
+  `hook.initiate_chat(sender, recipient, **kw)` also posts the end of a chat that stopped at its
+  turn or round limit (`step_limit`; AG2 calls no hook then).
 - OpenAI Agents SDK: `openai_agents_hooks(gw)` is a `RunHooks` (model answers, tool results,
-  handoffs, final output); on ALARM it raises `RunStopped` out of `Runner.run`.
+  tool errors, handoffs, final output); on ALARM it raises `RunStopped` out of `Runner.run`.
+  `hooks.run_sync(agent, input, max_turns=…)` also posts `MaxTurnsExceeded` as the run's
+  `step_limit` end.
 - OpenTelemetry: `GatewaySpanProcessor` (add it to the TracerProvider) posts each GenAI span's
   events as spans start and end; an SDK span processor cannot stop the traced code, so on ALARM it
   records the verdict (`.alarm`), calls `on_alarm(verdict)` (where the caller stops its agent)
@@ -253,6 +257,23 @@ class AG2GatewayHook(_GatewayRun):
                 self.agents.append(a.name)
         return self
 
+    def finish(self, reason: str | None = None) -> dict | None:
+        """Post the run's end, unless a message bearing TERMINATE already did: `reason`, else
+        `step_limit` (AG2 ends a chat without TERMINATE only at a limit: `max_turns`,
+        `max_round`, `max_consecutive_auto_reply`). Returns the verdict (None if nothing posted)."""
+        if self.rb.termination is not None:
+            return None
+        self.rb.terminate(reason or "step_limit", note="the chat ended without TERMINATE (a turn or round limit)"
+                          if reason is None else None)
+        return self.post([], task=self.rb.task, rb=self.rb)
+
+    def initiate_chat(self, sender, recipient, **kw):
+        """`sender.initiate_chat(recipient, **kw)`, then `finish()`: the end of a chat that hit
+        its limit is posted too (AG2 calls no hook for it). Returns AG2's ChatResult."""
+        res = sender.initiate_chat(recipient, **kw)
+        self.finish()
+        return res
+
     def _before_send(self, sender, message, recipient, silent):
         m = dict(message) if isinstance(message, dict) else {"content": message}
         m.setdefault("name", sender.name)
@@ -373,9 +394,8 @@ def openai_agents_hooks(gw, **kw):
                 return
             n0 = len(self.rb.events)
             agent = self.last_agent or "system"
-            if isinstance(e, MaxTurnsExceeded):
-                self.rb.error(agent, f"MaxTurnsExceeded: {e}", field="run")
-                self.rb.terminate("step_limit")
+            if isinstance(e, MaxTurnsExceeded):      # the SDK's step limit: the run's end
+                self.rb.terminate("step_limit", note=f"{agent}: MaxTurnsExceeded: {e}")
             else:
                 self.rb.error(agent, f"{type(e).__name__}: {e}", field="run")
                 self.rb.terminate("cancelled")

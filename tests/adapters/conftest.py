@@ -53,7 +53,7 @@ def live_gateway(tmp_path):
         cfg = GatewayConfig(ledger_url=f"sqlite:///{tmp_path / f'ledger{len(servers)}.db'}",
                             api_keys=(ApiKey("t", hash_key(KEY)),),
                             auditor=AuditorConfig(backend="openai", base_url="http://auditor.test/v1",
-                                                  model="auditor", deadline_s=5.0))
+                                                  model="auditor", deadline_s=5.0, tokenizer="approx"))
         app = build_app(GatewayService(cfg, transport=httpx.MockTransport(auditor)))
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
