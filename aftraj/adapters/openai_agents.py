@@ -12,16 +12,46 @@ call id of its own) and its `error` an error result; a `handoff` span is a hando
 error on an agent span whose message says max turns ends the run with `step_limit`; a trace
 record (the trace ended) without such an error ends it with `completed`, and then the last text
 the last agent said without calling a tool is the final answer (the SDK's final output for a
-text-output agent). Result ids: the SDK records none, so they stay None.
+text-output agent). Result ids: the SDK records none; each result gets one derived from its call
+and text (aftraj/adapters/base.py).
+
+The Responses-API model (the SDK's default, `OpenAIResponsesModel`) traces a `response` span
+holding only the response id: such a trace gives tool calls (function spans), results and
+handoffs, but no task, no agent text and no final answer. Reading one warns (`ContentMissing`,
+naming what is missing and how to get it) and says so in the trajectory's
+`meta["content_missing"]`.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from pathlib import Path
 
 from aftraj.adapters.base import AdapterError, RunBuilder, fail, load_json, text_of
 from aftraj.schema import Trajectory
+
+
+class ContentMissing(UserWarning):
+    """A trace that holds no model text (Responses-API model: response spans hold only an id)."""
+
+
+HOW_TO_GET_CONTENT = (
+    "use a chat-completions model, which traces generation spans with the model's messages "
+    "(`set_default_openai_api('chat_completions')`, or `OpenAIChatCompletionsModel(...)` as the agent's "
+    "model), keep `RunConfig(trace_include_sensitive_data=True)` (the default), or post the run live "
+    "with `aftraj.adapters.hooks.openai_agents_hooks`, which reads each model answer itself")
+
+
+def _content_missing(spans, trace_id) -> str | None:
+    types = [s["span_data"].get("type") for _, s in spans]
+    n_resp = types.count("response")
+    if n_resp == 0 or "generation" in types:
+        return None
+    return (f"trace {trace_id}: {n_resp} response span(s) and no generation span: the Responses-API model "
+            f"records only response ids, so the task, the agents' messages and the final answer are missing "
+            f"(tool calls, results and handoffs are read from function and handoff spans); to keep them, "
+            + HOW_TO_GET_CONTENT)
 
 
 def _agent_of(span: dict, by_id: dict[str, dict]) -> str | None:
@@ -120,8 +150,14 @@ def from_records(records: list[dict], *, run_id: str | None = None, origin: str 
         rb.terminate("completed", final_answer=last_text[2])
     elif trace is not None:
         rb.terminate("completed")
-    meta = {"workflow_name": trace.get("workflow_name")} if trace and trace.get("workflow_name") else None
-    return rb.trajectory(task, meta=meta)
+    meta = {"workflow_name": trace.get("workflow_name")} if trace and trace.get("workflow_name") else {}
+    missing = _content_missing(spans, rid)
+    if missing:
+        warnings.warn(missing, ContentMissing, stacklevel=2)
+        meta["content_missing"] = missing
+    if not rb.events and missing:
+        fail("<record>", missing, origin)
+    return rb.trajectory(task, meta=meta or None)
 
 
 def read(path: str | Path) -> list[Trajectory]:

@@ -125,10 +125,12 @@ def ag2_llm_config(model: str) -> dict:
             "cache_seed": None}
 
 
-def openai_agents_model(script):
+def openai_agents_model(script, *, responses_api: bool = False):
     """An OpenAI Agents SDK Model answering from `script` in order: ("text", str) or
-    ("call", call_id, tool, arguments). Like the SDK's own models it records each answer in a
-    generation span, so the trace holds what the model said."""
+    ("call", call_id, tool, arguments). Like the SDK's chat-completions model it records each
+    answer in a generation span, so the trace holds what the model said; with `responses_api`
+    it traces as the SDK's default `OpenAIResponsesModel` does: a response span keeping only the
+    response (exported as its id)."""
     from agents import Model, ModelResponse, Usage
     from agents.tracing import generation_span
     from openai.types.responses import (ResponseFunctionToolCall, ResponseOutputMessage,
@@ -143,6 +145,8 @@ def openai_agents_model(script):
                                prompt=None):
             item = script[self.i]
             self.i += 1
+            if responses_api:
+                return self._responses(item)
             with generation_span(model="scripted", input=input if isinstance(input, list) else
                                  [{"role": "user", "content": input}]) as span:
                 if item[0] == "text":
@@ -157,6 +161,23 @@ def openai_agents_model(script):
                         {"id": item[1], "type": "function",
                          "function": {"name": item[2], "arguments": json.dumps(item[3])}}]}]
                 span.span_data.usage = {"input_tokens": 10, "output_tokens": 5}
+            return ModelResponse(output=out, usage=Usage(requests=1, input_tokens=10, output_tokens=5,
+                                                         total_tokens=15), response_id=f"resp_{self.i}")
+
+        def _responses(self, item):
+            from agents.tracing import response_span
+            from openai.types.responses import Response
+            if item[0] == "text":
+                out = [ResponseOutputMessage(id=f"msg_{self.i}", type="message", role="assistant",
+                                             status="completed", content=[ResponseOutputText(
+                                                 type="output_text", text=item[1], annotations=[])])]
+            else:
+                out = [ResponseFunctionToolCall(id=f"fc_{self.i}", call_id=item[1], type="function_call",
+                                                name=item[2], arguments=json.dumps(item[3]))]
+            with response_span() as span:        # what OpenAIResponsesModel records
+                span.span_data.response = Response(id=f"resp_{self.i}", created_at=0, model="scripted",
+                                                   object="response", output=out, parallel_tool_calls=False,
+                                                   tool_choice="auto", tools=[])
             return ModelResponse(output=out, usage=Usage(requests=1, input_tokens=10, output_tokens=5,
                                                          total_tokens=15), response_id=f"resp_{self.i}")
 

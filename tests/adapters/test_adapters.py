@@ -203,7 +203,7 @@ def test_agentchat_swarm_task_result(tmp_path):
 
 # --------------------------------------------------------------------------- OpenAI Agents SDK
 
-def oai_run(script, max_turns=10):
+def oai_run(script, max_turns=10, responses_api=False):
     pytest.importorskip("agents")
     from agents import Agent, RunConfig, Runner, function_tool, set_trace_processors
     coll = fw.TraceCollector()
@@ -215,7 +215,7 @@ def oai_run(script, max_turns=10):
         if a < 0:
             raise ValueError("negative")
         return a * b
-    model = fw.openai_agents_model(script)
+    model = fw.openai_agents_model(script, responses_api=responses_api)
     math = Agent(name="math", instructions="do math", tools=[multiply], model=model)
     triage = Agent(name="triage", instructions="route", handoffs=[math], model=model)
     try:
@@ -360,3 +360,24 @@ def test_not_json_and_unknown_source(tmp_path):
     ok.write_text(json.dumps([{"content": "hi", "name": "a"}]))
     assert cli(["convert", "--from", "autogen", str(ok), "--out", str(tmp_path / "o.jsonl")]) == 0
     assert cli(["convert", "--from", "autogen", str(ok), "--out", str(tmp_path / "o.jsonl"), "--skip-invalid"]) == 2
+
+
+def test_openai_agents_responses_model_trace_warns_what_is_missing(tmp_path):
+    """The SDK's default Responses-API model traces only response ids: the reader keeps the tool
+    calls, results and handoff, and warns that task, messages and final answer are missing."""
+    from aftraj.adapters.openai_agents import ContentMissing, from_records
+    res, recs = oai_run([("call", "call_h", "transfer_to_math", {}),
+                         ("call", "call_m", "multiply", {"a": 17, "b": 24}), ("text", "408 pens")], responses_api=True)
+    assert res.final_output == "408 pens"
+    assert any(r.get("span_data", {}).get("type") == "response" for r in recs)
+    with pytest.warns(ContentMissing, match=r"3 response span\(s\) and no generation span.*chat_completions"):
+        t = from_records(recs)
+    assert kinds(t) == ["handoff", "tool_call", "tool_result"]       # no message, no answer
+    assert t.task == "" and t.final_answer is None and "task, the agents' messages" in t.meta["content_missing"]
+    # the chat-completions trace of the same run holds everything: no warning
+    import warnings
+    _, recs = oai_run([("call", "call_h", "transfer_to_math", {}),
+                       ("call", "call_m", "multiply", {"a": 17, "b": 24}), ("text", "408 pens")])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ContentMissing)
+        assert "content_missing" not in from_records(recs).meta
