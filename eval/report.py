@@ -170,6 +170,7 @@ def write_markdown(metrics: dict, path: Path) -> None:
              f"- deployable region: FAR ≤ {DEPLOYABLE_MAX_FAR:.0%} and Step-Acc ≥ "
              f"{DEPLOYABLE_MIN_STEP_ACC:.0%} (– when FAR cannot be measured: no safe trajectories)",
              ""]
+    lines += [f"- **note**: {n}" for n in metrics.get("auditor_notes") or []]
     lines += [call_line(metrics.get("calls") or {}), ""]
     exp = metrics.get("analytic_expectation")
     ov = {"overall": metrics["overall"]}

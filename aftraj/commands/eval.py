@@ -228,6 +228,10 @@ def _run_eval(args) -> int:
             "sample": (None if args.sample is None else {"n": args.sample, "seed": args.sample_seed}),
             "resumed_trajectories": len(trajs) - len(todo)}
     meta["provenance"] = _provenance(args)
+    if hasattr(auditor, "report_notes"):     # what the report must say of these runs (rules: message-only runs)
+        meta["auditor_notes"] = auditor.report_notes(trajs)
+        for note in meta["auditor_notes"]:
+            print(f"aftraj eval: note: {note}", file=sys.stderr)
     metrics = write_report(preds, Path(args.out), meta=meta, n_boot=args.n_boot, seed=args.seed,
                            prices=prices, expectation=expectation, auc_start=args.auc_start)
     from eval.auditors.floors import add_floors_to_report  # the content-blind floors beside it
