@@ -128,6 +128,11 @@ skip() {   # PATH PHASE: true (and says so) when PATH exists and this is a real 
 # --- 0. every config, validated with the loaders the run uses
 echo "== configs (training/reproduce.py)"
 "$PYTHON" -m training.reproduce configs
+# one token budget (aftraj.tokens.prompt_budget): the stage configs' max_prompt_tokens less the
+# chat template's margin for rendering, stage 2's max_completion_length for the answer
+BUDGET="$("$PYTHON" -m training.reproduce budget)"
+read -r RENDER_BUDGET RESPONSE_TOKENS <<<"$BUDGET"
+echo "   budget: render $RENDER_BUDGET tokens, respond with up to $RESPONSE_TOKENS (every phase)"
 if ((DRY)); then CMDS="$(mktemp)"; fi
 
 # --- 1. corpus through the OpenAI-compatible endpoint
@@ -182,7 +187,9 @@ if ! { skip "$EVAL/corpus-auditor/metrics.json" "eval corpus" && skip "$EVAL/ww-
     --log "$OUT/logs/vllm-auditor.server.log"
   for d in corpus ww; do
     skip "$EVAL/$d-auditor/metrics.json" "eval $d" && continue
+    # the training budget, counted with the served checkpoint's tokenizer (the merged folder holds it)
     step "${AFTRAJ[@]}" eval --auditor openai --endpoint "$SERVE_URL" --api-model "$SERVED_NAME" \
+      --model "$OUT/stage2/final" --budget "$RENDER_BUDGET" --max-new-tokens "$RESPONSE_TOKENS" \
       --data "${DATA[$d]}" "${SPLIT[$d]}" --concurrency "$EVAL_CONCURRENCY" --out "$EVAL/$d-auditor" --no-progress
   done
   stop_server
@@ -200,7 +207,7 @@ step "${AFTRAJ[@]}" eval compare "$EVAL/corpus-auditor" "$EVAL/corpus-rules" "$E
 step "${AFTRAJ[@]}" eval compare "$EVAL/ww-auditor" "$EVAL/ww-rules" --out "$EVAL/compare-ww"
 
 if ((DRY)); then
-  echo "== flags of the commands above (training/reproduce.py)"
+  echo "== flags of the commands above, and one budget across them (training/reproduce.py)"
   "$PYTHON" -m training.reproduce commands "$CMDS"
   echo "  (the verl recipe itself is composed and validated against verl by \`bash scripts/test_verl.sh\`" \
        "in verl's environment; vLLM's flags by the server at start)"

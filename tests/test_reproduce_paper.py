@@ -259,3 +259,77 @@ def test_run_stops_its_server_and_refuses_an_empty_corpus(tmp_path):
     with socket.socket() as s:                              # the port is free again: no server left
         assert s.connect_ex(("127.0.0.1", port)) != 0
     assert not (tmp_path / "out" / "corpus" / "COMPLETE").exists()
+
+
+# --------------------------------------------------------------------------- one budget (issue 22, defect 4)
+
+def test_dry_run_renders_every_phase_with_one_budget_that_fits_the_server(tmp_path):
+    """Stage 1 and 2 train on prompts of max_prompt_tokens (render budget 8,160) and stage 2 on
+    4,096-token responses: the evaluation must render and answer with the same, counted with the
+    served model's tokenizer, and 8,192 + 4,096 must fit vLLM's max_model_len."""
+    r = _dry_run(tmp_path)
+    assert r.returncode == 0, r.stderr + r.stdout
+    evals = [ln for ln in r.stdout.splitlines() if ln.startswith("+") and "--auditor openai" in ln]
+    assert len(evals) == 2
+    for ln in evals:
+        assert "--budget 8160 --max-new-tokens 4096" in ln, ln
+        assert f"--model {tmp_path}/out/stage2/final" in ln, ln
+    summary = next(ln for ln in r.stdout.splitlines() if ln.strip().startswith("budget: 8160 render tokens"))
+    for phase in ("stage 1", "stage 2", "eval corpus-auditor", "eval ww-auditor"):
+        assert phase in summary, summary
+    assert "8192 + 4096 <= max_model_len 16384" in summary
+
+
+def _recorded(tmp_path: Path) -> list[str]:
+    """The command lines a dry run records (the file `training.reproduce commands` reads)."""
+    r = _dry_run(tmp_path)
+    assert r.returncode == 0, r.stderr + r.stdout
+    return [ln[2:] for ln in r.stdout.splitlines() if ln.startswith("+ ") and "(background" not in ln]
+
+
+def test_an_eval_line_without_the_budget_is_refused(tmp_path):
+    from training.reproduce import check_commands
+
+    lines = _recorded(tmp_path)
+    lines = [ln.replace(" --budget 8160", "") if "--auditor openai" in ln else ln for ln in lines]
+    f = tmp_path / "cmds"
+    f.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ReproduceError, match="different budgets"):
+        check_commands(f)
+
+
+def test_an_eval_line_with_a_shorter_answer_is_refused(tmp_path):
+    from training.reproduce import check_budgets
+
+    with pytest.raises(ReproduceError, match="response budgets"):
+        check_budgets([("stage 2", {"render": 8160, "response": 4096}),
+                       ("eval ww", {"render": 8160, "response": 1024})])
+    with pytest.raises(ReproduceError, match="max_model_len 12000"):
+        check_budgets([("stage 2", {"render": 8160, "response": 4096}), ("serve", {"max_model_len": 12000})])
+
+
+def test_serve_config_too_short_for_prompt_plus_response_is_named(tmp_path):
+    raw = yaml.safe_load((REPO / CONFIGS["SERVE_CONFIG"]).read_text())
+    raw["max_model_len"] = 12000
+    bad = tmp_path / "serve.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ReproduceError, match=r"serve\.yaml: key 'max_model_len': 12000 < 8192 prompt \+ 4096"):
+        check_configs(_env(tmp_path, SERVE_CONFIG=str(bad)))
+
+
+def test_stage_configs_with_different_prompt_budgets_are_refused(tmp_path):
+    raw = yaml.safe_load((REPO / CONFIGS["STAGE2_CONFIG"]).read_text())
+    raw["max_prompt_tokens"] = 4096
+    bad = tmp_path / "stage2.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ReproduceError, match=r"stage2\.yaml: key 'max_prompt_tokens': 4096 differs from stage 1's 8192"):
+        check_configs(_env(tmp_path, STAGE2_CONFIG=str(bad)))
+
+
+def test_the_budget_rule_is_the_one_training_uses():
+    from aftraj.tokens import TEMPLATE_MARGIN, prompt_budget
+    from training.stage2.data import CHAT_TEMPLATE_MARGIN
+
+    assert prompt_budget(8192) == 8192 - TEMPLATE_MARGIN == 8160 and CHAT_TEMPLATE_MARGIN == TEMPLATE_MARGIN
+    with pytest.raises(ValueError, match="max_prompt_tokens"):
+        prompt_budget(TEMPLATE_MARGIN)

@@ -2,7 +2,8 @@
 serve + evaluate) validated with the project's own loaders before anything runs.
 
     python -m training.reproduce configs        # validate every config, write the run's copies
-    python -m training.reproduce commands FILE  # every recorded command's flags parse
+    python -m training.reproduce commands FILE  # every recorded command's flags parse, one budget
+    python -m training.reproduce budget         # "RENDER RESPONSE": the eval flags' values
     bash scripts/reproduce_paper.sh --dry-run   # both, plus the commands printed (no GPU, no network)
 
 The script exports its variables (the top of scripts/reproduce_paper.sh); `configs` reads them
@@ -15,11 +16,18 @@ command-line flags and are validated here with the same values. Errors name the 
 exit 1. `commands` parses every `aftraj …`, `accelerate launch …` and `scripts/train_stage1.sh …`
 line the dry run recorded with the real argument parsers (nothing runs); lines of other programs
 (vLLM, verl) are listed as not checkable here.
+
+One token budget for every phase (aftraj.tokens.prompt_budget, the rule training uses): stage 1
+and stage 2 must give the same `max_prompt_tokens`; the evaluation renders with
+`--budget prompt_budget(max_prompt_tokens)` and answers with `--max-new-tokens` = stage 2's
+`max_completion_length`; prompt + response must fit the serve config's `max_model_len`
+(`run_budget`, checked on the configs, and `check_budgets`, on the recorded command lines).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
@@ -174,6 +182,31 @@ def check_stage2(env: dict) -> str:
             f"      {shlex.join(cmd)}")
 
 
+def run_budget(env: dict) -> dict:
+    """The run's one budget, from its stage configs: prompt (templated) tokens, the render()
+    budget of every phase, the response tokens. Stage 1 and 2 must agree on the prompt."""
+    from aftraj.tokens import prompt_budget
+    from training.stage1.config import load_stage1_config
+    from training.stage2.config import load_stage2_config
+
+    src1, src2 = Path(_env(env, "STAGE1_CONFIG")), Path(_env(env, "STAGE2_CONFIG"))
+    s1 = _flat(load_stage1_config, src1, stage1_overrides(env))
+    s2 = _flat(load_stage2_config, src2, stage2_overrides(env))
+    if s1.max_prompt_tokens != s2.max_prompt_tokens:
+        raise ReproduceError(f"{src2}: key 'max_prompt_tokens': {s2.max_prompt_tokens} differs from stage 1's "
+                             f"{s1.max_prompt_tokens} ({src1}); every phase renders with one budget")
+    return {"prompt": s1.max_prompt_tokens, "render": prompt_budget(s1.max_prompt_tokens),
+            "response": s2.max_completion_length}
+
+
+def _check_fits(budget: dict, max_model_len: int, where: str) -> None:
+    need = budget["prompt"] + budget["response"]
+    if need > max_model_len:
+        raise ReproduceError(f"{where}: key 'max_model_len': {max_model_len} < {budget['prompt']} prompt + "
+                             f"{budget['response']} response tokens = {need} (the stage configs' budget); "
+                             f"vLLM would answer 400 to the longest prompts")
+
+
 def check_serve(env: dict, dest: Path) -> str:
     from serve.config import ConfigError, load_serve_config
 
@@ -184,6 +217,19 @@ def check_serve(env: dict, dest: Path) -> str:
         raise ReproduceError(str(e)) from None
     if cfg.kind != "vllm":
         raise ReproduceError(f"{src}: key 'kind': the sequence serves with vLLM, got {cfg.kind!r}")
+    budget = run_budget(env)
+    _check_fits(budget, cfg.max_model_len, str(src))
+    if cfg.reasoning_parser:       # the served checkpoint keeps the base model's tokenizer
+        from serve.vllm import check_reasoning_parser
+
+        base = Path(_env(env, "MODEL"))
+        if not base.is_dir():
+            raise ReproduceError(f"{src}: key 'reasoning_parser': {cfg.reasoning_parser!r} can only be checked "
+                                 f"against the model's tokenizer, and MODEL={base} is not a folder")
+        try:
+            check_reasoning_parser(dataclasses.replace(cfg, model=str(base)))
+        except ConfigError as e:
+            raise ReproduceError(f"{src}: {e}") from None
     raw = _read_mapping(src)
     changed = {"model": str(Path(_env(env, "OUT")) / "stage2" / "final"), "python": _env(env, "VLLM_PYTHON"),
                "port": _int(env, "SERVE_PORT"), "served_model_name": _env(env, "SERVED_NAME")}
@@ -193,7 +239,8 @@ def check_serve(env: dict, dest: Path) -> str:
         load_serve_config(dest)
     except ConfigError as e:
         raise ReproduceError(str(e)) from None
-    return f"serve      {src} -> {dest} (vLLM {cfg.profile}, {changed['served_model_name']} on port {changed['port']})"
+    return (f"serve      {src} -> {dest} (vLLM {cfg.profile}, {changed['served_model_name']} on port {changed['port']}; "
+            f"{budget['prompt']} + {budget['response']} tokens <= max_model_len {cfg.max_model_len})")
 
 
 def check_configs(env: dict) -> list[str]:
@@ -215,23 +262,29 @@ def _strip_env(argv: list[str]) -> list[str]:
     return argv
 
 
-def _parse(parser: argparse.ArgumentParser, argv: list[str], line: str) -> None:
+def _parse(parser: argparse.ArgumentParser, argv: list[str], line: str) -> argparse.Namespace | None:
     import contextlib
     import io
 
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            parser.parse_args(argv)
+            return parser.parse_args(argv)
     except SystemExit as e:
         if e.code:
             msg = err.getvalue().strip().splitlines()
             raise ReproduceError(f"command does not parse: {line}\n  {msg[-1] if msg else ''}") from None
+        return None                 # --help
 
 
 def check_command(line: str) -> str:
     """'checked' when the line's flags parse with the program's own parser, else 'not checked: …'.
     Raises ReproduceError when a parser rejects the line."""
+    return _parse_command(line)[0]
+
+
+def _parse_command(line: str) -> tuple[str, str | None, argparse.Namespace | None]:
+    """(status, kind, namespace): kind is 'aftraj' or 'stage1' where the namespace is ours."""
     argv = _strip_env(shlex.split(line))
     if not argv:
         raise ReproduceError(f"empty command: {line!r}")
@@ -239,26 +292,92 @@ def check_command(line: str) -> str:
     if prog == "aftraj" or argv[1:3] == ["-m", "aftraj.cli"]:
         from aftraj.cli import build_parser
 
-        _parse(build_parser(), argv[1:] if prog == "aftraj" else argv[3:], line)
-        return "checked"
+        return "checked", "aftraj", _parse(build_parser(), argv[1:] if prog == "aftraj" else argv[3:], line)
     if argv[:2] == ["bash", "scripts/train_stage1.sh"]:
         from training.stage1.cli import add_arguments
 
         p = argparse.ArgumentParser(prog="scripts/train_stage1.sh")
         add_arguments(p)
-        _parse(p, argv[2:], line)
-        return "checked"
+        return "checked", "stage1", _parse(p, argv[2:], line)
     if prog == "accelerate" and argv[1:2] == ["launch"]:
         from accelerate.commands.launch import launch_command_parser
 
         _parse(launch_command_parser(), argv[2:], line)
-        return "checked"
-    return f"not checked here ({prog}: its own environment on the GPU node)"
+        return "checked", None, None
+    return f"not checked here ({prog}: its own environment on the GPU node)", None, None
+
+
+def _command_budget(kind: str | None, ns) -> tuple[str, dict] | None:
+    """(phase, {render, response, max_model_len: what this command line gives}) or None."""
+    from aftraj.tokens import prompt_budget
+
+    if ns is None or kind is None:
+        return None
+    over = {}
+    if kind == "stage1" or getattr(ns, "command", None) == "train":
+        from aftraj.overrides import parse_set
+
+        over = {k: v for k, v in parse_set(getattr(ns, "set", None) or []).items()
+                if k in ("max_prompt_tokens", "max_completion_length")}
+    if kind == "stage1":
+        from training.stage1.config import load_stage1_config
+
+        cfg = _flat(load_stage1_config, Path(ns.config), over)
+        return "stage 1", {"render": prompt_budget(cfg.max_prompt_tokens)}
+    cmd = getattr(ns, "command", None)
+    if cmd == "train" and getattr(ns, "stage", None) == "stage2":
+        from training.stage2.config import load_stage2_config
+
+        cfg = _flat(load_stage2_config, Path(ns.config), over)
+        return "stage 2", {"render": prompt_budget(cfg.max_prompt_tokens), "response": cfg.max_completion_length}
+    if cmd == "eval" and str(getattr(ns, "auditor", "")).startswith("openai"):
+        return f"eval {Path(ns.out).name}", {"render": ns.budget, "response": ns.max_new_tokens}
+    if cmd == "serve" and getattr(ns, "serve_cmd", None) == "vllm":
+        from serve.config import ConfigError, load_serve_config
+
+        try:
+            return "serve", {"max_model_len": load_serve_config(ns.config).max_model_len}
+        except ConfigError as e:
+            raise ReproduceError(str(e)) from None
+    return None
+
+
+def check_budgets(found: list[tuple[str, dict]]) -> str:
+    """Every phase that renders does so with one budget; the evaluation answers with stage 2's
+    response budget; the longest prompt plus the response fits the server. One summary line."""
+    from aftraj.tokens import TEMPLATE_MARGIN
+
+    renders = {phase: b["render"] for phase, b in found if "render" in b}
+    if not renders:
+        raise ReproduceError("no recorded command renders prompts: nothing to check the budget against")
+    if len(set(renders.values())) != 1:
+        raise ReproduceError("the phases render with different budgets: "
+                             + ", ".join(f"{p} {r}" for p, r in renders.items())
+                             + " (an eval line without --budget renders whole prefixes)")
+    render = next(iter(renders.values()))
+    responses = {phase: b["response"] for phase, b in found if "response" in b}
+    if len(set(responses.values())) != 1:
+        raise ReproduceError("the phases answer with different response budgets: "
+                             + ", ".join(f"{p} {r}" for p, r in responses.items()))
+    response = next(iter(responses.values()))
+    lens = [b["max_model_len"] for _, b in found if "max_model_len" in b]
+    prompt = render + TEMPLATE_MARGIN
+    for n in lens:
+        if prompt + response > n:
+            raise ReproduceError(f"serve: max_model_len {n} < {prompt} prompt + {response} response tokens")
+    return (f"budget: {render} render tokens ({prompt} templated) in {', '.join(renders)}; response {response} "
+            f"in {', '.join(responses)}; {prompt} + {response} <= max_model_len {', '.join(map(str, lens)) or '?'}")
 
 
 def check_commands(path: Path) -> list[str]:
     lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-    return [f"{check_command(ln)}: {_short(ln)}" for ln in lines]
+    out, found = [], []
+    for ln in lines:
+        status, kind, ns = _parse_command(ln)
+        out.append(f"{status}: {_short(ln)}")
+        if (b := _command_budget(kind, ns)) is not None:
+            found.append(b)
+    return [*out, check_budgets(found)]
 
 
 def _short(line: str) -> str:
@@ -277,9 +396,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("configs", help="validate every config named by the variables; write the run's copies")
     c = sub.add_parser("commands", help="check that every recorded command's flags parse")
     c.add_argument("file", help="one shell-quoted command a line (the dry run writes it)")
+    sub.add_parser("budget", help='print "RENDER RESPONSE": the evaluation\'s --budget and --max-new-tokens')
     args = p.parse_args(argv)
     try:
-        if args.what == "configs":
+        if args.what == "budget":
+            b = run_budget(dict(os.environ))
+            print(b["render"], b["response"])
+        elif args.what == "configs":
             for line in check_configs(dict(os.environ)):
                 print(f"  ok  {line}")
         else:

@@ -1,7 +1,7 @@
 """Stage-2 data (DESIGN §5): prompts are prefixes of safe and unsafe TRAIN trajectories, each
 with its gold verdict (SAFE for t < k*, UNSAFE (k*, a*) for t >= k*), balanced by config and
 rendered by the shared prompt builder with the token budget rule of stage 1 and evaluation
-(`render(traj, t, max_prompt_tokens - CHAT_TEMPLATE_MARGIN)`, tokens counted with the model's
+(`render(traj, t, prompt_budget(max_prompt_tokens))`, aftraj.tokens, tokens counted with the model's
 tokenizer, then the templated prompt checked against `max_prompt_tokens`).
 
 Trajectories come from `training.stage1.data.load_training_trajectories` (val/test families
@@ -37,11 +37,12 @@ from aftraj.prompt import approx_tokens, render
 from aftraj.schema import Trajectory
 from aftraj.verdict import gold_verdict, grounded
 from training.reward import ground_truth_of
+from aftraj.tokens import TEMPLATE_MARGIN, prompt_budget
 from training.stage1.data import load_training_trajectories
 from training.stage1.pairs import is_from_who_and_when
 
 DATA_SOURCE = "aftraj"
-CHAT_TEMPLATE_MARGIN = 32   # tokens left for the chat template around render()'s text (as stage 1)
+CHAT_TEMPLATE_MARGIN = TEMPLATE_MARGIN   # the one rule: aftraj.tokens.prompt_budget
 
 
 @dataclass
@@ -160,7 +161,7 @@ def build_stage2_data(cfg, tokenizer, out_dir: str | Path) -> dict:
     trajs, src = load_training_trajectories(cfg.data, max_trajectories=cfg.max_trajectories,
                                             synthetic_n=cfg.synthetic_trajectories, seed=cfg.seed)
     records, st = build_records(trajs, max_prompts=cfg.max_prompts, unsafe_fraction=cfg.unsafe_fraction,
-                                seed=cfg.seed, budget=cfg.max_prompt_tokens - CHAT_TEMPLATE_MARGIN,
+                                seed=cfg.seed, budget=prompt_budget(cfg.max_prompt_tokens),
                                 count_tokens=token_counter(tokenizer))
     longest = check_prompt_lengths(records, tokenizer, cfg.max_prompt_tokens)
     out.mkdir(parents=True, exist_ok=True)
