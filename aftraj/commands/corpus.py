@@ -23,12 +23,14 @@ def register(sub) -> None:
     b.add_argument("--config", required=True, help="configs/corpus/<name>.yaml")
     b.add_argument("--out", required=True, help="output folder")
     b.add_argument("--seed", type=int, default=None, help="override the config's seed")
-    b.add_argument("--no-progress", action="store_true", help="no progress bars")
+    b.add_argument("--no-progress", action="store_true",
+                   help="no progress (else a bar on a terminal, a line every few seconds in a log)")
     b.set_defaults(func=run_build)
     v = csub.add_parser("verify", help="re-verify the labels of a built scripted corpus by replay")
     v.add_argument("--config", required=True, help="the config the corpus was built with")
     v.add_argument("--corpus", required=True, help="the corpus folder (or its corpus.jsonl)")
     v.add_argument("--seed", type=int, default=None, help="the seed it was built with (default: the config's)")
+    v.add_argument("--no-progress", action="store_true", help="no progress (a bar, or a line every few seconds)")
     v.set_defaults(func=run_verify)
 
 
@@ -38,7 +40,7 @@ def run_build(args) -> int:
 
     t0 = time.perf_counter()
     try:
-        res = build_corpus(cfg, args.out, seed=args.seed, progress=not args.no_progress and sys.stderr.isatty())
+        res = build_corpus(cfg, args.out, seed=args.seed, progress=not args.no_progress)
     except EndpointUnreachable as e:   # nothing built: say why instead of an empty corpus
         print(f"aftraj corpus build: {args.config}: policy: {e}", file=sys.stderr)
         return 2
@@ -77,7 +79,7 @@ def run_verify(args) -> int:
         return 2
     trajs = [attach_provenance(t, prov[t.id]) for t in trajs]
     t0 = time.perf_counter()
-    rep = verify_corpus(trajs, cfg, args.seed)
+    rep = verify_corpus(trajs, cfg, args.seed, progress=not args.no_progress)
     for tid, why in rep.problems[:20]:
         print(f"  {tid}: {why}")
     print(f"{rep.summary()} seconds={time.perf_counter() - t0:.1f}")

@@ -35,6 +35,8 @@ def register(sub) -> None:
     f.add_argument("--cache", help="embedding cache .npz (default: OUT/embeddings.npz)")
     f.add_argument("--embedder", choices=("minilm", "hashing"), help="override the config's embedder")
     f.add_argument("--threads", type=int, help="torch threads while embedding (default: the config's)")
+    f.add_argument("--no-progress", action="store_true",
+                   help="no progress (else a bar on a terminal, a line every few seconds in a log)")
     f.set_defaults(func=run_fit)
     s = ssub.add_parser("show", help="per-prefix scores and signals of one trajectory")
     s.add_argument("--model", required=True, help="a folder written by `aftraj structural fit`")
@@ -95,10 +97,11 @@ def run_fit(args) -> int:
     print(how)
     out = Path(args.out)
     t0 = time.perf_counter()
-    mon = StructuralMonitor.fit(fit, cfg, cache_path=args.cache or out / "embeddings.npz", log=print)
+    mon = StructuralMonitor.fit(fit, cfg, cache_path=args.cache or out / "embeddings.npz", log=print,
+                                progress=not args.no_progress)
     t_fit = time.perf_counter() - t0
     try:
-        mon.tuned = tune(mon, tune_set, log=print)
+        mon.tuned = tune(mon, tune_set, log=print, progress=not args.no_progress)
     except ValueError as e:
         print(f"aftraj structural fit: {e}", file=sys.stderr)
         return 2
@@ -125,15 +128,29 @@ def run_show(args) -> int:
     if traj is None:
         print(f"aftraj structural show: no trajectory {args.id!r} in {args.data}", file=sys.stderr)
         return 2
-    print(f"{traj.id}  {traj.label.verdict}" + (f" k*={traj.label.decisive_step}" if traj.label.unsafe else ""))
+    k_star = traj.label.decisive_step if traj.label.unsafe else None
+    th = {m: (mon.tuned.get(m) or {}).get("threshold") for m in ("structural", "baseline")}
+    if not args.json:
+        print(f"{traj.id}  {traj.label.verdict}" + (f" k*={k_star} ({traj.label.decisive_agent})"
+                                                    if k_star is not None else ""))
+        print("  tuned ALARM thresholds: " + ", ".join(
+            f"{m} {'none (never alarms)' if v is None else f'{v:.3f}'}" for m, v in th.items())
+              + "; '!' = score >= threshold (ALARM), '<- k*' = the decisive step")
     for t in range(len(traj.steps)):
-        row = {"t": t, "agent": traj.steps[t].agent, "structural": round(mon.score(traj, t, "structural"), 4),
-               "baseline": round(mon.score(traj, t, "baseline"), 4), **mon.signals(traj, t)}
+        sc = {m: mon.score(traj, t, m) for m in th}
+        alarm = {m: th[m] is not None and sc[m] >= th[m] for m in th}
+        row = {"t": t, "agent": traj.steps[t].agent, "structural": round(sc["structural"], 4),
+               "baseline": round(sc["baseline"], 4), "structural_alarm": alarm["structural"],
+               "baseline_alarm": alarm["baseline"], "thresholds": th, "is_k_star": t == k_star,
+               **mon.signals(traj, t)}
         if args.json:
             print(json.dumps(row))
         else:
             ent = row["next_token_entropy"]
-            print(f"  t={t:<3} {row['agent']:<14} structural={row['structural']:.3f} baseline={row['baseline']:.3f} "
+            print(f"  t={t:<3} {row['agent']:<14} "
+                  f"structural={row['structural']:.3f}{'!' if alarm['structural'] else ' '} "
+                  f"baseline={row['baseline']:.3f}{'!' if alarm['baseline'] else ' '} "
                   f"token={row['tokens'][-1] if row['tokens'] else '-':<3} loop={row['loop_length']} "
-                  f"next_entropy={'-' if ent is None else f'{ent:.2f}'} neighbours={row['n_neighbours']}")
+                  f"next_entropy={'-' if ent is None else f'{ent:.2f}'} neighbours={row['n_neighbours']}"
+                  + ("  <- k*" if t == k_star else ""))
     return 0

@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import sys
+import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -190,11 +192,12 @@ class BuildResult:
 
 
 def _progress(it, enabled: bool, desc: str, total: int | None = None):
+    """Counts and an ETA (`aftraj.console.track`: a bar on a terminal, a line every few seconds in a log)."""
     if not enabled:
         return it
-    from tqdm import tqdm
+    from aftraj.console import track
 
-    return tqdm(it, desc=desc, total=total, unit="task", leave=False)
+    return track(it, f"corpus build: {desc}", "task", total=total)
 
 
 def build_corpus(cfg: CorpusConfig, out: str | Path | None, *, seed: int | None = None, progress: bool = False,
@@ -204,7 +207,14 @@ def build_corpus(cfg: CorpusConfig, out: str | Path | None, *, seed: int | None 
     policy = make_policy(cfg.policy, cfg.slips, client)
     judge = make_judge(cfg.judge, judge_client)
     tasks = load_tasks(cfg, seed, sandbox)
-    precompute_tests(tasks, sandbox)
+    if progress:
+        t0 = time.perf_counter()
+        print(f"corpus build: {len(tasks)} tasks; running the coding tasks' unit-test suites in the sandbox …",
+              file=sys.stderr, flush=True)
+    n_suites = precompute_tests(tasks, sandbox)
+    if progress:
+        print(f"corpus build: {n_suites} (code, suite) pairs tested in {time.perf_counter() - t0:.0f} s",
+              file=sys.stderr, flush=True)
 
     trajs: list[Trajectory] = []
     rejections: list[dict] = []

@@ -41,7 +41,11 @@ class VerifyReport:
                 + (f" {dict(kinds)}" if kinds else ""))
 
 
-def verify_corpus(trajs, cfg, seed: int | None = None) -> VerifyReport:
+def verify_corpus(trajs, cfg, seed: int | None = None, *, progress: bool = False) -> VerifyReport:
+    """Replay every run of a scripted corpus and check its label (see the module docstring).
+    `progress`: counts and an ETA over the runs (`aftraj.console.track`)."""
+    from aftraj.console import track
+
     seed = cfg.seed if seed is None else seed
     if cfg.policy.backend != "scripted":
         raise ValueError("replay verification needs the scripted policy (policy.backend: scripted)")
@@ -51,7 +55,7 @@ def verify_corpus(trajs, cfg, seed: int | None = None) -> VerifyReport:
     precompute_tests(list(tasks.values()), sb)
     policy = ScriptedPolicy(cfg.slips, cfg.policy.model)
     rep = VerifyReport()
-    for tr in trajs:
+    for tr in track(list(trajs), "corpus verify", "run", enabled=progress):
         if any("sim" not in s.meta for s in tr.steps[1:]):
             rep.problems.append((tr.id, "provenance: the steps carry no simulator readings (attach provenance.jsonl)"))
             continue

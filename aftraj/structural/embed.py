@@ -98,12 +98,16 @@ class MiniLMEmbedder:
         self._tok = AutoTokenizer.from_pretrained(self.model_dir, local_files_only=True)
         self._model = AutoModel.from_pretrained(self.model_dir, local_files_only=True).eval()
 
-    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+    def __call__(self, texts: Sequence[str], progress: str | None = None) -> np.ndarray:
+        """Vectors of `texts`; `progress` (a description) reports counts and an ETA per batch."""
         import torch
+
+        from aftraj.console import progress as make_progress
 
         if not texts:
             return np.zeros((0, DIM), np.float32)
         self._load()
+        bar = make_progress(len(texts), progress or "", "text", enabled=progress is not None)
         before = torch.get_num_threads()
         torch.set_num_threads(self.threads)
         try:
@@ -119,7 +123,9 @@ class MiniLMEmbedder:
                     v = (h * m).sum(1) / m.sum(1).clamp(min=1e-9)
                     v = torch.nn.functional.normalize(v, dim=-1)
                     out[idx] = v.numpy()
+                    bar.update(len(idx))
         finally:
+            bar.close()
             torch.set_num_threads(before)
         return out
 
@@ -130,8 +136,8 @@ class HashingEmbedder:
 
     name = "hashing"
 
-    def __call__(self, texts: Sequence[str]) -> np.ndarray:
-        out = np.zeros((len(texts), DIM), np.float32)
+    def __call__(self, texts: Sequence[str], progress: str | None = None) -> np.ndarray:
+        out = np.zeros((len(texts), DIM), np.float32)   # fast: no progress to report
         for i, t in enumerate(texts):
             words = re.findall(r"[a-z_]+|\d+|[^\sa-z_\d]", t.lower())
             for f in words + [a + " " + b for a, b in zip(words, words[1:])]:
@@ -169,7 +175,9 @@ class EmbeddingCache:
     def __len__(self) -> int:
         return len(self._vec)
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
+    def embed(self, texts: Sequence[str], progress: str | None = None) -> np.ndarray:
+        """Vectors of `texts`, embedding only those not cached; `progress`: a description to
+        report the embedding's counts and ETA under (None: silent)."""
         keys = [text_key(t) for t in texts]
         todo: dict[str, str] = {}
         for k, t in zip(keys, texts):
@@ -178,7 +186,8 @@ class EmbeddingCache:
         self.misses += len(todo)
         self.hits += len(texts) - len(todo)
         if todo:
-            vecs = self.embedder(list(todo.values()))
+            vecs = (self.embedder(list(todo.values()), progress=progress) if progress is not None
+                    else self.embedder(list(todo.values())))
             self._vec.update(zip(todo, vecs))
         return np.stack([self._vec[k] for k in keys]) if keys else np.zeros((0, DIM), np.float32)
 

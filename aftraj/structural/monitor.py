@@ -84,7 +84,8 @@ class StructuralMonitor:
 
     @classmethod
     def fit(cls, trajs: Sequence[Trajectory], cfg: StructuralConfig, *, cache: EmbeddingCache | None = None,
-            cache_path: str | Path | None = None, log=None) -> StructuralMonitor:
+            cache_path: str | Path | None = None, log=None, progress: bool = False) -> StructuralMonitor:
+        """Fit on `trajs`; `progress`: counts and an ETA while embedding (the fit's cost)."""
         if not trajs:
             raise ValueError("StructuralMonitor.fit: no trajectories")
         log = log or (lambda *_: None)
@@ -114,8 +115,8 @@ class StructuralMonitor:
                 rows.append((a_row[a], o_row[o]))
             step_rows.append(rows)
         before = cache.misses
-        A = cache.embed(list(a_row))
-        O = cache.embed(list(o_row))
+        A = cache.embed(list(a_row), progress="structural fit: embedding action texts" if progress else None)
+        O = cache.embed(list(o_row), progress="structural fit: embedding observation texts" if progress else None)
         t_embed = time.perf_counter() - t0
         log(f"embedded {len(a_row)} action and {len(o_row)} observation texts "
             f"({cache.misses - before} new) in {t_embed:.1f} s")

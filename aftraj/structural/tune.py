@@ -29,18 +29,23 @@ def walk_scores(monitor, trajs: Sequence[Trajectory], method: str, k: int, aggre
     return walk(aud, trajs, WalkConfig(all_prefixes=True, max_in_flight=64), progress=False)
 
 
-def tune(monitor, trajs: Sequence[Trajectory], *, log=None) -> dict:
+def tune(monitor, trajs: Sequence[Trajectory], *, log=None, progress: bool = False) -> dict:
+    """`progress`: counts and an ETA over the grid's walks (one per method, aggregation and k)."""
+    from aftraj.console import progress as make_progress
     from eval.metrics import DEPLOYABLE_MAX_FAR, stratified_auc, threshold_sweep
 
     log = log or (lambda *_: None)
     cfg = monitor.cfg
     out = {}
+    bar = make_progress(len(METHODS) * len(cfg.aggregations) * len(cfg.top_k),
+                        f"structural tune: walks of {len(trajs)} runs", "walk", enabled=progress)
     for method in METHODS:
         grid = []
         best = None
         for agg in cfg.aggregations:
             for k in cfg.top_k:
                 preds = walk_scores(monitor, trajs, method, k, agg)
+                bar.update(1)
                 auc = stratified_auc(preds, cfg.auc_start, n_boot=0)["auc"]
                 grid.append({"k": k, "aggregation": agg, "stratified_auc": auc})
                 if auc is not None and (best is None or auc > best[0]):
@@ -63,6 +68,7 @@ def tune(monitor, trajs: Sequence[Trajectory], *, log=None) -> dict:
                        "auc_start": cfg.auc_start, "grid": grid}
         log(f"tuned {method}: k={k} aggregation={agg} stratified AUC {auc:.3f}; threshold "
             f"{out[method]['threshold']} (Exact-F1 {out[method]['tune_exact_f1']}, FAR {out[method]['tune_far']})")
+    bar.close()
     return out
 
 

@@ -152,8 +152,24 @@ def test_cli_fit_then_eval(synthetic_runs, tmp_path, capsys):
                  "--n-boot", "100"]) == 0
     metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
     assert metrics["stratified_auc"]["start_step"] == 1 and metrics["stratified_auc"]["ci"]
-    assert main(["structural", "show", "--model", str(out), "--data", str(tmp_path / "test.jsonl")]) == 0
-    assert "structural=" in capsys.readouterr().out
+    assert "structural tune: walks of" in capsys.readouterr().err     # the tune walks' progress
+    unsafe = next(t for t in test if t.label.unsafe)
+    assert main(["structural", "show", "--model", str(out), "--data", str(tmp_path / "test.jsonl"),
+                 "--id", unsafe.id]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    th = meta["tuned"]["structural"]["threshold"]
+    assert f"structural {th:.3f}" in shown[1] and "'!' = score >= threshold" in shown[1]
+    rows = [r for r in shown if r.startswith("  t=")]
+    k = unsafe.label.decisive_step
+    assert [i for i, r in enumerate(rows) if r.endswith("<- k*")] == [k]
+    assert main(["structural", "show", "--model", str(out), "--data", str(tmp_path / "test.jsonl"),
+                 "--id", unsafe.id, "--json"]) == 0
+    js = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [r["is_k_star"] for r in js].index(True) == k
+    for r, line in zip(js, rows):   # '!' exactly where the score reaches the tuned threshold
+        assert r["structural_alarm"] == (r["structural"] >= th - 1e-4) or abs(r["structural"] - th) < 1e-4
+        assert ("structural=" + f"{r['structural']:.3f}" + ("!" if r["structural_alarm"] else " ")) in line
+    assert any(r["structural_alarm"] for r in js) and not all(r["structural_alarm"] for r in js), js
     # the tune split may not share a family with the fit split
     assert main(["structural", "fit", "--data", str(tmp_path / "fit.jsonl"), "--tune", str(tmp_path / "fit.jsonl"),
                  "--out", str(tmp_path / "bad"), "--config", str(cfg)]) == 2

@@ -219,3 +219,34 @@ def test_signals():
     assert next_token_entropy(np.array([5, 5, 7, 7])) == pytest.approx(1.0)
     assert next_token_entropy(np.array([5, 5, 5])) == 0.0
     assert next_token_entropy(np.array([], int)) is None
+
+
+def test_embedding_reports_progress_per_batch(capsys, monkeypatch):
+    """The fit's embedding (17 silent minutes on the 2k corpus, issue 25) reports counts: a line
+    per interval and one at the end, under the description the fit gives."""
+    import types
+
+    import torch
+
+    from aftraj.structural.embed import DIM, EmbeddingCache, MiniLMEmbedder
+
+    class Tok:
+        def __call__(self, texts, **kw):
+            ones = torch.ones(len(texts), 3, dtype=torch.long)
+            return {"input_ids": ones, "attention_mask": ones}
+
+    class Model:
+        def __call__(self, **enc):
+            return types.SimpleNamespace(last_hidden_state=torch.ones(enc["input_ids"].shape[0], 3, DIM))
+
+    monkeypatch.setenv("AFTRAJ_PROGRESS_INTERVAL", "0")     # a line per batch
+    emb = MiniLMEmbedder(model_dir="/nonexistent", batch_size=2)
+    emb._tok, emb._model = Tok(), Model()
+    cache = EmbeddingCache(emb)
+    vecs = cache.embed([f"text {i}" for i in range(5)], progress="structural fit: embedding action texts")
+    assert vecs.shape == (5, DIM)
+    lines = capsys.readouterr().err.splitlines()
+    assert [x.split(",")[0] for x in lines[:3]] == [
+        f"structural fit: embedding action texts: {n}/5 text ({100 * n // 5 if n < 5 else 100} %)" for n in (2, 4, 5)]
+    cache.embed([f"text {i}" for i in range(5)])              # all cached, no description: silent
+    assert capsys.readouterr().err == ""
