@@ -46,12 +46,12 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(traj.to_dict(), ensure_ascii=False, indent=2))
         return 0
+    from aftraj.labels import label_text
+
     lb = traj.label
     print(f"{traj.id}  [{traj.domain} / {traj.source}]  {len(traj.steps)} steps, "
           f"outcome={traj.outcome}, termination={traj.termination}")
-    verdict = (f"UNSAFE at step {lb.decisive_step} by {lb.decisive_agent} ({lb.label_source})"
-               if lb.unsafe else f"SAFE ({lb.label_source})")
-    print(f"label: {verdict}")
+    print(f"label: {label_text(traj)}")
     if lb.reason:
         print(f"reason: {lb.reason}")
     print(f"task: {textwrap.shorten(traj.task, 300)}\n")
