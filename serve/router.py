@@ -158,6 +158,9 @@ def build_app(svc: GatewayService) -> FastAPI:
     async def metrics():
         return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    from serve.web import register as register_web      # GET /v1/runs and the /ui pages (serve/web.py)
+
+    register_web(app, svc)
     app.add_middleware(BodyLimit, limit=svc.cfg.limits.max_body_bytes, svc=svc)
     app.state.service = svc
     return app
