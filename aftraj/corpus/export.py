@@ -1,5 +1,5 @@
 """Write a built corpus: corpus.jsonl (our schema), train/val/test.jsonl, a Hugging Face dataset
-repository (README.md card with `configs:` + data/{train,validation,test}-*.parquet, so
+repository (README.md card with `configs:` + data/{train,val,test}-*.parquet, so
 `datasets.load_dataset(folder)` gives the three splits), and the released AFTraj-2K parquet layout (aftraj_safe.parquet,
 aftraj_unsafe.parquet, splits_test.json) that `aftraj.readers.iter_aftraj_parquet` reads back
 and the release's own loader reads. Everything is byte-stable: fixed order, fixed key order,
@@ -131,12 +131,14 @@ def write_aftraj_parquet(trajs: list[Trajectory], split_of: dict[str, str] | Non
 
 # --------------------------------------------------------------------------- Hub dataset repository
 
-HUB_SPLITS = {"train": "train", "val": "validation", "test": "test"}   # ours -> the Hub's names
+# One split name everywhere (issue 25): the files (val.jsonl), `--split val`, stats.json and the
+# Hub layout all say "val" (the Hub accepts any name; "validation" is only a convention).
+HUB_SPLITS = {"train": "train", "val": "val", "test": "test"}   # ours -> the Hub's names
 
 
 def write_hub_dataset(trajs: list[Trajectory], split_of: dict[str, str], out: Path,
                       stats: dict | None = None) -> dict[str, int]:
-    """Make `out` a dataset repository: data/{train,validation,test}-00000-of-00001.parquet
+    """Make `out` a dataset repository: data/{train,val,test}-00000-of-00001.parquet
     (one schema, `aftraj.schema.to_hf_rows`: free-form objects as JSON strings) and a README.md
     dataset card whose YAML `configs:` names the three splits, so `datasets.load_dataset(out)`
     (or `push_to_hub`) gives them with these row counts. Returns {hub split: rows}."""
@@ -148,16 +150,23 @@ def write_hub_dataset(trajs: list[Trajectory], split_of: dict[str, str], out: Pa
     if data.exists():
         shutil.rmtree(data)
     data.mkdir(parents=True)
-    counts = {}
+    counts, sizes = {}, {}
     for ours, hub in HUB_SPLITS.items():
         idx = [i for i, t in enumerate(trajs) if split_of[t.family_id] == ours]
-        ds.select(idx).to_parquet(str(data / f"{hub}-00000-of-00001.parquet"))
+        part = ds.select(idx).flatten_indices()
+        path = data / f"{hub}-00000-of-00001.parquet"
+        part.to_parquet(str(path))
         counts[hub] = len(idx)
-    (out / "README.md").write_text(dataset_card(trajs, counts, ds.features, stats), encoding="utf-8")
+        # what `datasets` records for a split: its Arrow bytes, and the file's size for download
+        sizes[hub] = {"num_bytes": int(part.data.nbytes), "download_size": path.stat().st_size}
+    (out / "README.md").write_text(dataset_card(trajs, counts, ds.features, stats, sizes), encoding="utf-8")
     return counts
 
 
-def dataset_card(trajs: list[Trajectory], counts: dict[str, int], features, stats: dict | None) -> str:
+def dataset_card(trajs: list[Trajectory], counts: dict[str, int], features, stats: dict | None,
+                 sizes: dict[str, dict] | None = None) -> str:
+    """The README.md of the dataset repository. `dataset_info.splits` carries name, num_bytes and
+    num_examples per split (what `datasets` reads; without num_bytes it warns and ignores them)."""
     import yaml
 
     cfg = (stats or {}).get("config") or {}
@@ -170,8 +179,12 @@ def dataset_card(trajs: list[Trajectory], counts: dict[str, int], features, stat
         "configs": [{"config_name": "default", "default": True, "data_files": [
             {"split": hub, "path": f"data/{hub}-*.parquet"} for hub in HUB_SPLITS.values()]}],
         "dataset_info": {"features": features._to_yaml_list(),
-                         "splits": [{"name": hub, "num_examples": n} for hub, n in counts.items()]},
+                         "splits": [{"name": hub, "num_bytes": (sizes or {}).get(hub, {}).get("num_bytes", 0),
+                                     "num_examples": n} for hub, n in counts.items()]},
     }
+    if sizes:
+        meta["dataset_info"]["download_size"] = sum(v["download_size"] for v in sizes.values())
+        meta["dataset_info"]["dataset_size"] = sum(v["num_bytes"] for v in sizes.values())
     n_safe = sum(not t.label.unsafe for t in trajs)
     rows = ["| domain | trajectories | safe | unsafe |", "|---|---|---|---|"]
     for d in sorted({t.domain for t in trajs}):
@@ -213,7 +226,7 @@ figure of the build.
 import datasets
 from aftraj.schema import from_hf_dataset
 
-ds = datasets.load_dataset("path/to/this/folder")        # train / validation / test
+ds = datasets.load_dataset("path/to/this/folder")        # train / val / test
 trajs = from_hf_dataset(ds["test"])                        # back to aftraj Trajectory objects
 ```
 
