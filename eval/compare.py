@@ -1,5 +1,8 @@
 """Several finished evaluation runs side by side: one table (compare.md, compare.csv) and one
 plot (compare.png) with each run's bootstrap 95 % interval drawn, from the runs' metrics.json.
+Each row names the model (not just "hf"), its n, and the per-step AUC where the run has scores;
+runs measured on different trajectories (their predictions.jsonl ids), data, samples or
+protocols get a warning in compare.md and on stderr (`warnings` in the result).
 
     aftraj eval compare runs/ww-random runs/ww-rules --out runs/compare
 """
@@ -10,7 +13,7 @@ import csv
 import json
 from pathlib import Path
 
-from eval.report import save_figure
+from eval.report import auditor_name, model_name, run_line, save_figure
 
 # (metric, label, percent?) in table order; the first three are plotted with their intervals.
 COLUMNS = (("exact_f1", "Exact-F1", True), ("step_acc", "Step-Acc", True), ("far", "FAR", True),
@@ -27,8 +30,32 @@ def load_run(d: Path) -> dict:
 
 
 def _names(dirs: list[Path], runs: list[dict]) -> list[str]:
-    labels = [r.get("auditor", d.name) for d, r in zip(dirs, runs)]
+    labels = [auditor_name(r) if "auditor" in r else d.name for d, r in zip(dirs, runs)]
     return [f"{lab} [{d.name}]" if labels.count(lab) > 1 else lab for d, lab in zip(dirs, labels)]
+
+
+def _ids(d: Path) -> list[str] | None:
+    f = d / "predictions.jsonl"
+    if not f.is_file():
+        return None
+    return sorted(json.loads(x)["id"] for x in f.read_text(encoding="utf-8").splitlines() if x.strip())
+
+
+def comparability_warnings(dirs: list[Path], runs: list[dict], names: list[str]) -> list[str]:
+    """Why the rows may not be comparable: other trajectories, data, split, sample or protocol."""
+    out = []
+    ids = [_ids(d) for d in dirs]
+    known = [(n, i) for n, i in zip(names, ids) if i is not None]
+    if len({tuple(i) for _, i in known}) > 1:
+        out.append("the runs were measured on different trajectories: " + "; ".join(
+            f"{n}: n={len(i)}" for n, i in known) + (f"; {len(set.intersection(*(set(i) for _, i in known)))} "
+                                                     f"in common"))
+    for key, what in (("data", "data"), ("split", "split"), ("sample", "sample (--sample N / --sample-seed)"),
+                      ("protocol", "protocol"), ("layout", "prompt layout"), ("parser", "parser")):
+        vals = [json.dumps(r.get(key), sort_keys=True) for r in runs]
+        if len(set(vals)) > 1:
+            out.append(f"the runs differ in {what}: " + "; ".join(f"{n}: {v}" for n, v in zip(names, vals)))
+    return out
 
 
 def _fmt(v, pct: bool) -> str:
@@ -37,43 +64,57 @@ def _fmt(v, pct: bool) -> str:
     return f"{100 * v:.2f} %" if pct else f"{v:.3f}"
 
 
+def _auc(r: dict) -> tuple[float | None, list | None]:
+    a = r.get("stratified_auc") or {}
+    return a.get("auc"), a.get("ci")
+
+
 def compare_runs(dirs: list[Path], out: Path) -> dict[str, str]:
-    """Write compare.md, compare.csv and (when any plotted metric has a value) compare.png."""
+    """Write compare.md, compare.csv and (when any plotted metric has a value) compare.png.
+    Returns {what: path}, plus "warnings" (a list) when the rows may not be comparable."""
     runs = [load_run(d) for d in dirs]
     names = _names(dirs, runs)
+    warns = comparability_warnings(dirs, runs, names)
     out.mkdir(parents=True, exist_ok=True)
     written = {}
 
     with open(out / "compare.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["run", "dir", "data", "split", "protocol", "n", "n_safe", "n_unsafe"]
-                   + [c for m, _, _ in COLUMNS for c in (m, f"{m}_ci_low", f"{m}_ci_high")])
+        w.writerow(["run", "dir", "model", "data", "split", "protocol", "n", "n_safe", "n_unsafe"]
+                   + [c for m, _, _ in COLUMNS for c in (m, f"{m}_ci_low", f"{m}_ci_high")]
+                   + ["stratified_auc", "stratified_auc_ci_low", "stratified_auc_ci_high"])
         for d, name, r in zip(dirs, names, runs):
             ov = r["overall"]
-            row = [name, str(d), r.get("data"), r.get("split"), r.get("protocol"), ov["n"],
+            row = [name, str(d), model_name(r), r.get("data"), r.get("split"), r.get("protocol"), ov["n"],
                    ov.get("n_safe"), ov.get("n_unsafe")]
             for m, _, _ in COLUMNS:
                 ci = ov.get(f"{m}_ci") or (None, None)
                 row += [ov.get(m), ci[0], ci[1]]
+            auc, ci = _auc(r)
+            row += [auc, *(ci or (None, None))]
             w.writerow(["" if v is None else v for v in row])
     written["table (csv)"] = str(out / "compare.csv")
 
-    data = {(r.get("data"), r.get("split")) for r in runs}
     lines = ["# Evaluation runs compared", "",
              "Overall figures with bootstrap 95 % intervals over trajectories; – where a metric "
-             "cannot be measured (FAR without safe runs).", ""]
-    if len(data) > 1:
-        lines += ["**The runs did not use the same data or split**: compare with care.", ""]
-    lines += ["| run | data | split | protocol | n | " + " | ".join(lab for _, lab, _ in COLUMNS) + " |",
-              "|---|---|---|---|---|" + "---|" * len(COLUMNS)]
+             "cannot be measured (FAR without safe runs, AUC without per-prefix scores).", ""]
+    for wmsg in warns:
+        lines += [f"**Warning: {wmsg}**: compare with care.", ""]
+    with_auc = any(_auc(r)[0] is not None for r in runs)
+    lines += ["| run | data | split | protocol | n (safe / unsafe) | " + " | ".join(lab for _, lab, _ in COLUMNS)
+              + (" | stratified AUC |" if with_auc else " |"),
+              "|---|---|---|---|---|" + "---|" * (len(COLUMNS) + with_auc)]
     for name, r in zip(names, runs):
         ov = r["overall"]
         cells = []
         for m, _, pct in COLUMNS:
             ci = ov.get(f"{m}_ci")
             cells.append(_fmt(ov.get(m), pct) + (f" [{_fmt(ci[0], pct)}, {_fmt(ci[1], pct)}]" if ci else ""))
+        if with_auc:
+            auc, ci = _auc(r)
+            cells.append(_fmt(auc, False) + (f" [{_fmt(ci[0], False)}, {_fmt(ci[1], False)}]" if ci else ""))
         lines.append(f"| {name} | `{r.get('data')}` | {r.get('split') or '–'} | {r.get('protocol')} | "
-                     f"{ov['n']} | " + " | ".join(cells) + " |")
+                     f"{ov['n']} ({ov.get('n_safe')} / {ov.get('n_unsafe')}) | " + " | ".join(cells) + " |")
     plotted = [m for m in PLOTTED if any(r["overall"].get(m) is not None for r in runs)]
     lines.append("")
     if plotted:
@@ -88,6 +129,8 @@ def compare_runs(dirs: list[Path], out: Path) -> dict[str, str]:
         lines.append("- compare.png not drawn: no run has Exact-F1, Step-Acc or FAR.")
     (out / "compare.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     written["table (markdown)"] = str(out / "compare.md")
+    if warns:
+        written["warnings"] = warns
     return written
 
 
@@ -114,6 +157,9 @@ def _plot(runs: list[dict], names: list[str], metrics: list[str], path: Path) ->
         ax.set(xlim=(-0.04, 1.04), title=f"{labels[m]} (95 % interval)")
         ax.grid(alpha=0.3, axis="x")
     axes[0][0].set_yticks(ys)
-    axes[0][0].set_yticklabels(names, fontsize=8)
+    axes[0][0].set_yticklabels([f"{n} (n={r['overall']['n']})" for n, r in zip(names, runs)], fontsize=8)
     axes[0][0].set_ylim(-0.7, len(runs) - 0.3)
+    lines = {run_line(r) for r in runs}
+    fig.suptitle(lines.pop() if len(lines) == 1 else "the runs differ in protocol, layout or parser (see compare.md)",
+                 fontsize=9, y=1.0 + 0.15 / height)
     save_figure(fig, None, path)

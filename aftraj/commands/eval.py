@@ -118,6 +118,8 @@ def run(args) -> int:
         from eval.compare import compare_runs
 
         written = compare_runs([Path(d) for d in args.compare[1:]], Path(args.out))
+        for w in written.pop("warnings", []):
+            print(f"aftraj eval compare: warning: {w}", file=sys.stderr)
         for k, v in written.items():
             print(f"{k}: {v}")
         return 0
@@ -222,6 +224,7 @@ def _run_eval(args) -> int:
                   "cached": args.price_cached if args.price_cached is not None else (args.price_prompt or 0.0)}
     meta = {"auditor": auditor.label, "auditor_spec": args.auditor, "posthoc": auditor.posthoc,
             "strategy": auditor.strategy, "protocol": args.protocol, "data": str(args.data),
+            "confidence_kind": getattr(auditor, "confidence_kind", "probability"),
             "reference_answer_in_prompt": args.reference_answer, "all_prefixes": args.all_prefixes,
             "model": args.model, "endpoint": args.endpoint, "wall_s": round(wall, 3),
             "split": split, "n_trajectories": len(trajs), "layout": args.layout, "parser": args.parser,

@@ -95,6 +95,7 @@ class Auditor:
     name: str = "auditor"            # set by @register_auditor
     strategy: str = "online"         # "online" | "posthoc" | "bisect"
     max_in_flight: int | None = None  # cap on trajectories walked at once (None: the walker's)
+    confidence_kind: str = "probability"  # "probability": P(UNSAFE); "score": a [0, 1] score that is not one
 
     def __init__(self, arg: str | None = None, *, layout: str = "ours", **kw) -> None:
         self.arg = arg

@@ -29,6 +29,7 @@ from eval.auditors import AuditResult, Auditor, register_auditor
 @register_auditor("structural")
 class StructuralAuditor(Auditor):
     method = "structural"
+    confidence_kind = "score"   # the neighbours' fail fraction, not a calibrated probability
 
     def __init__(self, arg: str | None = None, *, monitor=None, k: int | None = None,
                  aggregation: str | None = None, threshold: float | None = None, **kw) -> None:

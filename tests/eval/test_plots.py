@@ -1,0 +1,122 @@
+"""The plots say what they show (issue 25), asserted on their matplotlib artists
+(`eval.report.draw_plot`) and on the files and tables the CLI writes: deployable.png marks the
+parse-failure rate, alarm_delay.png is drawn for online auditors only, protocol / layout / parser
+in every title, integer ticks for counts, legend markers equal the plotted ones, "P(UNSAFE)" only
+for probabilities; `eval compare` names the model, shows n and AUC, and warns on other samples."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from aftraj.cli import main
+from aftraj.schema import write_jsonl
+
+
+@pytest.fixture
+def data(tmp_path, make_traj):
+    path = tmp_path / "set.jsonl"
+    write_jsonl([make_traj(i, n, k) for i, (n, k) in
+                 enumerate([(6, 2), (5, None), (7, 4), (4, None), (6, 1), (5, None)])], path)
+    return path
+
+
+def _eval(data, out, *extra):
+    assert main(["eval", "--data", str(data), "--out", str(out), "--no-progress", "--n-boot", "50", *extra]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    preds = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    return m, preds
+
+
+def _markers_match_legend(ax):
+    """Every legend entry that names a plotted group has the marker, fill and colour drawn for it."""
+    import matplotlib.colors as mc
+
+    drawn = {(l.get_marker(), mc.to_hex(l.get_color()), l.get_markerfacecolor() == "none")
+             for l in ax.get_lines() if l.get_marker() not in (None, "None", "")}
+    handles = [h for h in ax.get_legend().legend_handles if hasattr(h, "get_marker")]
+    assert handles
+    for h in handles:
+        key = (h.get_marker(), mc.to_hex(h.get_color()), h.get_markerfacecolor() == "none")
+        assert key in drawn or h.get_markeredgecolor() == "red", (h.get_label(), key, drawn)
+
+
+def test_deployable_marks_the_parse_failure_rate(data, tmp_path):
+    from eval.report import draw_plot
+
+    m, preds = _eval(data, tmp_path / "fail", "--auditor", "dummy:fail")
+    clean, cpreds = _eval(data, tmp_path / "safe", "--auditor", "dummy:safe")
+    # both sit at (0, 0); only the one that never parsed carries the mark
+    assert (m["overall"]["far"], m["overall"]["step_acc"]) == (clean["overall"]["far"], clean["overall"]["step_acc"]) == (0.0, 0.0)
+    fig, ax = draw_plot("deployable.png", m, preds)
+    texts = [t.get_text() for t in ax.texts]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "100% parse failures" in texts
+    assert any("parse failures 100.0%" in x for x in labels)
+    rings = [l for l in ax.get_lines() if l.get_markeredgecolor() == "red" and l.get_markerfacecolor() == "none"]
+    assert len(rings) == 1 and list(rings[0].get_xdata()) == [0.0] and list(rings[0].get_ydata()) == [0.0]
+    _markers_match_legend(ax)
+    assert ax.get_title().splitlines()[-1] == "protocol strict, layout ours, parser strict"
+    fig, ax = draw_plot("deployable.png", clean, cpreds)
+    assert not ax.texts and not any(l.get_markeredgecolor() == "red" for l in ax.get_lines())
+    assert any("parse failures 0.0%" in t.get_text() for t in ax.get_legend().get_texts())
+
+
+def test_alarm_delay_only_for_online_auditors_with_integer_ticks(data, tmp_path):
+    from eval.report import draw_plot
+
+    m, preds = _eval(data, tmp_path / "last", "--auditor", "heuristic:last-step")
+    assert m["posthoc"] and "alarm_delay.png" not in m["plots"]["written"]
+    assert not (tmp_path / "last" / "alarm_delay.png").exists()
+    assert "alarm delays are drawn for online auditors only" in m["plots"]["not_drawn"]["alarm_delay.png"]
+    assert "alarm_delay.png not drawn: a post-hoc auditor" in (tmp_path / "last" / "report.md").read_text()
+    m, preds = _eval(data, tmp_path / "at2", "--auditor", "dummy:alarm-at-2", "--protocol", "reference",
+                     "--parser", "reference")
+    assert "alarm_delay.png" in m["plots"]["written"]
+    fig, ax = draw_plot("alarm_delay.png", m, preds)
+    fig.canvas.draw()
+    for axis in (ax.xaxis, ax.yaxis):
+        ticks = [t for t in axis.get_majorticklocs()]
+        assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    assert ax.get_title().splitlines()[-1] == "protocol reference, layout ours, parser reference"
+    delays = sorted(p["d"] - p["k_star"] for p in preds if p["gold"] == "UNSAFE" and p["alarmed"])
+    heights = [int(r.get_height()) for r in ax.patches if r.get_height() > 0]
+    assert sum(heights) == len(delays)
+
+
+def test_p_unsafe_only_for_probabilities(data, tmp_path):
+    from eval.report import draw_plot
+
+    m, preds = _eval(data, tmp_path / "p", "--auditor", "dummy:gold,confidence=0.7", "--all-prefixes")
+    fig, ax = draw_plot("far_step_acc.png", m, preds)
+    assert [t.get_text() for t in ax.get_legend().get_texts()][0] == "threshold sweep on P(UNSAFE)"
+    _markers_match_legend(ax)
+    m["confidence_kind"] = "score"     # the structural monitor's
+    fig, ax = draw_plot("far_step_acc.png", m, preds)
+    assert [t.get_text() for t in ax.get_legend().get_texts()][0] == "threshold sweep on score"
+    from eval.report import write_markdown
+
+    write_markdown(m, tmp_path / "r.md")
+    md = (tmp_path / "r.md").read_text()
+    assert "P(UNSAFE)" not in md and "ALARM when score ≥ θ" in md and "not a probability" in md
+    from eval.auditors.structural import StructuralAuditor
+
+    assert StructuralAuditor.confidence_kind == "score"
+
+
+def test_compare_names_the_model_shows_n_and_auc_and_warns(data, tmp_path, tiny_model_dir, capsys, torch_one_thread):
+    a, _ = _eval(data, tmp_path / "a", "--auditor", "dummy:gold,confidence=0.7", "--all-prefixes")
+    _eval(data, tmp_path / "b", "--auditor", "hf", "--model", str(tiny_model_dir), "--max-new-tokens", "2")
+    _eval(data, tmp_path / "c", "--auditor", "dummy:safe", "--limit", "4")
+    capsys.readouterr()
+    assert main(["eval", "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "ab")]) == 0
+    assert "warning" not in capsys.readouterr().err           # same trajectories, same settings
+    md = (tmp_path / "ab" / "compare.md").read_text()
+    model = "/".join(tiny_model_dir.parts[-2:])
+    assert f"| hf ({model}) |" in md and "| 6 (3 / 3) |" in md and "stratified AUC" in md
+    assert f"{a['stratified_auc']['auc']:.3f} [" in md
+    assert main(["eval", "compare", str(tmp_path / "a"), str(tmp_path / "c"), "--out", str(tmp_path / "ac")]) == 0
+    err = capsys.readouterr().err
+    assert "warning: the runs were measured on different trajectories" in err and "n=6" in err and "n=4" in err
+    assert "**Warning: the runs were measured on different trajectories" in (tmp_path / "ac" / "compare.md").read_text()
