@@ -1,8 +1,10 @@
-"""Framework adapters: agent runs in AutoGen/AG2, smolagents, OpenAI Agents SDK or OpenTelemetry
-GenAI shapes -> our events and trajectories (one module per source), plus live hooks that post
-each step to the gateway and stop the run on ALARM (aftraj/adapters/hooks.py).
+"""Framework adapters: agent runs in AutoGen/AG2, smolagents, OpenAI Agents SDK, OpenTelemetry
+GenAI, OpenInference (Phoenix) or Langfuse shapes -> our events and trajectories (one module per
+source), plus live hooks that post each step to the gateway and stop the run on ALARM
+(aftraj/adapters/hooks.py), and verdicts the other way, as OTel spans and Langfuse scores
+(aftraj/adapters/emit.py).
 
-    aftraj convert --from {autogen,smolagents,openai-agents,otel} SRC --out DST.jsonl
+    aftraj convert --from {autogen,smolagents,openai-agents,otel,openinference,langfuse} SRC --out DST.jsonl
     from aftraj.adapters import read_runs; trajs = read_runs("trace.jsonl", "openai-agents")
 
 Each adapter module exposes `read(path) -> list[Trajectory]`; ADAPTERS names them. The framework
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from aftraj.adapters import autogen, openai_agents, otel, smolagents
+from aftraj.adapters import autogen, langfuse, openai_agents, openinference, otel, smolagents
 from aftraj.adapters.base import AdapterError
 from aftraj.schema import Trajectory
 
@@ -23,6 +25,8 @@ ADAPTERS: dict[str, Callable[[str | Path], list[Trajectory]]] = {
     "smolagents": smolagents.read,
     "openai-agents": openai_agents.read,
     "otel": otel.read,
+    "openinference": openinference.read,
+    "langfuse": langfuse.read,
 }
 
 

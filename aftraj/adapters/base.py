@@ -116,7 +116,7 @@ def text_of(content: Any) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
-        return content
+        return str(content)        # a str subclass (as some instrumentors' attribute values are) as a str
     if isinstance(content, list) and all(isinstance(p, dict) for p in content):
         parts = [p.get("text") if isinstance(p.get("text"), str) else json.dumps(p, default=str)
                  for p in content]

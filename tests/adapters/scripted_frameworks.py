@@ -324,3 +324,41 @@ def agentchat_client(script):
                              structured_output=False)
 
     return Scripted()
+
+
+def smolagents_openai_server_model(script):
+    """smolagents' own `OpenAIServerModel` with an offline chat-completions client answering from
+    `script` (items as for `smolagents_model`): the model class instrumentors (OpenInference)
+    know, so its calls are traced as LLM spans."""
+    from openai.types.chat import ChatCompletion, ChatCompletionMessage
+    from openai.types.chat.chat_completion import Choice
+    from openai.types.chat.chat_completion_message_tool_call import ChatCompletionMessageToolCall, Function
+    from openai.types.completion_usage import CompletionUsage
+    from smolagents import OpenAIServerModel
+
+    class Completions:
+        def __init__(self):
+            self.i = 0
+
+        def create(self, **kw):
+            item = script[self.i]
+            self.i += 1
+            if item[0] == "text":
+                msg = ChatCompletionMessage(role="assistant", content=item[1])
+            else:
+                msg = ChatCompletionMessage(role="assistant", content=None, tool_calls=[ChatCompletionMessageToolCall(
+                    id=f"call_{self.i}", type="function",
+                    function=Function(name=item[1], arguments=json.dumps(item[2])))])
+            return ChatCompletion(id=f"cc_{self.i}", object="chat.completion", created=0, model="scripted",
+                                  choices=[Choice(index=0, message=msg,
+                                                  finish_reason="stop" if item[0] == "text" else "tool_calls")],
+                                  usage=CompletionUsage(prompt_tokens=10, completion_tokens=5, total_tokens=15))
+
+    class Client:
+        def __init__(self):
+            self.chat = type("Chat", (), {})()
+            self.chat.completions = Completions()
+
+    model = OpenAIServerModel(model_id="scripted", api_base="http://offline.invalid/v1", api_key="none")
+    model.client = Client()
+    return model
