@@ -355,7 +355,7 @@ def test_not_json_and_unknown_source(tmp_path):
         read_runs(src, "crewai")
     with pytest.raises(AdapterError, match="no such file"):
         read_runs(tmp_path / "missing.json", "autogen")
-    assert set(ADAPTERS) == {"autogen", "smolagents", "openai-agents", "otel"}
+    assert set(ADAPTERS) == {"autogen", "smolagents", "openai-agents", "otel", "openinference", "langfuse"}
     ok = tmp_path / "ok.json"
     ok.write_text(json.dumps([{"content": "hi", "name": "a"}]))
     assert cli(["convert", "--from", "autogen", str(ok), "--out", str(tmp_path / "o.jsonl")]) == 0
