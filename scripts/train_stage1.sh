@@ -31,11 +31,16 @@ except Exception:
 }
 
 SERVER_PID=""
-stop_server() {
+stop_server() {   # the server's whole process group: vLLM's tensor-parallel workers hold GPU memory too
   if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill "$SERVER_PID"
+    kill -TERM -- "-$SERVER_PID" 2>/dev/null || kill -TERM "$SERVER_PID"
+    for ((i = 0; i < ${SAMPLER_STOP_S:-60}; i++)); do
+      kill -0 -- "-$SERVER_PID" 2>/dev/null || break
+      sleep 1
+    done
+    kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
     wait "$SERVER_PID" 2>/dev/null || true
-    echo "train_stage1: sampling server (pid $SERVER_PID) stopped"
+    echo "train_stage1: sampling server (pid $SERVER_PID, its process group) stopped"
   fi
   SERVER_PID=""
 }
@@ -43,7 +48,8 @@ trap stop_server EXIT
 
 # --- phase 1: preferences
 if [[ -n "${SAMPLER_SERVER_CMD:-}" && -n "$URL" ]]; then
-  bash -c "exec $SAMPLER_SERVER_CMD" &
+  # its own session and process group (pgid = its pid), so that stop_server reaches its workers
+  setsid bash -c "exec $SAMPLER_SERVER_CMD" &
   SERVER_PID=$!
   echo "train_stage1: started sampling server (pid $SERVER_PID): $SAMPLER_SERVER_CMD"
   for ((i = 0; i < ${SAMPLER_WAIT_S:-900}; i += 2)); do

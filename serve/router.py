@@ -119,7 +119,9 @@ def build_app(svc: GatewayService) -> FastAPI:
     @app.post("/v1/runs/{run_id}/events", response_model=Verdict, responses=ERRORS)
     async def post_events(request: Request, run_id: str, batch: EventBatch,
                           authorization: str | None = Header(None)):
-        return await svc.ingest(_owner(request), run_id, batch.events, t0=request.scope.get("aftraj.t0"))
+        v = await svc.ingest(_owner(request), run_id, batch.events, t0=request.scope.get("aftraj.t0"))
+        emit_verdict(v, run_id)
+        return v
 
     @app.get("/v1/runs/{run_id}", response_model=RunView, responses=ERRORS)
     async def get_run(request: Request, run_id: str, authorization: str | None = Header(None)):
@@ -160,7 +162,7 @@ def build_app(svc: GatewayService) -> FastAPI:
 
     from serve.web import register as register_web      # GET /v1/runs and the /ui pages (serve/web.py)
 
-    register_web(app, svc)
+    emit_verdict = register_web(app, svc)              # AFTRAJ_EMIT: verdicts as OTel spans / Langfuse scores
     app.add_middleware(BodyLimit, limit=svc.cfg.limits.max_body_bytes, svc=svc)
     app.state.service = svc
     return app

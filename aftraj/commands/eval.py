@@ -83,6 +83,9 @@ def register(sub) -> None:
     p.add_argument("--resume", action="store_true",
                    help="keep the trajectories already in OUT/predictions.jsonl (written as walks end) "
                         "and walk only the others; the settings must be the same (eval/resume.py)")
+    p.add_argument("--emit", metavar="otel,langfuse",
+                   help="also emit every prefix's verdict as an OpenTelemetry span and/or a Langfuse score "
+                        "(aftraj/adapters/emit.py; configured by the OTEL_* / LANGFUSE_* environment)")
     p.set_defaults(func=run, _parser=p)
 
 
@@ -192,6 +195,15 @@ def _run_eval(args) -> int:
     except (ValueError, FileNotFoundError, AuditorError) as e:
         print(f"aftraj eval: {args.auditor}: {e}", file=sys.stderr)
         return 2
+    emitters = None
+    if getattr(args, "emit", None):     # checked before the walk: an unknown name fails at once
+        from aftraj.adapters.emit import from_spec
+
+        try:
+            emitters = from_spec(args.emit)
+        except (ValueError, ImportError) as e:
+            print(f"aftraj eval: --emit {args.emit}: {e}", file=sys.stderr)
+            return 2
     t0 = time.perf_counter()
     with auditor, log:
         todo = [t for t in trajs if t.id not in log.done]
@@ -241,6 +253,14 @@ def _run_eval(args) -> int:
 
     add_floors_to_report(Path(args.out), args.data, trajs, auditor_spec=args.auditor, seed=args.seed)
     _print_summary(metrics, Path(args.out))
+    if emitters:
+        from aftraj.adapters.emit import prediction_verdicts
+
+        for p in preds:
+            for v in prediction_verdicts(p):
+                emitters.emit(v, run_id=p["id"], model=args.model or args.api_model or auditor.label)
+        emitters.flush()
+        print(f"emitted {emitters.emitted} verdicts to {args.emit} ({emitters.failures} failures)")
     calls = metrics["calls"]
     if calls["n"] and calls["errors"] == calls["n"]:
         print(f"aftraj eval: every one of the {calls['n']} auditor calls failed "
