@@ -131,6 +131,7 @@ class Stage1Config:
     optimizer: str = "adamw_torch"
     lr_scheduler: str = "cosine"
     warmup_ratio: float = 0.0          # warm-up steps = round(ratio × total steps)
+    warmup_steps: int | None = None    # a fixed number of warm-up steps instead (the paper: 50)
     max_grad_norm: float | None = 1.0
     mixed_precision: str = "no"
 
@@ -209,6 +210,11 @@ class Stage1Config:
             raise ConfigError(f"must be >= 1 or null, got {self.max_steps}", key="max_steps")
         if not 0 <= self.warmup_ratio < 1:
             raise ConfigError(f"must be in [0, 1), got {self.warmup_ratio}", key="warmup_ratio")
+        if self.warmup_steps is not None:
+            if self.warmup_steps < 0:
+                raise ConfigError(f"must be >= 0 or null, got {self.warmup_steps}", key="warmup_steps")
+            if self.warmup_ratio:
+                raise ConfigError("give warmup_steps or warmup_ratio, not both", key="warmup_steps")
 
     @property
     def batch_split(self) -> tuple[int, ...]:
@@ -234,7 +240,7 @@ class Stage1Config:
             raise ConfigError(f"{steps} steps × {global_batch} pairs = {epochs:.1f} epochs of {n_pairs} pairs, "
                               f"above {MAX_EPOCHS}; lower max_steps, use num_epochs, or set "
                               f"allow_many_epochs: true", key="max_steps")
-        warmup = round(self.warmup_ratio * steps)
+        warmup = self.warmup_steps if self.warmup_steps is not None else round(self.warmup_ratio * steps)
         return Schedule(n_pairs=n_pairs, global_batch=global_batch, steps=steps,
                         warmup_steps=min(warmup, steps - 1) if self.lr_scheduler != "constant" else warmup,
                         epochs=epochs)

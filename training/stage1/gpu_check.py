@@ -116,7 +116,7 @@ def check_config(root: Path, *, tiny: bool) -> Path:
     raw = yaml.safe_load(PRODUCTION.read_text())
     raw.update(model=str(root / "model"), output_dir=str(root / "run"), num_epochs=None, max_steps=STEPS,
                save_steps=STOP_AT, save_total_limit=None, logging_steps=1, report_to=[], samples_per_prompt=0,
-               gradient_accumulation_steps=2, warmup_ratio=0.25, sdpa_math_kernel=False)
+               gradient_accumulation_steps=2, warmup_ratio=0.25, warmup_steps=None, sdpa_math_kernel=False)
     if tiny:
         raw.update(max_prompt_tokens=TINY_PROMPT_TOKENS, max_completion_tokens=TINY_COMPLETION_TOKENS,
                    gradient_checkpointing=False)
