@@ -13,7 +13,8 @@ save time (expected for tied embeddings). Errors and every other warning still s
 verify, structural fit and its embedding). On a terminal it is a tqdm bar; without one (a log
 file, CI, a pipe) it prints one line every `interval` seconds (default 5,
 `AFTRAJ_PROGRESS_INTERVAL`) with the count, the rate and an ETA, plus one at the end, never a
-line per item. Its total may shrink while it runs (`.total -= n`: an eval walk that ends early).
+line per item; a line comes even while one item is slow (a batched hf round: "0/4617 call, 2m00s
+elapsed" says it is alive). Its total may shrink while it runs (`.total -= n`: an eval walk that ends early).
 
     python -m aftraj.cli train stage1 --config configs/stage1/smollm2-135m-cpu.yaml --out runs/s1
 """
@@ -23,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 import warnings
 
@@ -64,12 +66,20 @@ class LineProgress:
     `desc: done/total unit (pct), elapsed, rate, ETA` (tqdm's interface, the part we use)."""
 
     def __init__(self, total: int | None, desc: str, unit: str = "it", *, stream=None,
-                 interval: float = 5.0, clock=time.monotonic):
+                 interval: float = 5.0, clock=time.monotonic, heartbeat: bool = False):
         self.total, self.desc, self.unit = total, desc, unit
         self.n, self.postfix = 0, ""
         self._stream, self._interval, self._clock = stream or sys.stderr, interval, clock
         self._t0 = self._last = clock()
         self._closed = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        if heartbeat and interval > 0:   # a line even while one item takes long (a batched hf round)
+            threading.Thread(target=self._beat, daemon=True, name="aftraj-progress").start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._interval / 2):
+            self._maybe_print()
 
     def line(self) -> str:
         el = self._clock() - self._t0
@@ -85,10 +95,11 @@ class LineProgress:
         return head + (f" [{self.postfix}]" if self.postfix else "")
 
     def _maybe_print(self, force: bool = False) -> None:
-        now = self._clock()
-        if force or now - self._last >= self._interval:
-            self._last = now
-            print(self.line(), file=self._stream, flush=True)
+        with self._lock:
+            now = self._clock()
+            if force or now - self._last >= self._interval:
+                self._last = now
+                print(self.line(), file=self._stream, flush=True)
 
     def update(self, n: int = 1) -> None:
         self.n += n
@@ -103,6 +114,7 @@ class LineProgress:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            self._stop.set()
             if self.n:
                 self._maybe_print(force=True)
 
@@ -131,7 +143,7 @@ def progress(total: int | None, desc: str, unit: str = "it", *, enabled: bool = 
         return tqdm(total=total, desc=desc, unit=unit, leave=False, file=stream)
     if interval is None:
         interval = float(os.environ.get("AFTRAJ_PROGRESS_INTERVAL", "5"))
-    return LineProgress(total, desc, unit, stream=stream, interval=interval)
+    return LineProgress(total, desc, unit, stream=stream, interval=interval, heartbeat=True)
 
 
 def track(iterable, desc: str, unit: str = "it", *, total: int | None = None, enabled: bool = True,

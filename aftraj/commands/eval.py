@@ -315,7 +315,7 @@ def _resume_settings(args, trajs: list, split) -> dict:
                              f"a resume matches runs by id")
     settings = {k: getattr(args, k, None) for k in (
         "auditor", "model", "endpoint", "api_model", "max_new_tokens", "budget", "protocol", "parser",
-        "layout", "reference_answer", "all_prefixes", "seed", "data")}
+        "layout", "reference_answer", "all_prefixes", "seed", "data", "sample", "sample_seed", "limit")}
     return {**settings, "split": split, "n_trajectories": len(ids), "trajectory_ids_sha256": ids_digest(ids)}
 
 

@@ -248,6 +248,9 @@ def build_corpus(cfg: CorpusConfig, out: str | Path | None, *, seed: int | None 
                               provenance={"failure_type": d.failure_type, "judge": judge.backend, "diagnosis": d.record})
                 trajs.append(_traj(task, tpl, r, "diagnosed", label, {"stream": "diagnosed"}))
 
+    if progress:
+        print(f"corpus build: {len(trajs)} trajectories; length matching, splits, stats and the "
+              f"content-blind floors …", file=sys.stderr, flush=True)
     trajs, dropped = balance_lengths(trajs, cfg.curation.length_ratio, seed)
     rejections += dropped
     trajs.sort(key=lambda t: t.id)
@@ -261,6 +264,8 @@ def build_corpus(cfg: CorpusConfig, out: str | Path | None, *, seed: int | None 
                       provenance={p["id"]: p for _, p in pairs})
     if out is not None:
         out = Path(out)
+        if progress:
+            print(f"corpus build: writing {out} (JSONL, Hub parquet, AFTraj parquet) …", file=sys.stderr, flush=True)
         export_corpus(clean, split_of, out, jsonl=cfg.export.jsonl, hf=cfg.export.hf, parquet=cfg.export.parquet,
                       stats=stats)
         write_provenance([p for _, p in pairs], out / "provenance.jsonl")

@@ -127,6 +127,13 @@ def test_progress_without_a_terminal_prints_lines_every_few_seconds():
     assert lines[0] == "eval hf: 20/100 call (20 %), 5s elapsed, 4.00 call/s, ETA 20s"
     assert lines[-1].startswith("eval hf: 90/90 call (100 %), 22s elapsed")
     assert type(progress(3, "x", stream=io.StringIO())).__name__ == "LineProgress"   # no TTY
+    import time
+
+    beat = io.StringIO()     # a line while nothing finishes (the first batched hf round)
+    p = progress(10, "slow", "call", stream=beat, interval=0.2)
+    time.sleep(0.9)
+    p.close()
+    assert len(beat.getvalue().splitlines()) >= 2 and beat.getvalue().startswith("slow: 0/10 call (0 %)")
     silent = io.StringIO()
     p = progress(3, "x", stream=silent, enabled=False)
     p.update(3)
