@@ -279,8 +279,30 @@ APP_JS = """// AgentForesight run page: follow the run's verdicts (SSE) and re-f
 
 # --------------------------------------------------------------------------- routes
 
-def register(app: FastAPI, svc: GatewayService) -> None:
-    """Add `GET /v1/runs` and the /ui pages to the gateway's app (called by serve.router.build_app)."""
+def verdict_emitter(svc: GatewayService):
+    """`emit(verdict, run_id)`: each new verdict as an OTel span / Langfuse score when `AFTRAJ_EMIT`
+    names them (aftraj/adapters/emit.py; a resent batch's stored verdict is not emitted again);
+    a no-op otherwise. Fails open: an emitter's error is logged, never raised into a request."""
+    import logging
+
+    from aftraj.adapters.emit import from_env
+    try:
+        emitters = from_env()
+    except (ValueError, ImportError) as e:     # a bad AFTRAJ_EMIT is the operator's to fix: say so once
+        logging.getLogger("aftraj.gateway").error("AFTRAJ_EMIT: %s; verdicts are not emitted", e)
+        emitters = None
+    model = svc.cfg.auditor.model if svc.cfg.auditor.backend == "openai" else None
+    svc.emitters = emitters
+
+    def emit(v, run_id: str) -> None:
+        if emitters and isinstance(v, dict) and v.get("accepted", 1) > 0:
+            emitters.emit(v, run_id=run_id, model=model)
+    return emit
+
+
+def register(app: FastAPI, svc: GatewayService):
+    """Add `GET /v1/runs` and the /ui pages to the gateway's app (called by serve.router.build_app);
+    returns the verdict emitter the events route calls (`verdict_emitter`)."""
 
     def _ui_owner(request: Request) -> str:
         auth = request.headers.get("authorization")
@@ -365,6 +387,8 @@ def register(app: FastAPI, svc: GatewayService) -> None:
                 yield b": keep-alive\n\n" if seq is None else b"event: verdict\nid: %d\ndata: " % seq + data + b"\n\n"
 
         return StreamingResponse(gen(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    return verdict_emitter(svc)
 
 
 __all__ = ["list_runs", "register", "run_page_data", "timeline"]

@@ -1,6 +1,9 @@
 """A live gateway for the hook tests: the real FastAPI app served by uvicorn on 127.0.0.1 in a
 thread, with a scripted auditor (an httpx MockTransport standing in for vLLM) that alarms at the
-first shown step holding a trigger string, blaming that step's agent."""
+first shown step holding a trigger string, blaming that step's agent. The gateway emits every
+verdict (aftraj/adapters/emit.py) as an OTel span into an in-memory exporter (`auditor.spans`)
+and as a Langfuse score through the Langfuse SDK with a mocked HTTP client (`auditor.scores()`:
+the score bodies it sent) when the `adapters` extra is installed."""
 
 from __future__ import annotations
 
@@ -46,15 +49,22 @@ def live_gateway(tmp_path):
     from serve.router import build_app
     from serve.service import GatewayService
 
-    servers = []
+    servers, closers = [], []
 
     def make(trigger: str):
         auditor = TriggerAuditor(trigger)
+        auditor.spans = auditor.scores = None
+        emitters = _emitters(auditor, closers)
         cfg = GatewayConfig(ledger_url=f"sqlite:///{tmp_path / f'ledger{len(servers)}.db'}",
                             api_keys=(ApiKey("t", hash_key(KEY)),),
                             auditor=AuditorConfig(backend="openai", base_url="http://auditor.test/v1",
                                                   model="auditor", deadline_s=5.0, tokenizer="approx"))
-        app = build_app(GatewayService(cfg, transport=httpx.MockTransport(auditor)))
+        import aftraj.adapters.emit as emit
+        real, emit.from_env = emit.from_env, (lambda: emitters)
+        try:
+            app = build_app(GatewayService(cfg, transport=httpx.MockTransport(auditor)))
+        finally:
+            emit.from_env = real
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -71,3 +81,37 @@ def live_gateway(tmp_path):
     yield make
     for s in servers:
         s.should_exit = True
+    for c in closers:
+        c()
+
+
+def _emitters(auditor, closers):
+    try:
+        from langfuse import Langfuse
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    except ImportError:
+        from aftraj.adapters.emit import Emitters
+        return Emitters()
+    from aftraj.adapters.emit import Emitters, LangfuseVerdictEmitter, OtelVerdictEmitter
+    spans = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(spans))
+    sent = []
+
+    def langfuse_api(req: httpx.Request) -> httpx.Response:
+        if req.url.path == "/api/public/scores":
+            sent.extend(json.loads(req.content))
+        return httpx.Response(200, json={})
+    # a public key of its own: the SDK keeps one resource manager (queues, HTTP client) per key
+    lf = Langfuse(public_key=f"pk-lf-test-{len(closers)}-{time.monotonic_ns()}", secret_key="sk-lf-test",
+                  base_url="http://langfuse.test",
+                  span_exporter=InMemorySpanExporter(), httpx_client=httpx.Client(transport=httpx.MockTransport(langfuse_api)))
+    closers.append(lf.shutdown)
+
+    def scores():
+        lf.flush()
+        return list(sent)
+    auditor.spans, auditor.scores = spans, scores
+    return Emitters([OtelVerdictEmitter(tp), LangfuseVerdictEmitter(lf)])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import httpx
 import pytest
 
 from aftraj.adapters.hooks import AG2GatewayHook, RunStopped, SmolagentsGatewayHook, openai_agents_hooks
@@ -25,6 +26,26 @@ _spec.loader.exec_module(fw)
 # posted event (a call, its result or error, …), as the gateway does
 PARIS = {"city": "Paris"}
 ATLANTIS = {"city": "Atlantis"}
+
+
+def _seen_everywhere(url, key, hook, auditor, t, k):
+    """The run's verdicts as the gateway emitted them (OTel spans, Langfuse scores) and in its web
+    view: one span and one score a verdict, the ALARM at step t blaming step k, marked on the page."""
+    rid = hook.run_id
+    if auditor.spans is not None:
+        spans = [s for s in auditor.spans.get_finished_spans() if s.attributes.get("aftraj.run_id") == rid]
+        assert len(spans) == len(hook.verdicts)
+        last = spans[-1].attributes
+        assert (last["aftraj.decision"], last["aftraj.step"], last["aftraj.decisive_step"]) == ("ALARM", t, k)
+        assert spans[-1].status.status_code.name == "ERROR" and last["aftraj.reason"] == hook.alarm["reason"]
+        assert all(s.attributes["aftraj.decision"] == "CONTINUE" for s in spans[:-1])
+        assert len({s.context.trace_id for s in spans}) == 1           # one trace for the run's verdicts
+        scores = [x for x in auditor.scores() if x["metadata"]["run_id"] == rid]
+        assert [x["value"] for x in scores] == [v["decision"] for v in hook.verdicts]
+        assert scores[-1]["metadata"]["step"] == t and scores[-1]["name"] == "aftraj.verdict"
+    page = httpx.get(f"{url}/ui/runs/{rid}/fragment", headers={"Authorization": f"Bearer {key}"})
+    assert page.status_code == 200 and f"ALARM at step {t}" in page.text
+    assert f'<tr id=step-{k} class="' in page.text and "decisive" in page.text.split(f"<tr id=step-{k} ")[1][:60]
 
 
 def _flag(verdict, kind):
@@ -48,7 +69,7 @@ def _flag(verdict, kind):
 def test_smolagents_planted(live_gateway, plant, script, max_steps, kind, t, k, model_calls):
     pytest.importorskip("smolagents")
     from smolagents import ToolCallingAgent
-    url, key, _ = live_gateway("never appears")
+    url, key, auditor = live_gateway("never appears")
     with GatewayClient(url, key) as gw:
         hook = SmolagentsGatewayHook(gw)
         model = fw.smolagents_model(script)
@@ -61,6 +82,7 @@ def test_smolagents_planted(live_gateway, plant, script, max_steps, kind, t, k, 
     assert hook.failures == [] and model.i == model_calls
     assert _flag(hook.alarm, kind) == (t, k)
     assert all(v["decision"] == "CONTINUE" for v in hook.verdicts[:-1])
+    _seen_everywhere(url, key, hook, auditor, t, k)
 
 
 # --------------------------------------------------------------------------- AG2
@@ -91,7 +113,7 @@ def _ag2_pair(calls):
 ])
 def test_ag2_planted(live_gateway, plant, calls, max_turns, kind, t, k):
     user, solver = _ag2_pair(calls)
-    url, key, _ = live_gateway("never appears")
+    url, key, auditor = live_gateway("never appears")
     with GatewayClient(url, key) as gw:
         hook = AG2GatewayHook(gw).attach(user, solver)
         if plant == "step limit":
@@ -104,6 +126,7 @@ def test_ag2_planted(live_gateway, plant, calls, max_turns, kind, t, k):
             assert len(fw.AG2_SCRIPTS["solver"]) == 2          # stopped: two scripted calls never made
     assert hook.failures == []
     assert _flag(hook.alarm, kind) == (t, k)
+    _seen_everywhere(url, key, hook, auditor, t, k)
 
 
 # --------------------------------------------------------------------------- OpenAI Agents SDK
@@ -131,13 +154,14 @@ def _oai(script):
 def test_openai_agents_planted(live_gateway, plant, calls, max_turns, kind, t, k):
     from agents.exceptions import MaxTurnsExceeded
     agent, model = _oai([("call", f"c{i}", "lookup", a) for i, a in enumerate(calls)])
-    url, key, _ = live_gateway("never appears")
+    url, key, auditor = live_gateway("never appears")
     with GatewayClient(url, key) as gw:
         hooks = openai_agents_hooks(gw)
         with pytest.raises(MaxTurnsExceeded if plant == "step limit" else RunStopped):
             hooks.run_sync(agent, "Population of the city?", max_turns=max_turns)
     assert hooks.failures == []
     assert _flag(hooks.alarm, kind) == (t, k)
+    _seen_everywhere(url, key, hooks, auditor, t, k)
     if plant == "error streak":
         errs = [e for e in hooks.rb.events if e.kind == "error"]
         assert len(errs) == 3 and all("try again" not in e.payload["error"].lower() for e in errs)
