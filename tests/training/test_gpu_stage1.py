@@ -51,15 +51,33 @@ def test_prepared_prompts_are_exactly_the_budget(tiny_check):
     assert cfg.optimizer == "adamw_bnb_8bit" and cfg.mixed_precision == "bf16"   # production's, kept
 
 
-def test_verify_passes_on_the_run_and_prints_the_extrapolation(tiny_check, capsys):
+def test_verify_passes_on_the_run_and_prints_the_extrapolation(tiny_check, capsys, tmp_path):
     from training.stage1 import gpu_check
 
     root, _ = tiny_check
-    fig = gpu_check.verify(root, pairs=1100, require_cuda=False)
+    fig = gpu_check.verify(root, pairs=1100, require_cuda=False, figures_dir=tmp_path / "figs")
     assert fig["prod_steps"] == 69 and 2 <= fig["prod_epochs"] <= 3
-    assert 4.3 < fig["params_check_b"] < 4.4 and 7.6 < fig["params_prod_b"] < 7.7   # Qwen2.5-7B: 7.62B
-    assert 1.7 < fig["compute_ratio"] < 2.0
-    assert LINE.search(capsys.readouterr().out)
+    assert 2.0 < fig["params_check_b"] < 2.05 and 7.6 < fig["params_prod_b"] < 7.7   # Qwen2.5-7B: 7.62B
+    assert 4.6 < fig["compute_ratio"] < 5.0
+    out = capsys.readouterr().out
+    assert LINE.search(out)
+    assert f"micro_step_s={fig['micro_step_s']}" in out.splitlines()       # one key=value line a figure
+    assert json.loads((tmp_path / "figs" / "gpu_check.json").read_text()) == fig
+
+
+def test_check_disk_fits_a_bare_machine():
+    """The GPU run's folder: model (bf16), two checkpoints (fp32 weights + 8-bit Adam), the bf16
+    export, within 40 GiB of a 64 GiB disk (14 layers and no save_total_limit wrote ~65 GiB)."""
+    import yaml
+
+    from training.stage1 import gpu_check
+
+    p = gpu_check.qwen2_params(gpu_check.CHECK)
+    gib = (2 * p + 2 * 6 * p + 2 * p) / 2 ** 30
+    assert gib < 40, gib
+    raw = yaml.safe_load(gpu_check.PRODUCTION.read_text())
+    raw.update(save_total_limit=2)                          # what check_config writes
+    assert gpu_check.STEPS // gpu_check.STOP_AT == raw["save_total_limit"]   # checkpoint-2 kept for verify
 
 
 def test_verify_fails_when_the_optimizer_did_not_round_trip(tiny_check, tmp_path):

@@ -181,3 +181,20 @@ def test_verls_dapo_reward_manager_scores_through_our_function(stage2, tok):
     assert results[2]["reward_score"] == pytest.approx(-1.0)            # malformed: the minimum
     assert results[3]["reward_extra_info"]["overlong_reward"] < 0        # well-formed but inside the buffer
     assert results[3]["reward_extra_info"]["format"] == 1.0
+
+
+def test_the_2xh200_config_composes_and_validates(tmp_path, tiny_model_dir, tok):
+    """configs/stage2/qwen2.5-7b-2xh200.yaml (the paper's 2×H200): verl's batch checks for 2 GPUs."""
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    from training.stage2.config import load_stage2_config
+    from training.stage2.verl_engine import RECIPE_DIR, RECIPE_NAME, verl_overrides
+
+    cfg = load_stage2_config(REPO / "configs" / "stage2" / "qwen2.5-7b-2xh200.yaml",
+                             {"model": str(tiny_model_dir), "output_dir": str(tmp_path)})
+    with initialize_config_dir(config_dir=str(RECIPE_DIR), version_base=None):
+        c = compose(config_name=RECIPE_NAME, overrides=verl_overrides(cfg, tiny_model_dir, tmp_path / "d", tmp_path))
+    assert c.trainer.n_gpus_per_node == 2 and c.actor_rollout_ref.rollout.tensor_model_parallel_size == 1
+    validate_config(c, use_reference_policy=need_reference_policy(c), use_critic=need_critic(c))

@@ -2,8 +2,7 @@
 entry point, which `scripts/gpu_check.sh` runs under `accelerate launch` with one process:
 
     prepare  a random Qwen2 of Qwen2.5-7B's width (hidden 3,584, intermediate 18,944, 28 heads,
-             4 KV heads, vocab 152,064) with 14 layers, so that its fixed memory approximates one
-             production GPU's share of the 28-layer model on 2 GPUs; a preference cache (what the
+             4 KV heads, vocab 152,064) with 4 layers (disk: see below); a preference cache (what the
              preferences phase writes) whose prompts are exactly 8,192 tokens after the chat
              template and whose completions are cut to exactly 1,024; the production config with
              a 4-step schedule, checkpoints at step 2, the SDPA math kernel disabled.
@@ -15,9 +14,16 @@ entry point, which `scripts/gpu_check.sh` runs under `accelerate launch` with on
 
     gpu_check: peak_alloc_gib=… peak_reserved_gib=… micro_step_s=… prod_peak_gib≈… prod_step_s≈… prod_epoch_h≈…
 
-    bash scripts/gpu_check.sh                                         # on a GPU node
+    and every figure as a `key=value` line, written as JSON to FIGURES_DIR/gpu_check.json.
+
+Disk: the model folder (bf16), two sharded checkpoints (fp32 weights + 8-bit Adam, ~6 bytes a
+parameter each, `save_total_limit: 2`) and the bf16 export: ~32 GiB with 4 layers. (14 layers,
+which matched one production GPU's share of the weights, needed ~65 GiB of checkpoints; the
+memory extrapolation adds the missing layers' fixed bytes and checkpointed activations instead.)
+
+    bash scripts/gpu_check.sh [FIGURES_DIR]                           # on a GPU node
     python -m training.stage1.gpu_check prepare --root DIR [--tiny]   # --tiny: the CPU test's shapes
-    python -m training.stage1.gpu_check verify --root DIR
+    python -m training.stage1.gpu_check verify --root DIR [--figures-dir DIR]
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ REPO = Path(__file__).resolve().parents[2]
 PRODUCTION = REPO / "configs" / "stage1" / "qwen2.5-7b-2xh200.yaml"
 
 QWEN25_7B = {"hidden": 3584, "intermediate": 18944, "heads": 28, "kv_heads": 4, "vocab": 152064, "layers": 28}
-CHECK = {**QWEN25_7B, "layers": 14}
+CHECK = {**QWEN25_7B, "layers": 4}
 TINY = {"hidden": 64, "intermediate": 128, "heads": 4, "kv_heads": 2, "vocab": 1024, "layers": 2}
 PROMPT_TOKENS, COMPLETION_TOKENS = 8192, 1024
 TINY_PROMPT_TOKENS, TINY_COMPLETION_TOKENS = 256, 32
@@ -115,7 +121,7 @@ def check_config(root: Path, *, tiny: bool) -> Path:
     """The production config, with the check's model, run folder and 4-step schedule."""
     raw = yaml.safe_load(PRODUCTION.read_text())
     raw.update(model=str(root / "model"), output_dir=str(root / "run"), num_epochs=None, max_steps=STEPS,
-               save_steps=STOP_AT, save_total_limit=None, logging_steps=1, report_to=[], samples_per_prompt=0,
+               save_steps=STOP_AT, save_total_limit=2, logging_steps=1, report_to=[], samples_per_prompt=0,
                gradient_accumulation_steps=2, warmup_ratio=0.25, warmup_steps=None, sdpa_math_kernel=False)
     if tiny:
         raw.update(max_prompt_tokens=TINY_PROMPT_TOKENS, max_completion_tokens=TINY_COMPLETION_TOKENS,
@@ -142,7 +148,20 @@ def prepare(root: Path, *, tiny: bool) -> Path:
     return cfg_path
 
 
-def verify(root: Path, *, pairs: int = 1100, require_cuda: bool = True) -> dict:
+def write_figures(fig: dict, name: str, folder: str | Path | None) -> Path | None:
+    """Print every figure as a `key=value` line; write them as JSON to folder/name.json."""
+    for k, v in fig.items():
+        print(f"{k}={v}")
+    if not folder:
+        return None
+    path = Path(folder) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(fig, indent=2) + "\n")
+    print(f"{name}: figures written to {path}")
+    return path
+
+
+def verify(root: Path, *, pairs: int = 1100, require_cuda: bool = True, figures_dir: str | Path | None = None) -> dict:
     """Assert what the check is for and return (and print) the figures."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -184,7 +203,10 @@ def verify(root: Path, *, pairs: int = 1100, require_cuda: bool = True) -> dict:
         out = model(input_ids=torch.tensor([[1, 2, 3]], device=device)).logits
     assert torch.isfinite(out.float()).all(), "the exported model gives non-finite logits"
     del model
-    return _figures(cfg, rows, pairs)
+    fig = _figures(cfg, rows, pairs)
+    fig["device"] = f"cuda:{torch.cuda.get_device_name()}" if device == "cuda" else "cpu"
+    write_figures(fig, "gpu_check", figures_dir)
+    return fig
 
 
 def _schedule_lrs(cfg, n_pairs: int) -> list[float]:
@@ -229,9 +251,9 @@ def _figures(cfg, rows: list[dict], pairs: int) -> dict:
            "prod_steps": sched.steps, "prod_epochs": sched.epochs, "prod_pairs": pairs,
            "prod_epoch_h": prod_step_s * sched.steps / sched.epochs / 3600,
            "prod_run_h": prod_step_s * sched.steps / 3600}
-    print(json.dumps(fig, indent=2))
     print(f"assumptions: production GPU holds half of {p_prod / 1e9:.2f}B parameters at 10 bytes each "
-          f"(check: {p_check / 1e9:.2f}B on one GPU); 14 more layers of bf16 checkpointed hidden states; "
+          f"(check: {p_check / 1e9:.2f}B on one GPU); {QWEN25_7B['layers'] - CHECK['layers']} more layers of "
+          f"bf16 checkpointed hidden states; "
           f"compute ∝ layer + lm_head parameters (×{compute_ratio:.2f}); {prod_accum} micro-steps a step; "
           f"FSDP communication between the 2 GPUs not measured here")
     print(f"gpu_check: peak_alloc_gib={peak:.2f} peak_reserved_gib={reserved:.2f} micro_step_s={micro_s:.3f} "
@@ -257,13 +279,14 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--root", required=True)
     v.add_argument("--pairs", type=int, default=1100, help="preference pairs of the production run")
     v.add_argument("--allow-cpu", action="store_true", help="(tests) verify a CPU run")
+    v.add_argument("--figures-dir", help="write gpu_check.json (the figures) into this folder")
     a = ap.parse_args(argv)
     root = Path(a.root)
     if a.cmd == "prepare":
         root.mkdir(parents=True, exist_ok=True)
         print(prepare(root, tiny=a.tiny))
     else:
-        verify(root, pairs=a.pairs, require_cuda=not a.allow_cpu)
+        verify(root, pairs=a.pairs, require_cuda=not a.allow_cpu, figures_dir=a.figures_dir)
     return 0
 
 

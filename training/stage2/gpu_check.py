@@ -1,13 +1,20 @@
-"""GPU check of the stage-2 TRL path: 2 GRPO steps on one GPU (written for one H200) with a
-randomly initialised Qwen2 of a few hundred million parameters (152k-row vocabulary like
-Qwen2.5's) in bf16, our reward, KL to the init model, 8 completions per prompt. A random model
-writes until `max_completion_length`, so this is the worst case of generation length. Reports
-per-step time and peak GPU memory; last line:
+"""GPU check of the stage-2 TRL path: a format warm-start, then 2 GRPO steps on one GPU (written
+for one H200) with a randomly initialised Qwen2 of a few hundred million parameters (152k-row
+vocabulary like Qwen2.5's) in bf16, our reward, KL to the init model, 8 completions per prompt.
 
-    gpu_stage2: steps=2 median_step_s=… peak_mem_gib=… params_m=… completion_tokens=… reward_first=… kl_last=…
+A random model is malformed on every completion: every reward in a group is the same and every
+GRPO advantage is 0, so nothing would be learnt or tested. The check therefore first runs a few
+supervised steps of the format warm-up (training/warmup, content-independent verdicts) and starts
+GRPO from that: completions now end at varied lengths and some parse, the reward varies within a
+group, and the check asserts a non-zero reward spread within groups (hence a non-zero advantage)
+and that the GRPO steps changed the parameters. Figures are printed as `key=value` lines and
+written to FIGURES_DIR/gpu_stage2.json:
 
-    bash scripts/gpu_stage2_check.sh                 # on a GPU node (not run yet: no GPU was lent)
-    python -m training.stage2.gpu_check --tiny       # the same code path on CPU, shrunk (tests)
+    steps median_step_s peak_mem_gib params_m completion_tokens warmup_steps warmup_parse_rate
+    reward_first reward_std_max frac_reward_zero_std_min kl_last params_changed max_param_change
+
+    bash scripts/gpu_stage2_check.sh [--figures-dir DIR]   # on a GPU node (bare Python + torch is enough)
+    python -m training.stage2.gpu_check --tiny             # the same code path on CPU, shrunk (tests)
 """
 
 from __future__ import annotations
@@ -19,10 +26,11 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from training.stage1.gpu_check import build_random_qwen2
+from training.stage1.gpu_check import build_random_qwen2, write_figures
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "stage2" / "tiny-cpu.yaml"
+WARMUP = REPO / "configs" / "warmup" / "tiny-cpu.yaml"
 
 
 def _n_params(model_dir: Path) -> int:
@@ -41,16 +49,58 @@ def _n_params(model_dir: Path) -> int:
     return n
 
 
+def param_change(a_dir: Path, b_dir: Path) -> tuple[int, int, float]:
+    """(tensors that differ, tensors compared, largest absolute difference) between two saved
+    checkpoints of the same shapes."""
+    from safetensors import safe_open
+
+    def tensors(d: Path):
+        for f in sorted(Path(d).glob("*.safetensors")):
+            with safe_open(f, framework="pt") as st:
+                for k in st.keys():
+                    yield k, st.get_tensor(k)
+
+    b = dict(tensors(b_dir))
+    changed = n = 0
+    biggest = 0.0
+    for k, ta in tensors(a_dir):
+        if k not in b:
+            continue
+        n += 1
+        d = (ta.float() - b[k].float()).abs().max().item()
+        changed += d > 0
+        biggest = max(biggest, d)
+    return changed, n, biggest
+
+
+def warm_start(model_dir: Path, out: Path, *, steps: int, dtype: str, cuda: bool, tiny: bool) -> dict:
+    """A few supervised format steps on the random model (the format warm-up's own trainer);
+    returns its stats (loss, parse rate). The warmed model is `out/final`."""
+    from training.warmup.config import load_warmup_config
+    from training.warmup.trainer import warmup
+
+    over = {"model": str(model_dir), "output_dir": str(out), "max_steps": steps, "finetune": "full",
+            "dtype": dtype, "export_dtype": dtype, "learning_rate": 2e-3 if tiny else 5e-4,
+            "batch_size": 2 if tiny else 4, "synthetic_trajectories": 8 if tiny else 16,
+            "max_prompt_tokens": 2048, "max_completion_tokens": 96 if tiny else 192,
+            "parse_check_prompts": 2 if tiny else 8, "parse_check_max_new_tokens": 96 if tiny else 192,
+            "mixed_precision": "bf16" if cuda else "no", "report_to": []}
+    cfg = load_warmup_config(WARMUP, over)
+    return warmup(cfg, progress=False)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="shrunk model; CPU-safe settings without CUDA")
     ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--warmup-steps", type=int, default=None, help="format warm-start steps (default 40, tiny 24)")
     ap.add_argument("--hidden", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=16)
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--generations", type=int, default=8)
     ap.add_argument("--completion", type=int, default=512)
     ap.add_argument("--out", help="keep the run folder here (default: a temporary folder)")
+    ap.add_argument("--figures-dir", help="write gpu_stage2.json (the figures) into this folder")
     a = ap.parse_args(argv)
 
     import torch
@@ -62,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cuda and not a.tiny:
         raise SystemExit("gpu_check: no CUDA device; run on a GPU node (or --tiny for the CPU code path)")
     hidden, layers, vocab = (64, 2, 1024) if a.tiny else (a.hidden, a.layers, a.vocab)
+    warm_steps = a.warmup_steps if a.warmup_steps is not None else (24 if a.tiny else 40)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(a.out) if a.out else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
@@ -71,30 +122,42 @@ def main(argv: list[str] | None = None) -> int:
                  "layers": layers, "heads": heads, "kv_heads": max(1, heads // 4)}
         model_dir = build_random_qwen2(root / "model", shape)
         n_params = _n_params(model_dir)
-        over = {"model": str(model_dir), "output_dir": str(root / "run"), "max_steps": a.steps,
-                "save_steps": a.steps, "report_to": [], "dtype": dtype, "bf16": cuda,
-                "num_generations": 4 if a.tiny else a.generations,
-                "max_completion_length": 16 if a.tiny else a.completion,
-                "overlong_buffer_len": 4 if a.tiny else a.completion // 4,
-                "prompts_per_step": 2 if a.tiny else 4, "max_prompt_tokens": 4096,
-                "learning_rate": 1e-5}
+        warm = warm_start(model_dir, root / "warmup", steps=warm_steps, dtype=dtype, cuda=cuda, tiny=a.tiny)
+        init = root / "warmup" / "final"
+        completion = 96 if a.tiny else a.completion
+        over = {"model": str(init), "output_dir": str(root / "run"), "max_steps": a.steps,
+                "save_steps": a.steps, "save_total_limit": 1, "report_to": [], "dtype": dtype, "bf16": cuda,
+                "num_generations": 4 if a.tiny else a.generations, "max_completion_length": completion,
+                "overlong_buffer_len": completion // 2, "prompts_per_step": 2 if a.tiny else 4,
+                "max_prompt_tokens": 4096, "learning_rate": 1e-3 if a.tiny else 1e-5}
         cfg = load_stage2_config(TINY, over)
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         res = train(cfg, progress=False)
+        changed, compared, biggest = param_change(init, res.final_dir)
     rows = res.history
     for r in rows:
-        print(json.dumps({k: r[k] for k in ("step", "reward", "kl", "loss", "step_time", "completions/mean_length")
-                          if k in r}))
+        print(json.dumps({k: r[k] for k in ("step", "reward", "reward_std", "frac_reward_zero_std", "kl", "loss",
+                                            "step_time", "completions/mean_length") if k in r}))
     assert len(rows) == a.steps and all(math.isfinite(r["loss"]) for r in rows), "missing steps or non-finite loss"
     times = [r["step_time"] for r in rows[1:]] or [rows[0]["step_time"]]
-    peak = torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else float("nan")
-    print(f"settings: dtype={cfg.dtype} bf16={cfg.bf16} generations={cfg.num_generations} "
-          f"prompts_per_step={cfg.prompts_per_step} max_completion_length={cfg.max_completion_length} "
-          f"device={'cuda:' + torch.cuda.get_device_name() if cuda else 'cpu'}")
-    print(f"gpu_stage2: steps={len(rows)} median_step_s={statistics.median(times):.3f} peak_mem_gib={peak:.2f} "
-          f"params_m={n_params / 1e6:.0f} completion_tokens={cfg.max_completion_length} "
-          f"reward_first={rows[0]['reward']:.4f} kl_last={rows[-1]['kl']:.6f}")
+    fig = {"steps": len(rows), "median_step_s": round(statistics.median(times), 3),
+           "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2) if cuda else None,
+           "params_m": round(n_params / 1e6), "completion_tokens": cfg.max_completion_length,
+           "generations": cfg.num_generations, "prompts_per_step": cfg.prompts_per_step,
+           "warmup_steps": warm_steps, "warmup_loss_first": round(warm["loss_first"], 4),
+           "warmup_loss_last": round(warm["loss_last"], 4), "warmup_parse_rate": warm.get("parse_rate"),
+           "reward_first": round(rows[0]["reward"], 4),
+           "reward_std_max": round(max(r.get("reward_std", 0.0) for r in rows), 4),
+           "frac_reward_zero_std_min": min((r["frac_reward_zero_std"] for r in rows if "frac_reward_zero_std" in r),
+                                           default=None),
+           "kl_last": round(rows[-1]["kl"], 6), "params_changed": changed, "params_compared": compared,
+           "max_param_change": biggest, "dtype": cfg.dtype,
+           "device": f"cuda:{torch.cuda.get_device_name()}" if cuda else "cpu"}
+    write_figures(fig, "gpu_stage2", a.figures_dir)
+    assert fig["reward_std_max"] > 0, ("every group's rewards were equal: every GRPO advantage was 0 "
+                                       "(the warm-start did not give the reward a spread)")
+    assert changed > 0 and biggest > 0, "the GRPO steps changed no parameter"
     return 0
 
 

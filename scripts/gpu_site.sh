@@ -1,0 +1,33 @@
+# Sourced by scripts/gpu_check.sh and scripts/gpu_stage2_check.sh: make the checks' Python
+# dependencies importable on a bare GPU machine (Python 3.12 + torch + transformers + accelerate,
+# no package index). `gpu_site NAME` installs the wheels that scripts/gpu_wheels.sh put in
+# .whl/NAME/ into a temporary folder (pip install --no-index --no-deps --target; plain unzip when
+# the machine has no pip) and puts it on PYTHONPATH after the repository. Without .whl/NAME, the
+# interpreter must already import them (e.g. the project's .venv).
+#   PY=python3; source scripts/gpu_site.sh; gpu_site stage1 orjson bitsandbytes
+gpu_site() {
+  local name=$1; shift
+  local wheels="$ROOT/.whl/$name"
+  if compgen -G "$wheels/*.whl" >/dev/null; then
+    GPU_SITE="$(mktemp -d -t aftraj-gpu-site.XXXXXX)"
+    if "$PY" -m pip --version >/dev/null 2>&1; then
+      "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --target "$GPU_SITE" "$wheels"/*.whl
+    else
+      "$PY" -c 'import sys, zipfile
+for w in sys.argv[2:]:
+    zipfile.ZipFile(w).extractall(sys.argv[1])' "$GPU_SITE" "$wheels"/*.whl
+    fi
+    echo "gpu_site: $(ls "$wheels" | wc -l) wheels from $wheels in $GPU_SITE"
+  else
+    GPU_SITE=""
+  fi
+  export PYTHONPATH="$ROOT${GPU_SITE:+:$GPU_SITE}${PYTHONPATH:+:$PYTHONPATH}"
+  local missing
+  missing="$("$PY" -c 'import importlib.util, sys
+print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))' "$@")"
+  if [ -n "$missing" ]; then
+    echo "gpu_site: $PY cannot import: $missing; run \`bash scripts/gpu_wheels.sh\` where an index is" \
+         "reachable and carry .whl/ (or use an environment that has them)" >&2
+    return 1
+  fi
+}
