@@ -26,6 +26,7 @@ event kind of its own (system) is kept under the event's `meta["aftraj_step_kind
 from __future__ import annotations
 
 import hashlib
+from math import isfinite as _isfinite
 from itertools import repeat as _repeat
 from collections.abc import Iterable
 from typing import Any
@@ -72,6 +73,7 @@ _META_SYNTHETIC = "aftraj_synthetic"  # on an event: made from trajectory fields
 _RESERVED_META = frozenset({_META_EVENT, _META_STEP_KIND, _META_GENERATED, _META_SYNTHETIC})
 
 _MAX_SEQ = 1 << 63
+MAX_NAME_CHARS = 512   # ids, agent, tool, handoff target, usage model/id
 _MAX_TOKENS = 10**12   # per usage record; run totals then stay far inside JSON's 64-bit integers
 _TOP = frozenset(RECORD_FIELDS)
 _CONTENT_ONLY = frozenset({"message", "thinking", "final_answer"})
@@ -166,8 +168,8 @@ def _check_payload(kind: str, p: dict) -> dict:
              f"is {len(c)} characters, over the limit of {MAX_FIELD_CHARS}")
     if len(p) > 1:  # kinds with more than a content field
         v = p.get("tool")
-        if v is not None and (type(v) is not str or not v.strip()):
-            _bad("payload.tool", "must be a non-empty string")
+        if v is not None and (type(v) is not str or not v.strip() or len(v) > MAX_NAME_CHARS):
+            _bad("payload.tool", f"must be a non-empty string of at most {MAX_NAME_CHARS} characters")
         v = p.get("arguments")
         if v is not None and type(v) is not dict:
             _bad("payload.arguments", f"must be an object, got {type(v).__name__}")
@@ -186,8 +188,8 @@ def _check_payload(kind: str, p: dict) -> dict:
         if v is not None and type(v) is not bool:
             _bad("payload.retryable", "must be true or false")
         v = p.get("to")
-        if v is not None and (type(v) is not str or not v.strip()):
-            _bad("payload.to", "must be a non-empty agent name")
+        if v is not None and (type(v) is not str or not v.strip() or len(v) > MAX_NAME_CHARS):
+            _bad("payload.to", f"must be a non-empty agent name of at most {MAX_NAME_CHARS} characters")
         v = p.get("reason")
         if v is not None and (type(v) is not str or v not in _TERMS):
             _bad("payload.reason", f"must be one of {', '.join(TERMINATIONS)}; got {v!r}")
@@ -217,8 +219,8 @@ def _check_usage(u: Any) -> dict | None:
         _bad("usage.cost_usd", f"must be a non-negative number, got {v!r}")
     for k in ("model", "id"):
         v = u.get(k)
-        if v is not None and type(v) is not str:
-            _bad(f"usage.{k}", f"must be a string, got {type(v).__name__}")
+        if v is not None and (type(v) is not str or len(v) > MAX_NAME_CHARS):
+            _bad(f"usage.{k}", f"must be a string of at most {MAX_NAME_CHARS} characters, got {_r(v)}")
     return u
 
 
@@ -250,6 +252,8 @@ def _diagnose(d: Any) -> dict:
     ts = d.get("ts")
     if ts is not None and type(ts) not in (int, float, str):
         _bad("ts", f"must be a number (epoch seconds) or an ISO-8601 string, got {type(ts).__name__}")
+    if type(ts) is float and not _isfinite(ts):
+        _bad("ts", f"must be a finite number, got {ts!r}")
     if type(ts) is str and len(ts) > 64:
         _bad("ts", "is longer than 64 characters")
     payload = d.get("payload")
@@ -343,7 +347,7 @@ def parse_event(d: Any) -> Event:
                 and kind in _KINDS and not agent.isspace()
                 and (type(seq) is int and 0 <= seq < _MAX_SEQ or seq is None)
                 and (parent is None or type(parent) is _STR and 0 < len(parent) <= 512)
-                and (ts is None or type(ts) is float or type(ts) is int
+                and (ts is None or type(ts) is float and _isfinite(ts) or type(ts) is int
                      or type(ts) is _STR and len(ts) <= 64)
                 and (meta is None or type(meta) is dict and (not meta or meta.keys().isdisjoint(_RESERVED_META)))
                 and d.keys() <= _TOP
@@ -355,9 +359,10 @@ def parse_event(d: Any) -> Event:
                 if type(usage) is dict and usage.keys() <= _USAGE_FAST:
                     ug = usage.get
                     i, o = ug("input_tokens", 0), ug("output_tokens", 0)
+                    m, uid = ug("model", ""), ug("id", "")
                     if not (type(i) is int and type(o) is int and 0 <= i < _MAX_TOKENS
-                            and 0 <= o < _MAX_TOKENS
-                            and type(ug("model", "")) is _STR and type(ug("id", "")) is _STR):
+                            and 0 <= o < _MAX_TOKENS and type(m) is _STR and type(uid) is _STR
+                            and len(m) <= MAX_NAME_CHARS and len(uid) <= MAX_NAME_CHARS):
                         usage = _check_usage(usage)
                 else:
                     usage = _check_usage(usage)
@@ -385,8 +390,46 @@ def parse_event(d: Any) -> Event:
                  {} if meta is None else meta, fp)
 
 
+_ID_FIELDS = ("event_id", "run_id", "agent", "parent_id")
+
+
+def check_foldable(ev: Event) -> None:
+    """Everything a store and the fold will need of `ev`, checked before it is stored (the
+    gateway's rule: what is committed always folds). Raises EventError naming the field:
+    a NUL or a lone surrogate in an id or the agent (PostgreSQL and UTF-8 refuse them), meta or
+    payload that cannot be written as JSON (a lone surrogate, nesting orjson cannot write), or
+    an event the step conversion refuses (meta nested deeper than 32 levels, a non-finite
+    number in meta or arguments)."""
+    for f in _ID_FIELDS:
+        v = getattr(ev, f)
+        if v is None:
+            continue
+        if "\x00" in v:
+            _bad(f, "must not contain a NUL character")
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as e:
+            _bad(f, f"is not valid Unicode text (a lone surrogate at character {e.start})")
+    for f in ("meta", "payload", "usage"):
+        try:
+            _dumps(getattr(ev, f))
+        except TypeError as e:      # orjson.JSONEncodeError: a surrogate, or nested too deep
+            _bad(f, f"cannot be written as JSON: {e}")
+    try:
+        event_to_step(ev, 0, ev.run_id)
+    except SchemaError as e:
+        field = e.field
+        if field.startswith("step."):
+            field = field[len("step."):]
+            if field.startswith(f"meta.{_META_EVENT}."):
+                field = field[len(f"meta.{_META_EVENT}."):]
+            elif field in ("content", "tool", "arguments", "error") or field.startswith(("arguments", "result_ids")):
+                field = "payload." + field
+        raise EventError(e.message, field=field) from None
+
+
 def _bad_deep(e: Exception):
-    _bad("payload", f"cannot be written back as JSON ({e}: nested deeper than orjson writes)")
+    _bad("payload", f"cannot be written back as JSON ({e})")
 
 
 def _bad_fp(given: Any, fp: str):

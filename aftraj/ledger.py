@@ -26,7 +26,7 @@ from pathlib import Path
 
 import orjson
 
-from aftraj.events import Event, EventError, parse_event
+from aftraj.events import _MAX_SEQ, Event, EventError, parse_event
 
 _loads = orjson.loads
 _JSONError = orjson.JSONDecodeError
@@ -122,6 +122,8 @@ class Ledger:
         last = self._last_seq.get(run, -1)
         seq = ev.seq
         if seq is None:
+            if last + 1 >= _MAX_SEQ:
+                raise _seq_exhausted(eid, run, last)
             ev.seq = seq = last + 1
         elif seq <= last:
             raise LedgerError(f"seq {seq} of event {eid!r} is not after the run's last seq {last} "
@@ -342,6 +344,8 @@ class SqlLedger(Ledger):
     violates a key, its transaction is retried once against what the winner stored.
     SQLite runs in WAL mode, transactions BEGIN IMMEDIATE (writers queue on the lock, with a 30 s
     busy timeout) except reads through `ledger.reader` (deferred: they never hold the lock),
+    `busy_timeout_s` bounds a wait for a lock another connection holds (SQLite's busy timeout,
+    PostgreSQL's `lock_timeout`); past it the statement fails (OperationalError).
     `synchronous=NORMAL` (durable across a process crash such as
     `kill -9`; a power loss may drop the last commits: use `synchronous=FULL` via `sqlite_sync`).
     `iter_run(run_id, after_seq)` resumes a run from a sequence number. After `append_many`,
@@ -352,7 +356,7 @@ class SqlLedger(Ledger):
     run's own stored event; the default `"global"` keeps one id space (the folder's contract)."""
 
     def __init__(self, url: str = "sqlite:///ledger.db", *, sqlite_sync: str = "NORMAL",
-                 id_scope: str = "global") -> None:
+                 id_scope: str = "global", busy_timeout_s: float = 30.0) -> None:
         super().__init__()
         if id_scope not in ("global", "run"):
             raise ValueError(f"id_scope must be 'global' or 'run', got {id_scope!r}")
@@ -365,7 +369,7 @@ class SqlLedger(Ledger):
         if url.startswith("sqlite"):
             if sqlite_sync not in ("OFF", "NORMAL", "FULL", "EXTRA"):
                 raise ValueError(f"sqlite_sync must be OFF, NORMAL, FULL or EXTRA, got {sqlite_sync!r}")
-            self.engine = sa.create_engine(url, connect_args={"timeout": 30})
+            self.engine = sa.create_engine(url, connect_args={"timeout": busy_timeout_s})
 
             @sa.event.listens_for(self.engine, "connect")
             def _pragmas(dbapi_conn, _record):
@@ -383,6 +387,10 @@ class SqlLedger(Ledger):
                 # (BEGIN): in WAL mode they never block a writer.
                 conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get("aftraj_read")
                                      else "BEGIN IMMEDIATE")
+        elif url.startswith("postgresql") and "pg8000" not in url and "asyncpg" not in url:
+            # a lock held elsewhere makes a statement fail after busy_timeout_s, never wait forever
+            self.engine = sa.create_engine(url, pool_pre_ping=True, connect_args={
+                "options": f"-c lock_timeout={int(busy_timeout_s * 1000)}"})
         else:
             self.engine = sa.create_engine(url, pool_pre_ping=True)
         self.reader = self.engine.execution_options(aftraj_read=True)   # `with ledger.reader.connect()`
@@ -441,16 +449,26 @@ class SqlLedger(Ledger):
 
     def append_many(self, events: list[Event]) -> list[bool]:
         """Store a batch in one transaction: True per new event, False per identical duplicate."""
+        out, self.last_seq_before = self.append_batch(events)
+        return out
+
+    def append_batch(self, events: list[Event]) -> tuple[list[bool], dict[str, int]]:
+        """`append_many` for callers in several threads: also returns the per-run last seq as
+        the committed transaction found it (instead of setting the shared `last_seq_before`)."""
         for ev in events:
             ev.dumps()                      # an unwritable event fails before anything is stored
+            for f in ("event_id", "run_id", "agent", "parent_id"):
+                v = getattr(ev, f)
+                if v is not None and "\x00" in v:     # PostgreSQL's text refuses NUL
+                    raise EventError("must not contain a NUL character", field=f)
         had_seq = [ev.seq is not None for ev in events]
         for attempt in (0, 1):
             try:
                 with self.engine.begin() as conn:
-                    out = self._store(conn, events)
+                    out, before = self._store(conn, events)
                 self.n_appended += sum(out)
                 self.n_duplicates += len(out) - sum(out)
-                return out
+                return out, before
             except self._sa.exc.IntegrityError:
                 self._reset(events, had_seq)
                 if attempt:
@@ -474,7 +492,7 @@ class SqlLedger(Ledger):
             if not had:
                 ev.seq = None
 
-    def _store(self, conn, events: list[Event]) -> list[bool]:
+    def _store(self, conn, events: list[Event]) -> tuple[list[bool], dict[str, int]]:
         sa, t = self._sa, self.table
         per_run = self.id_scope == "run"
 
@@ -494,7 +512,7 @@ class SqlLedger(Ledger):
                     q = q.where(t.c.run_id == run_id)
                 stored.update({key(r[1], r[0]): r for r in conn.execute(q)})
         last: dict[str, int] = {}
-        self.last_seq_before = last_before = {}   # per run, as the transaction found it
+        last_before: dict[str, int] = {}   # per run, as the transaction found it
         rows, out = [], []
         for ev in events:
             usage = orjson.dumps(ev.usage, option=orjson.OPT_SORT_KEYS) if ev.usage is not None else None
@@ -520,6 +538,8 @@ class SqlLedger(Ledger):
                 v = conn.execute(sa.select(sa.func.max(t.c.seq)).where(t.c.run_id == run)).scalar()
                 last[run] = last_before[run] = -1 if v is None else v
             if ev.seq is None:
+                if last[run] + 1 >= _MAX_SEQ:
+                    raise _seq_exhausted(ev.event_id, run, last[run])
                 ev.seq = last[run] + 1
             elif ev.seq <= last[run]:
                 raise LedgerError(f"seq {ev.seq} of event {ev.event_id!r} is not after the run's last "
@@ -534,4 +554,9 @@ class SqlLedger(Ledger):
             out.append(True)
         if rows:
             conn.execute(t.insert(), rows)
-        return out
+        return out, last_before
+
+
+def _seq_exhausted(event_id: str, run: str, last: int) -> LedgerError:
+    return LedgerError(f"event {event_id!r} has no seq and run {run!r} is at seq {last}, the largest a "
+                       f"ledger stores (64-bit): no seq can be assigned after it", code="out_of_order", field="seq")

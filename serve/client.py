@@ -143,9 +143,11 @@ class AsyncGatewayClient:
     async def run(self, run_id: str) -> dict:
         return await self._req("GET", f"/v1/runs/{run_id}")
 
-    async def stream(self, run_id: str):
-        """Yield each verdict the gateway streams for the run (stored ones first)."""
-        async with self.http.stream("GET", f"/v1/runs/{run_id}/stream", timeout=None) as resp:
+    async def stream(self, run_id: str, after_seq: int | None = None):
+        """Yield each verdict the gateway streams for the run (stored ones first; with
+        `after_seq`, only those after it: how a dropped stream resumes)."""
+        headers = {"Last-Event-ID": str(after_seq)} if after_seq is not None else None
+        async with self.http.stream("GET", f"/v1/runs/{run_id}/stream", timeout=None, headers=headers) as resp:
             if resp.status_code >= 400:
                 await resp.aread()
                 _raise(resp)

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 ACTIONS = ("none", "warn", "pause", "halt")
+DEFAULT_BUDGET = 8160      # prompt tokens: stage 1's 8192 - 32
 AUDITOR_BACKENDS = ("none", "openai")
 
 
@@ -55,7 +56,7 @@ class ApiKey:
     sha256: str
 
     def __post_init__(self) -> None:
-        _need(isinstance(self.name, str) and re.fullmatch(r"[\w.-]{1,64}", self.name or "") is not None,
+        _need(isinstance(self.name, str) and re.fullmatch(r"[\w.-]{1,64}", self.name or "", flags=re.ASCII) is not None,
               "name", f"must be 1-64 word characters, got {self.name!r}")
         _need(isinstance(self.sha256, str) and re.fullmatch(r"[0-9a-f]{64}", self.sha256) is not None,
               "sha256", "must be the 64-hex sha256 of the key (`aftraj serve key` prints one)")
@@ -93,7 +94,12 @@ class AuditorConfig:
         if self.budget is not None:
             _int(self.budget, "budget", 64)
             _need(isinstance(self.tokenizer, str) and bool(self.tokenizer), "tokenizer",
-                  "a budget is counted with the served model's tokenizer: give its folder")
+                  "the budget is counted with the served model's tokenizer: give its folder "
+                  "(or `approx` for a rough count)")
+        elif self.backend == "openai":     # never unbounded: the default budget, counted as below
+            object.__setattr__(self, "budget", DEFAULT_BUDGET)
+        if self.tokenizer is not None:
+            _need(isinstance(self.tokenizer, str) and bool(self.tokenizer), "tokenizer", "must be a folder or `approx`")
 
 
 @dataclass(frozen=True)
@@ -128,16 +134,43 @@ class InterventionConfig:
 
 @dataclass(frozen=True)
 class LimitsConfig:
+    """Per-request and per-key bounds. Streams and requests in flight are counted per key (429
+    past the limit); a client that has not sent its headers within `header_timeout_s` or its
+    body within `body_timeout_s` is disconnected (408 for the body); a ledger write that waits
+    for a lock past `ledger_timeout_s` answers 503. Requests without a valid key are limited per
+    client address (`auth_failures_per_s`, then 429). The run cache keeps at most
+    `max_cached_runs` runs and `max_cached_bytes` of their steps, and evicts runs idle for
+    `run_idle_s` (an evicted run is rebuilt from the ledger when next used)."""
+
     max_body_bytes: int = 1024 * 1024
     max_events_per_batch: int = 1000
     rate_per_s: float = 200.0       # requests per second per key (token bucket)
     burst: int = 400
+    max_inflight_per_key: int = 64
+    max_streams_per_key: int = 16
+    max_streams: int = 1024
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 30.0
+    ledger_timeout_s: float = 5.0
+    auth_failures_per_s: float = 5.0
+    auth_failure_burst: int = 20
+    max_cached_runs: int = 1000
+    max_cached_bytes: int = 256 * 1024 * 1024
+    run_idle_s: float = 600.0
+    worker_threads: int = 16
 
     def __post_init__(self) -> None:
         _int(self.max_body_bytes, "max_body_bytes", 1024)
         _int(self.max_events_per_batch, "max_events_per_batch", 1)
         _num(self.rate_per_s, "rate_per_s", 0.001)
         _int(self.burst, "burst", 1)
+        for k in ("max_inflight_per_key", "max_streams_per_key", "max_streams", "auth_failure_burst",
+                  "max_cached_runs", "worker_threads"):
+            _int(getattr(self, k), k, 1)
+        _int(self.max_cached_bytes, "max_cached_bytes", 1 << 20)
+        for k in ("header_timeout_s", "body_timeout_s", "ledger_timeout_s", "run_idle_s"):
+            _num(getattr(self, k), k, 0.05)
+        _num(self.auth_failures_per_s, "auth_failures_per_s", 0.001)
 
 
 @dataclass(frozen=True)
@@ -151,13 +184,21 @@ class GatewayConfig:
     auditor: AuditorConfig = field(default_factory=AuditorConfig)
     intervention: InterventionConfig = field(default_factory=InterventionConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    metrics_public: bool = False        # /metrics without a key (counters of every tenant)
 
     def __post_init__(self) -> None:
         _need(self.kind == "gateway", "kind", "must be 'gateway'")
         _int(self.port, "port", 0)
+        _need(self.port <= 65535, "port", f"must be a TCP port (0-65535), got {self.port!r}")
+        _need(isinstance(self.metrics_public, bool), "metrics_public", "must be true or false")
         _need(isinstance(self.ledger_url, str) and "://" in self.ledger_url, "ledger_url",
               f"must be an SQLAlchemy URL (sqlite:///path.db, postgresql+psycopg://…), got {self.ledger_url!r}")
         _need(len({k.name for k in self.api_keys}) == len(self.api_keys), "api_keys", "names must be unique")
+        seen: dict[str, str] = {}
+        for k in self.api_keys:
+            _need(k.sha256 not in seen, "api_keys",
+                  f"{seen.get(k.sha256)!r} and {k.name!r} share one sha256 (one key, two names): make a key each")
+            seen[k.sha256] = k.name
 
 
 PROFILES = ("gpu", "cpu")
@@ -216,7 +257,7 @@ def _build(cls, raw: Any, prefix: str = ""):
     for k, v in raw.items():
         sub = {"auditor": AuditorConfig, "intervention": InterventionConfig, "limits": LimitsConfig}
         if cls is GatewayConfig and k in sub:
-            kw[k] = _build(sub[k], v or {}, f"{prefix}{k}.")
+            kw[k] = _build(sub[k], {} if v is None else v, f"{prefix}{k}.")
         elif cls is GatewayConfig and k == "api_keys":
             if not isinstance(v, list):
                 raise ConfigError(f"{prefix}api_keys: must be a list of {{name, sha256}}")

@@ -7,9 +7,24 @@ the batch holds plain objects here.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+AgentName = Annotated[str, Field(min_length=1, max_length=512)]
+
+
+def _text(v: str | None, what: str) -> str | None:
+    """Text that the ledger can store: valid Unicode (no lone surrogate), no NUL."""
+    if v is None:
+        return v
+    if "\x00" in v:
+        raise ValueError(f"{what} must not contain a NUL character")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} is not valid Unicode text (a lone surrogate at character {e.start})") from None
+    return v
 
 
 class RunCreate(BaseModel):
@@ -19,9 +34,22 @@ class RunCreate(BaseModel):
     run_id: str | None = Field(None, max_length=200, pattern=r"^[\w.:-]+$",
                                description="your id for the run (default: a random one)")
     task: str = Field(..., max_length=200_000, description="the request the agents work on")
-    agents: list[str] = Field(default_factory=list, max_length=256)
+    agents: list[AgentName] = Field(default_factory=list, max_length=256,
+                                    description="the run's agent names (each 1-512 characters)")
     category: str | None = Field(None, max_length=64,
                                  description="tool-policy category (the fold's permitted tools)")
+
+    @field_validator("task", "category")
+    @classmethod
+    def _valid_text(cls, v, info):
+        return _text(v, info.field_name)
+
+    @field_validator("agents")
+    @classmethod
+    def _valid_agents(cls, v):
+        for i, a in enumerate(v):
+            _text(a, f"agents[{i}]")
+        return v
 
 
 class RunCreated(BaseModel):

@@ -4,12 +4,16 @@
     curl -H "Authorization: Bearer $KEY" -d '{"task": "…", "agents": ["a"]}' localhost:8080/v1/runs
 
 Routes: POST /v1/runs, POST /v1/runs/{id}/events, GET /v1/runs/{id}, GET /v1/runs/{id}/stream
-(server-sent verdicts), GET /healthz, GET /metrics (Prometheus text), GET /openapi.json. Every
-error body is a `Problem` (detail, event_index, event_id, field); no body echoes a key.
-Order of checks (`BodyLimit`, in front of the routes): a declared Content-Length over
-`limits.max_body_bytes` -> 413; then the API key and its rate limit (401/429) before any byte of
-the body is read; then the body, counted as it streams in (chunked: 413 past the limit); then
-the body's validation (422).
+(server-sent verdicts, `id:` = the verdict's seq; a reconnect with `Last-Event-ID` resumes after
+it), GET /healthz, GET /metrics (Prometheus text; needs a key unless `metrics_public`),
+GET /openapi.json. Every error body is a `Problem` (detail, event_index, event_id, field); no
+body echoes a key. Order of checks (`BodyLimit`, in front of the routes): a declared
+Content-Length over `limits.max_body_bytes` -> 413; then the API key and its rate limit
+(401/429; 429 for an address past `limits.auth_failures_per_s` failed keys) and the key's
+requests in flight (429) before any byte of the body is read; then the body, counted as it
+streams in (chunked: 413 past the limit; 408 when it takes over `limits.body_timeout_s`); then
+the body's validation (422). Routes do no blocking work: bodies are parsed, validated and
+answered (orjson) on the service's threads (serve.service).
 """
 
 from __future__ import annotations
@@ -22,11 +26,18 @@ from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
+from pydantic import ValidationError
+
 from serve.protocol import EventBatch, Problem, RunCreate, RunCreated, RunView, Verdict
 from serve.service import GatewayError, GatewayService
 
-ERRORS = {401: {"model": Problem}, 404: {"model": Problem}, 409: {"model": Problem},
-          413: {"model": Problem}, 422: {"model": Problem}, 429: {"model": Problem}}
+ERRORS = {401: {"model": Problem}, 404: {"model": Problem}, 408: {"model": Problem}, 409: {"model": Problem},
+          413: {"model": Problem}, 422: {"model": Problem}, 429: {"model": Problem}, 503: {"model": Problem}}
+
+
+def _json_body(model) -> dict:
+    """OpenAPI for a route that reads its JSON body itself (parsed on the threads)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": model.model_json_schema()}}}}
 
 
 class BodyLimit:
@@ -36,43 +47,61 @@ class BodyLimit:
     is read or validated (401/429 whatever the body holds). The key's owner is
     `scope["aftraj.owner"]`; `scope["aftraj.t0"]` is the request's arrival."""
 
-    def __init__(self, app, limit: int, svc: GatewayService | None = None):
-        self.app, self.limit, self.svc = app, limit, svc
+    def __init__(self, app, limit: int, svc: GatewayService | None = None, body_timeout_s: float = 30.0):
+        self.app, self.limit, self.svc, self.body_timeout_s = app, limit, svc, body_timeout_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        scope["aftraj.t0"] = time.perf_counter()           # the request's arrival (the deadline's start)
+        scope["aftraj.t0"] = t0 = time.perf_counter()      # the request's arrival (the deadline's start)
         headers = dict(scope.get("headers", ()))
         v = headers.get(b"content-length", b"")
         if v.isdigit() and int(v) > self.limit:
             return await _send_413(send, self.limit)
-        if self.svc is not None and scope.get("path", "").startswith("/v1/"):
+        owner = None                                   # set: a request counted in flight for this key
+        path = scope.get("path", "")
+        if self.svc is not None and path.startswith("/v1/"):
             auth = headers.get(b"authorization")
+            client = scope.get("client")
             try:
-                scope["aftraj.owner"] = self.svc.authenticate(auth.decode("latin-1") if auth else None)
+                who = self.svc.authenticate(auth.decode("latin-1") if auth else None, client[0] if client else None)
+                if not path.endswith("/stream"):         # a stream is counted as a stream instead
+                    self.svc.begin_request(who)
+                    owner = who
             except GatewayError as e:
                 self.svc.metrics.inc("aftraj_gateway_http_errors_total", status=str(e.status))
                 return await _send_problem(send, e.status, e.body(), e.headers)
-        chunks, seen, first = [], 0, None
-        while True:
-            msg = await receive()
-            if msg["type"] != "http.request":           # the client left: hand that on
-                first = msg
-                break
-            body = msg.get("body", b"")
-            seen += len(body)
-            if seen > self.limit:
-                return await _send_413(send, self.limit)
-            chunks.append(body)
-            if not msg.get("more_body"):
-                break
-        pending = [first or {"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+            scope["aftraj.owner"] = who
+        try:
+            chunks, seen, first = [], 0, None
+            while True:
+                left = t0 + self.body_timeout_s - time.perf_counter()
+                try:
+                    msg = await asyncio.wait_for(receive(), max(left, 0.001))
+                except TimeoutError:
+                    return await _send_problem(send, 408, {"detail": f"request body not received within "
+                                                                     f"{self.body_timeout_s:g} s", "event_index": None,
+                                                           "event_id": None, "field": None},
+                                               {"Connection": "close"})
+                if msg["type"] != "http.request":           # the client left: hand that on
+                    first = msg
+                    break
+                body = msg.get("body", b"")
+                seen += len(body)
+                if seen > self.limit:
+                    return await _send_413(send, self.limit)
+                chunks.append(body)
+                if not msg.get("more_body"):
+                    break
+            pending = [first or {"type": "http.request", "body": b"".join(chunks), "more_body": False}]
 
-        async def replay():
-            return pending.pop() if pending else await receive()
+            async def replay():
+                return pending.pop() if pending else await receive()
 
-        await self.app(scope, replay, send)
+            await self.app(scope, replay, send)
+        finally:
+            if owner is not None:
+                self.svc.end_request(owner)
 
 
 async def _send_problem(send, status: int, problem: dict, headers: dict | None = None) -> None:
@@ -112,42 +141,51 @@ def build_app(svc: GatewayService) -> FastAPI:
         return JSONResponse({"detail": f"{field or 'body'}: {err.get('msg', 'invalid')}", "event_index": None,
                              "event_id": None, "field": field}, status_code=422)
 
-    @app.post("/v1/runs", response_model=RunCreated, status_code=201, responses=ERRORS)
-    async def create_run(request: Request, req: RunCreate, authorization: str | None = Header(None)):
-        return svc.create_run(_owner(request), req)
+    def _json(obj, status: int = 200) -> Response:
+        return Response(obj if isinstance(obj, bytes) else orjson.dumps(obj), status_code=status,
+                        media_type="application/json")
 
-    @app.post("/v1/runs/{run_id}/events", response_model=Verdict, responses=ERRORS)
-    async def post_events(request: Request, run_id: str, batch: EventBatch,
-                          authorization: str | None = Header(None)):
-        v = await svc.ingest(_owner(request), run_id, batch.events, t0=request.scope.get("aftraj.t0"))
+    @app.post("/v1/runs", response_model=RunCreated, status_code=201, responses=ERRORS,
+              openapi_extra=_json_body(RunCreate))
+    async def create_run(request: Request, authorization: str | None = Header(None)):
+        body = await request.body()
+        try:
+            req = await svc._off(RunCreate.model_validate_json, body)
+        except ValidationError as e:
+            err = (e.errors() or [{}])[0]
+            field = ".".join(str(x) for x in err.get("loc", ())) or None
+            svc.metrics.inc("aftraj_gateway_http_errors_total", status="422")
+            return JSONResponse({"detail": f"{field or 'body'}: {err.get('msg', 'invalid')}"[:1000],
+                                 "event_index": None, "event_id": None, "field": field}, status_code=422)
+        created = await svc.acreate_run(_owner(request), req)
+        return _json(created.model_dump(), 201)
+
+    @app.post("/v1/runs/{run_id}/events", response_model=Verdict, responses=ERRORS,
+              openapi_extra=_json_body(EventBatch))
+    async def post_events(request: Request, run_id: str, authorization: str | None = Header(None)):
+        body = await request.body()
+        v = await svc.ingest(_owner(request), run_id, body, t0=request.scope.get("aftraj.t0"))
         emit_verdict(v, run_id)
-        return v
+        return _json(v)
 
     @app.get("/v1/runs/{run_id}", response_model=RunView, responses=ERRORS)
     async def get_run(request: Request, run_id: str, authorization: str | None = Header(None)):
-        return svc.view(_owner(request), run_id)
+        view = await svc.aview(_owner(request), run_id)
+        return _json(await svc._off(orjson.dumps, view))
 
     @app.get("/v1/runs/{run_id}/stream", responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}})
-    async def stream(request: Request, run_id: str, authorization: str | None = Header(None)):
-        """Server-sent events: every stored verdict of the run, then each new one (`event: verdict`)."""
-        owner = _owner(request)
-        q, history = svc.subscribe(owner, run_id)
+    async def stream(request: Request, run_id: str, authorization: str | None = Header(None),
+                     last_event_id: str | None = Header(None)):
+        """Server-sent events: every stored verdict of the run (after `Last-Event-ID`, a seq),
+        then each new one (`event: verdict`, `id: <seq>`). At most `limits.max_streams_per_key`
+        streams a key (429)."""
+        after = int(last_event_id) if last_event_id and last_event_id.isdigit() and len(last_event_id) < 20 else -1
+        items = await svc.stream_pages(_owner(request), run_id, after)
 
         async def gen():
-            try:
-                for v in history:
-                    yield b"event: verdict\ndata: " + orjson.dumps(v) + b"\n\n"
-                while True:
-                    try:
-                        v = await asyncio.wait_for(q.get(), timeout=15)
-                    except TimeoutError:
-                        yield b": keep-alive\n\n"
-                        continue
-                    if v is None:              # dropped for lagging: end; a reconnect resends all
-                        return
-                    yield b"event: verdict\ndata: " + orjson.dumps(v) + b"\n\n"
-            finally:
-                svc.unsubscribe(owner, run_id, q)
+            async for page in items:
+                yield b"".join(b"event: verdict\nid: %d\ndata: %b\n\n" % (seq, data)
+                               for seq, data in page) or b": keep-alive\n\n"
 
         return StreamingResponse(gen(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
@@ -156,14 +194,19 @@ def build_app(svc: GatewayService) -> FastAPI:
     async def healthz():
         return {"status": "ok", "auditor": svc.cfg.auditor.backend}
 
-    @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics():
+    @app.get("/metrics", response_class=PlainTextResponse, responses={401: {"model": Problem}})
+    async def metrics(request: Request, authorization: str | None = Header(None)):
+        """Prometheus text. Needs an API key unless the config sets `metrics_public: true`."""
+        if not svc.cfg.metrics_public:
+            client = request.client
+            svc.authenticate(authorization, client.host if client else None)
         return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4")
 
     from serve.web import register as register_web      # GET /v1/runs and the /ui pages (serve/web.py)
 
     emit_verdict = register_web(app, svc)              # AFTRAJ_EMIT: verdicts as OTel spans / Langfuse scores
-    app.add_middleware(BodyLimit, limit=svc.cfg.limits.max_body_bytes, svc=svc)
+    app.add_middleware(BodyLimit, limit=svc.cfg.limits.max_body_bytes, svc=svc,
+                       body_timeout_s=svc.cfg.limits.body_timeout_s)
     app.state.service = svc
     return app
 

@@ -5,18 +5,36 @@
     created = svc.create_run("team-a", RunCreate(task="…", agents=["planner", "coder"]))
     verdict = await svc.ingest("team-a", created.run_id, [event, …])
 
-A batch of events is validated with the one event parser (`aftraj.events.parse_event`); the
-whole batch is refused on the first malformed event (nothing stored, the 4xx names index,
-event_id and field). It is then stored by `SqlLedger.append_many` in one committed transaction
-(idempotent by event_id through the database's key, ordered by seq) BEFORE anything is
-answered. The run's fold state then catches up from the ledger (so several gateway processes
-sharing one database see every event, whichever process took it), the newest prefix is
-rendered with the shared prompt builder (`aftraj.prompt.render_prompt`, the budget counted with
-the served model's tokenizer: `aftraj.tokens`) and sent to the auditor through the one client
-(`aftraj.llm_client`). The answer is the verdict for that prefix, the fold's findings with
+A batch of events is validated with the one event parser (`aftraj.events.parse_event`) and
+`aftraj.events.check_foldable` (everything the ledger and the fold will need of it: no NUL or
+lone surrogate in an id, meta nested at most 32 levels, finite numbers, JSON that can be written
+back): the whole batch is refused on the first malformed event (nothing stored, the 4xx names
+index, event_id and field). It is then stored by `SqlLedger.append_batch` in one committed
+transaction (idempotent by event_id through the database's key, ordered by seq) BEFORE anything
+is answered; what is committed always folds. The run's fold state then catches up from the
+ledger (so several gateway processes sharing one database see every event, whichever process
+took it), the newest prefix is rendered with the shared prompt builder
+(`aftraj.prompt.render_prompt`, the budget counted with the served model's tokenizer:
+`aftraj.tokens`; an `openai` auditor always has a budget) and sent to the auditor through the one
+client (`aftraj.llm_client`). The answer is the verdict for that prefix, the fold's findings with
 their evidence, and an intervention action. If the auditor is off, slow past `deadline_s` or
 down, the verdict says `auditor: unavailable` (decision from the fold's deterministic rules):
 never a silent CONTINUE. A batch that adds nothing new (a resend) gets the stored verdict back.
+
+Nothing blocking runs on the event loop: body parsing and validation, every database call, the
+fold, rendering and parsing the auditor's reply run on the service's thread pool
+(`limits.worker_threads`); a ledger that stays locked past `limits.ledger_timeout_s` answers 503
+(Retry-After) instead of stalling. Streams send their history in pages of stored records.
+
+Run state is a bounded cache: at most `limits.max_cached_runs` runs and
+`limits.max_cached_bytes` of step content, idle runs evicted after `limits.run_idle_s`; an
+evicted run is rebuilt from the ledger when it is next used. A run whose ledger holds an event
+this version cannot fold (written by an older one) answers 409 naming that event, every time.
+
+Tenancy: a run id is the tenant's own; it is stored under `<key name>/<run id>` (key names
+never hold "/"), so two tenants may use the same run id and a create never discloses another
+tenant's run. Runs created before this scoping (stored under the bare id) stay readable by
+their owner.
 
 Steps and events: seq 0 of every run is its `run_started` event (a synthetic `message` by
 `gateway` carrying task, agents and category in `meta.run_started`); the run's own events take
@@ -32,15 +50,16 @@ import math
 import os
 import secrets
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
+from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 
-from aftraj.events import EventError, event_to_step, is_synthetic, make_event, parse_event
+from aftraj.events import EventError, check_foldable, event_to_step, is_synthetic, make_event, parse_event
 from aftraj.fold import RunState, fold
 from aftraj.ledger import LedgerError, SqlLedger
 from aftraj.prompt import ParseFailure, approx_tokens, parse_verdict, render_prompt
-from aftraj.schema import Label, Trajectory
+from aftraj.schema import Label, SchemaError, Trajectory
 from aftraj.views import observer_view
 from serve.config import GatewayConfig, hash_key
 from serve.protocol import RunCreate, RunCreated
@@ -72,7 +91,7 @@ class KeyRing:
         self.keys = [(k.name, bytes.fromhex(k.sha256)) for k in keys]
 
     def owner(self, authorization: str | None) -> str | None:
-        if not authorization or not authorization.startswith("Bearer "):
+        if not authorization or not authorization.startswith("Bearer ") or len(authorization) > 4096:
             return None
         digest = bytes.fromhex(hash_key(authorization[7:].strip()))
         found = None
@@ -83,10 +102,12 @@ class KeyRing:
 
 
 class RateLimiter:
-    """A token bucket per key: `rate` requests a second, bursts up to `burst`."""
+    """A token bucket per key: `rate` requests a second, bursts up to `burst`. At most
+    `max_keys` buckets are kept (the oldest forgotten first: a flood of distinct keys, such as
+    client addresses, cannot grow it without bound)."""
 
-    def __init__(self, rate: float, burst: int):
-        self.rate, self.burst = rate, burst
+    def __init__(self, rate: float, burst: int, max_keys: int = 100_000):
+        self.rate, self.burst, self.max_keys = rate, burst, max_keys
         self.tokens: dict[str, float] = {}
         self.stamp: dict[str, float] = {}
 
@@ -94,6 +115,10 @@ class RateLimiter:
         """None if allowed, else the seconds to wait."""
         now = time.monotonic()
         tok = min(self.burst, self.tokens.get(key, self.burst) + (now - self.stamp.get(key, now)) * self.rate)
+        if key not in self.stamp and len(self.stamp) >= self.max_keys:
+            old = next(iter(self.stamp))
+            del self.stamp[old]
+            self.tokens.pop(old, None)
         self.stamp[key] = now
         if tok >= 1:
             self.tokens[key] = tok - 1
@@ -148,20 +173,37 @@ class Metrics:
 # --------------------------------------------------------------------------- the service
 
 MIN_AUDIT_S = 0.05         # less deadline than this left after the run's lock: do not call the auditor
-STREAM_QUEUE = 10_000      # verdicts a stream may lag behind before it is dropped
+STREAM_QUEUE = 64          # verdicts a stream may lag behind before it is dropped (it resumes from the ledger)
+HISTORY_PAGE = 100         # stored verdicts a stream reads from the database at a time
+STEP_OVERHEAD = 400        # bytes a folded step costs beyond its strings (the cache's estimate)
+
 
 class _Run:
-    __slots__ = ("run_id", "owner", "task", "agents", "category", "state", "steps", "step_at", "lock",
-                 "subscribers")
+    __slots__ = ("key", "run_id", "owner", "task", "agents", "category", "state", "steps", "step_at", "lock",
+                 "subscribers", "used", "size", "counted", "broken")
 
-    def __init__(self, run_id, owner, task, agents, category, policy):
-        self.run_id, self.owner, self.task = run_id, owner, task
+    def __init__(self, key, run_id, owner, task, agents, category, policy):
+        self.key, self.run_id, self.owner, self.task = key, run_id, owner, task
         self.agents, self.category = agents, category
-        self.state = RunState(run_id, category=category, policy=policy)
+        self.state = RunState(key, category=category, policy=policy)
         self.steps: list = []
         self.step_at: list[int | None] = []    # fold position -> step index (None: synthetic)
         self.lock = asyncio.Lock()
         self.subscribers: set[asyncio.Queue] = set()
+        self.used = time.monotonic()
+        self.size = len(task) + STEP_OVERHEAD      # estimated bytes held (grows on the threads)
+        self.counted = 0                           # of which the cache's total holds (the loop's)
+        self.broken: GatewayError | None = None
+
+
+class _Unfoldable(Exception):
+    def __init__(self, seq, event_id, err):
+        self.seq, self.event_id, self.err = seq, event_id, err
+
+
+def storage_key(owner: str, run_id: str) -> str:
+    """Where a tenant's run lives in the database: key names never hold '/', so ids never meet."""
+    return f"{owner}/{run_id}"
 
 
 class GatewayService:
@@ -171,12 +213,14 @@ class GatewayService:
         from aftraj.detectors import default_policy, load_policy
 
         self.cfg = cfg
+        lim = cfg.limits
         self.policy = load_policy(cfg.policy) if cfg.policy else default_policy()
         if cfg.ledger_url.startswith("sqlite:///"):
             path = cfg.ledger_url[len("sqlite:///"):]
             if path and path != ":memory:":
                 os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        self.ledger = SqlLedger(cfg.ledger_url, id_scope="run")   # tenants' ids never meet
+        # tenants' ids never meet; a held lock makes a write wait at most ledger_timeout_s
+        self.ledger = SqlLedger(cfg.ledger_url, id_scope="run", busy_timeout_s=lim.ledger_timeout_s)
         self._sa = sa
         md = self.ledger.metadata
         self.runs_table = sa.Table(
@@ -191,9 +235,15 @@ class GatewayService:
             sa.Column("record", sa.LargeBinary, nullable=False))
         md.create_all(self.ledger.engine)
         self.keys = KeyRing(cfg.api_keys)
-        self.limiter = RateLimiter(cfg.limits.rate_per_s, cfg.limits.burst)
+        self.limiter = RateLimiter(lim.rate_per_s, lim.burst)
+        self.fail_limiter = RateLimiter(lim.auth_failures_per_s, lim.auth_failure_burst)
         self.metrics = Metrics()
-        self.runs: dict[str, _Run] = {}
+        self.runs: OrderedDict[str, _Run] = OrderedDict()     # storage key -> run, least recently used first
+        self.cached_bytes = 0
+        self.streams: dict[str, int] = defaultdict(int)
+        self.inflight: dict[str, int] = defaultdict(int)
+        self._loading: dict[str, asyncio.Future] = {}
+        self.pool = ThreadPoolExecutor(lim.worker_threads, thread_name_prefix="aftraj-gateway")
         a = cfg.auditor
         self.client = None
         self.count_tokens = approx_tokens
@@ -203,16 +253,52 @@ class GatewayService:
             self.client = ChatClient(ClientConfig.from_env(
                 a.base_url, a.api_key_env, deadline_s=a.deadline_s, retries=1, backoff_s=0.05,
                 max_backoff_s=0.5, max_response_bytes=a.max_response_bytes), transport=transport)
-        if a.budget is not None:
+        if a.budget is not None and a.tokenizer not in (None, "approx"):
             from aftraj.tokens import tokenizer_counter
 
-            self.count_tokens = tokenizer_counter(a.tokenizer)
+            self.count_tokens = tokenizer_counter(os.path.expanduser(a.tokenizer))
+        elif a.backend == "openai":
+            log.warning("auditor.tokenizer is not set: the %d-token budget is counted approximately (3 characters "
+                        "a token); give the served model's folder to render over-budget prompts as training did",
+                        a.budget)
 
-    # ------------------------------------------------------------------ auth
-    def authenticate(self, authorization: str | None) -> str:
+    async def _off(self, fn, *args):
+        """Run blocking work (database, parsing, fold, rendering) on the service's threads."""
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    def _busy(self, what: str) -> GatewayError:
+        self.metrics.inc("aftraj_gateway_ledger_busy_total")
+        return GatewayError(503, f"the ledger is busy ({what} waited over {self.cfg.limits.ledger_timeout_s:g} s); "
+                                 f"nothing of this request was answered: resend it (a resend is idempotent)",
+                            headers={"Retry-After": "1"})
+
+    async def _ledger(self, fn, *args, what: str = "a write", timeout: float | None = None):
+        """Ledger work on the threads, bounded by `timeout` (default `ledger_timeout_s`) + 1 s
+        for the work itself; the database's own lock wait is `ledger_timeout_s`."""
+        sa = self._sa
+        timeout = self.cfg.limits.ledger_timeout_s if timeout is None else timeout
+        try:
+            return await asyncio.wait_for(self._off(fn, *args), timeout + 1.0)
+        except TimeoutError:
+            raise self._busy(what) from None
+        except sa.exc.OperationalError as e:
+            if "locked" in str(e) or "lock timeout" in str(e) or "busy" in str(e):
+                raise self._busy(what) from None
+            raise
+
+    # ------------------------------------------------------------------ auth and limits
+    def authenticate(self, authorization: str | None, peer: str | None = None) -> str:
+        """The key's owner; 401 for a missing or unknown key (429 once `peer`, the client's
+        address, has failed more than `limits.auth_failures_per_s` allows); 429 past the key's
+        rate limit."""
         owner = self.keys.owner(authorization)
         if owner is None:
             self.metrics.inc("aftraj_gateway_auth_failures_total")
+            wait = self.fail_limiter.take(peer or "?")
+            if wait is not None:
+                self.metrics.inc("aftraj_gateway_auth_failures_limited_total")
+                raise GatewayError(429, "too many requests without a valid API key from this address",
+                                   headers={"Retry-After": f"{max(1, math.ceil(wait))}"})
             raise GatewayError(401, "missing or unknown API key (Authorization: Bearer <key>)",
                                headers={"WWW-Authenticate": "Bearer"})
         wait = self.limiter.take(owner)
@@ -222,58 +308,180 @@ class GatewayService:
                                headers={"Retry-After": f"{max(1, math.ceil(wait))}"})
         return owner
 
+    def begin_request(self, owner: str) -> None:
+        """Count a request in flight for `owner`; 429 past `limits.max_inflight_per_key`."""
+        lim = self.cfg.limits.max_inflight_per_key
+        if self.inflight[owner] >= lim:
+            self.metrics.inc("aftraj_gateway_inflight_limited_total")
+            raise GatewayError(429, f"over {lim} requests in flight for this key", headers={"Retry-After": "1"})
+        self.inflight[owner] += 1
+
+    def end_request(self, owner: str) -> None:
+        self.inflight[owner] -= 1
+        if self.inflight[owner] <= 0:
+            del self.inflight[owner]
+
     # ------------------------------------------------------------------ runs
     def create_run(self, owner: str, req: RunCreate) -> RunCreated:
+        """Blocking (database): the router runs it on the service's threads (`acreate_run`)."""
         run_id = req.run_id or f"run-{secrets.token_hex(8)}"
+        key = storage_key(owner, run_id)
         rec = {"task": req.task, "agents": req.agents, "category": req.category}
-        started = make_event(event_id=f"{run_id}/run_started", run_id=run_id, kind="message",
-                             agent="gateway", payload={"content": req.task}, seq=0,
-                             meta={"aftraj_synthetic": True, "run_started": rec,
-                                   **({"category": req.category} if req.category else {})})
+        try:
+            started = make_event(event_id=f"{run_id}/run_started", run_id=key, kind="message",
+                                 agent="gateway", payload={"content": req.task}, seq=0,
+                                 meta={"aftraj_synthetic": True, "run_started": rec,
+                                       **({"category": req.category} if req.category else {})})
+            check_foldable(started)
+        except EventError as e:       # RunCreate's validators should have caught it; never a 500
+            raise GatewayError(422, f"run: {e.field}: {e.message}", field=e.field) from None
         t = self.runs_table
         try:
             with self.ledger.engine.begin() as conn:       # the run and its run_started, or neither
-                conn.execute(t.insert().values(run_id=run_id, owner=owner, record=orjson.dumps(rec)))
+                conn.execute(t.insert().values(run_id=key, owner=owner, record=orjson.dumps(rec)))
                 self.ledger._store(conn, [started])
         except self._sa.exc.IntegrityError:
-            # the same answer whoever holds the id: another key's run is not disclosed
-            raise GatewayError(409, "run id not available (choose another run_id)", field="run_id") from None
+            raise GatewayError(409, "run id not available (you already have a run with this id)",
+                               field="run_id") from None
         self.metrics.inc("aftraj_gateway_runs_total")
         return RunCreated(run_id=run_id, event_id=started.event_id, seq=0)
 
-    def run(self, owner: str, run_id: str) -> _Run:
-        """The run if `owner` created it; 404 otherwise (another key's run is not disclosed)."""
-        r = self.runs.get(run_id)
-        if r is None:
-            t = self.runs_table
-            with self.ledger.reader.connect() as conn:
-                row = conn.execute(self._sa.select(t.c.owner, t.c.record).where(t.c.run_id == run_id)).first()
-            if row is None:
-                raise GatewayError(404, f"no run {run_id!r}")
-            rec = orjson.loads(row[1])
-            r = _Run(run_id, row[0], rec["task"], rec["agents"], rec["category"], self.policy)
-            self._catch_up(r)
-            self.runs[run_id] = r
-        if r.owner != owner:
+    async def acreate_run(self, owner: str, req: RunCreate) -> RunCreated:
+        return await self._ledger(self.create_run, owner, req, what="creating the run")
+
+    def _load(self, owner: str, run_id: str) -> _Run:
+        """The run from the database (blocking), folded up to what the ledger holds."""
+        t, sa = self.runs_table, self._sa
+        key = storage_key(owner, run_id)
+        with self.ledger.reader.connect() as conn:
+            row = conn.execute(sa.select(t.c.run_id, t.c.owner, t.c.record).where(t.c.run_id == key)).first()
+            if row is None:      # a run created before ids were scoped by key: its owner still reads it
+                row = conn.execute(sa.select(t.c.run_id, t.c.owner, t.c.record).where(
+                    t.c.run_id == run_id, t.c.owner == owner)).first()
+        if row is None or row[1] != owner:
             raise GatewayError(404, f"no run {run_id!r}")
+        rec = orjson.loads(row[2])
+        r = _Run(row[0], run_id, owner, rec["task"], rec["agents"], rec["category"], self.policy)
+        self._catch_up(r)
         return r
 
-    def _catch_up(self, r: _Run) -> None:
-        """Fold what the ledger holds beyond the run's state (events any process stored)."""
-        for ev in self.ledger.iter_run(r.run_id, r.state.last_seq):
-            fold(r.state, ev)
-            if is_synthetic(ev):
-                r.step_at.append(None)
-            else:
-                r.step_at.append(len(r.steps))
-                r.steps.append(event_to_step(ev, len(r.steps), r.run_id))
+    def run(self, owner: str, run_id: str) -> _Run:
+        """The run if `owner` created it; 404 otherwise (blocking: loads it on a cache miss)."""
+        r = self.runs.get(storage_key(owner, run_id))
+        if r is None:
+            r = self._cache(self._load(owner, run_id))
+        self._use(r)
+        if r.broken is not None:
+            raise r.broken
+        return r
+
+    async def arun(self, owner: str, run_id: str) -> _Run:
+        key = storage_key(owner, run_id)
+        r = self.runs.get(key)
+        if r is None:
+            # one load a run at a time, awaited by every request that missed: they resume in
+            # arrival order, so a run's concurrent batches still take its lock in that order
+            task = self._loading.get(key)
+            if task is None:
+                task = asyncio.ensure_future(self._ledger(self._load, owner, run_id, what="reading the run"))
+                self._loading[key] = task
+                task.add_done_callback(lambda _t, k=key: self._loading.pop(k, None))
+            r = self.runs.get(key) or self._cache(await asyncio.shield(task))
+        self._use(r)
+        if r.broken is not None:
+            raise r.broken
+        return r
+
+    # ------------------------------------------------------------------ the bounded run cache
+    def _cache(self, r: _Run) -> _Run:
+        have = self.runs.get(r.key)
+        if have is not None:          # loaded twice at once: the first one stays
+            return have
+        self.runs[r.key] = r
+        self._resize(r)
+        self._sweep()
+        return r
+
+    def _use(self, r: _Run) -> None:
+        r.used = time.monotonic()
+        if r.key in self.runs:
+            self.runs.move_to_end(r.key)
+
+    def _resize(self, r: _Run) -> None:
+        if self.runs.get(r.key) is r:
+            self.cached_bytes += r.size - r.counted
+            r.counted = r.size
+
+    def _drop(self, r: _Run) -> None:
+        if self.runs.get(r.key) is r:
+            del self.runs[r.key]
+            self.cached_bytes -= r.counted
+            r.counted = 0
+
+    def _sweep(self) -> None:
+        """Evict least recently used runs past the cache's bounds, and idle ones (never a run
+        with a request or a stream on it)."""
+        lim = self.cfg.limits
+        now = time.monotonic()
+        for key in list(self.runs):
+            r = self.runs[key]
+            over = len(self.runs) > lim.max_cached_runs or self.cached_bytes > lim.max_cached_bytes
+            if not over and now - r.used < lim.run_idle_s:
+                break
+            if r.lock.locked() or r.subscribers:
+                continue
+            self._drop(r)
+            self.metrics.inc("aftraj_gateway_runs_evicted_total")
 
     @staticmethod
-    def _fold_new(r: _Run, events) -> None:
+    def _grow(r: _Run, steps) -> None:
+        r.size += sum(len(s.content) + len(s.agent) + STEP_OVERHEAD for s in steps)
+
+    def _catch_up(self, r: _Run) -> None:
+        """Fold what the ledger holds beyond the run's state (events any process stored).
+        Blocking. An event the fold cannot take marks the run broken, naming the event."""
+        if r.broken is not None:
+            raise r.broken
+        sa, t = self._sa, self.ledger.table
+        q = sa.select(t.c.seq, t.c.event_id, t.c.record).where(
+            t.c.run_id == r.key, t.c.seq > r.state.last_seq).order_by(t.c.seq)
+        new = []
+        try:
+            with self.ledger.reader.connect() as conn:
+                for seq, eid, rec in conn.execute(q):
+                    try:
+                        ev = parse_event(orjson.loads(rec))
+                        step = None if is_synthetic(ev) else event_to_step(ev, len(r.steps), r.key)
+                        fold(r.state, ev)
+                    except (SchemaError, ValueError, TypeError, KeyError, IndexError) as e:
+                        raise _Unfoldable(seq, eid, e) from None
+                    if step is None:
+                        r.step_at.append(None)
+                    else:
+                        r.step_at.append(len(r.steps))
+                        r.steps.append(step)
+                        new.append(step)
+        except _Unfoldable as u:
+            field = getattr(u.err, "field", None)
+            msg = getattr(u.err, "message", None) or f"{type(u.err).__name__}: {u.err}"
+            r.broken = GatewayError(
+                409, f"run_unreadable: run {r.run_id!r} holds event {u.event_id!r} (seq {u.seq}) that this "
+                     f"gateway cannot fold ({field + ': ' if field else ''}{msg[:300]}); its events are kept in "
+                     f"the ledger, the run cannot be audited further", event_id=u.event_id, field=field)
+            log.error("run %s: %s", r.key, r.broken.detail)
+            self._grow(r, new)
+            raise r.broken from None
+        self._grow(r, new)
+
+    def _fold_new(self, r: _Run, events) -> None:
+        new = []
         for ev in events:
             fold(r.state, ev)
             r.step_at.append(len(r.steps))
-            r.steps.append(event_to_step(ev, len(r.steps), r.run_id))
+            step = event_to_step(ev, len(r.steps), r.key)
+            r.steps.append(step)
+            new.append(step)
+        self._grow(r, new)
 
     def trajectory(self, r: _Run) -> Trajectory:
         return Trajectory(id=r.run_id, family_id=r.run_id,
@@ -282,24 +490,49 @@ class GatewayService:
                           label=Label("SAFE", "external"))
 
     # ------------------------------------------------------------------ events
-    def _parse_batch(self, run_id: str, items: list) -> list:
+    def _parse_body(self, body: bytes) -> list:
+        """The POST body (bytes) -> its list of events; 422 naming what is wrong."""
+        try:
+            d = orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            raise GatewayError(422, f"body: not valid JSON (NaN, Infinity and lone surrogates are not JSON): {e}"
+                               ) from None
+        if type(d) is not dict:
+            raise GatewayError(422, "body: must be an object {\"events\": [...]}")
+        extra = sorted(k for k in d if k != "events")
+        if extra:
+            raise GatewayError(422, f"{extra[0]}: extra inputs are not permitted", field=extra[0])
+        items = d.get("events")
+        if type(items) is not list or not items:
+            raise GatewayError(422, "events: must be a non-empty list of event objects", field="events")
+        return items
+
+    def _parse_batch(self, run_id: str, items: list | bytes, key: str | None = None) -> list:
+        """Validate a batch (blocking: runs on the threads): every check that can refuse an
+        event runs here, before anything is stored."""
+        if isinstance(items, (bytes, bytearray, memoryview)):
+            items = self._parse_body(bytes(items))
         lim = self.cfg.limits.max_events_per_batch
         if len(items) > lim:
             raise GatewayError(413, f"batch of {len(items)} events is over the limit of {lim}", field="events")
+        key = key or run_id
         events = []
         for i, d in enumerate(items):
             eid = d.get("event_id") if isinstance(d, dict) else None
-            eid = eid if isinstance(eid, str) else None
-            if isinstance(d, dict) and "run_id" not in d:
-                d = {**d, "run_id": run_id}
+            eid = eid if isinstance(eid, str) and len(eid) <= 512 else None
+            if isinstance(d, dict):
+                if "run_id" not in d or d["run_id"] == run_id:
+                    d = {**d, "run_id": key}
+                elif d["run_id"] != key:
+                    raise GatewayError(422, f"event {i} ({eid}): run_id: {d['run_id']!r}"[:300]
+                                       + f" is not this run ({run_id!r})",
+                                       event_index=i, event_id=eid, field="run_id")
             try:
                 ev = parse_event(d)
+                check_foldable(ev)
             except EventError as e:
                 raise GatewayError(422, f"event {i} ({eid or 'no event_id'}): {e.field}: {e.message}",
                                    event_index=i, event_id=eid, field=e.field) from None
-            if ev.run_id != run_id:
-                raise GatewayError(422, f"event {i} ({eid}): run_id: {ev.run_id!r} is not this run ({run_id!r})",
-                                   event_index=i, event_id=eid, field="run_id")
             if ev.seq == 0 or is_synthetic(ev):
                 raise GatewayError(422, f"event {i} ({eid}): seq 0 and synthetic events are the gateway's "
                                         f"(run_started); a run's events take seq >= 1",
@@ -307,45 +540,87 @@ class GatewayService:
             events.append(ev)
         return events
 
-    async def ingest(self, owner: str, run_id: str, items: list, *, t0: float | None = None) -> dict:
-        """`t0`: the request's arrival (`time.perf_counter()`); the auditor's deadline counts from it."""
+    def _commit(self, r: _Run, events: list) -> tuple[list[bool], dict | None]:
+        """Store the batch (committed before we answer) and fold it (blocking; under the run's
+        lock). Returns (added per event, the stored verdict when the batch added nothing)."""
+        try:
+            added, before = self.ledger.append_batch(events)
+        except LedgerError as e:
+            i = next((j for j, ev in enumerate(events) if e.message.find(repr(ev.event_id)) >= 0), None)
+            raise GatewayError(409, f"{e.code}: {e.message}".replace(f"{r.key!r}", f"{r.run_id!r}"),
+                               event_index=i, event_id=events[i].event_id if i is not None else None,
+                               field=e.field) from None
+        except EventError as e:            # unwritable (checked before: only a store's own refusal)
+            raise GatewayError(422, f"{e.field}: {e.message}", field=e.field) from None
+        n_new = sum(added)
+        if n_new == len(events) and before.get(r.key) == r.state.last_seq:
+            self._fold_new(r, events)      # nothing came in between: fold what we stored
+        else:
+            self._catch_up(r)              # another process (or a resend): read the ledger
+        stored = self._stored_verdict(r.key, r.state.last_seq) if n_new == 0 else None
+        return added, stored
+
+    async def ingest(self, owner: str, run_id: str, items: list | bytes, *, t0: float | None = None) -> dict:
+        """`items`: the batch's events, or the raw POST body (parsed on the threads). `t0`: the
+        request's arrival (`time.perf_counter()`); the auditor's deadline counts from it."""
         t0 = time.perf_counter() if t0 is None else t0
-        r = self.run(owner, run_id)
-        events = self._parse_batch(run_id, items)
-        async with r.lock:
+        r = await self.arun(owner, run_id)
+        events = None
+        lock_by = t0 + self.cfg.limits.ledger_timeout_s     # the run's lock and the ledger: one bound
+        while True:        # the lock first (FIFO): a run's concurrent batches are taken in arrival order
             try:
-                added = self.ledger.append_many(events)      # committed before we answer
-            except LedgerError as e:
-                i = next((j for j, ev in enumerate(events) if e.message.find(repr(ev.event_id)) >= 0), None)
-                raise GatewayError(409, f"{e.code}: {e.message}", event_index=i,
-                                   event_id=events[i].event_id if i is not None else None,
-                                   field=e.field) from None
-            n_new = sum(added)
-            self.metrics.inc("aftraj_gateway_events_total", n_new)
-            self.metrics.inc("aftraj_gateway_duplicate_events_total", len(added) - n_new)
-            if n_new == len(events) and self.ledger.last_seq_before.get(run_id) == r.state.last_seq:
-                self._fold_new(r, events)      # nothing came in between: fold what we stored
-            else:
-                self._catch_up(r)              # another process (or a resend): read the ledger
-            seq = r.state.last_seq
-            if n_new == 0:
-                stored = self._stored_verdict(run_id, seq)
+                await asyncio.wait_for(r.lock.acquire(), max(0.001, lock_by - time.perf_counter()))
+            except TimeoutError:
+                raise self._busy("waiting for the run's earlier requests") from None
+            held = r
+            try:
+                if self.runs.get(r.key) is not r:     # evicted or dropped while we waited: the current one
+                    r = await self.arun(owner, run_id)
+                    continue
+                if r.broken is not None:
+                    raise r.broken
+                if events is None:
+                    events = await self._off(self._parse_batch, run_id, items, r.key)
+                try:
+                    added, stored = await self._ledger(self._commit, r, events, what="storing the events",
+                                                       timeout=max(0.05, lock_by - time.perf_counter()))
+                except GatewayError as e:
+                    if e.status == 503:
+                        self._drop(r)          # the write may still land: rebuild from the ledger
+                    self._resize(r)
+                    raise
+                except Exception:
+                    self._drop(r)              # stored, not folded: never trust this state again
+                    raise
+                self._resize(r)
+                n_new = sum(added)
+                self.metrics.inc("aftraj_gateway_events_total", n_new)
+                self.metrics.inc("aftraj_gateway_duplicate_events_total", len(added) - n_new)
+                seq = r.state.last_seq
                 if stored is not None:
-                    stored.update(accepted=0, duplicates=len(added))
+                    stored.update(accepted=0, duplicates=len(added), run_id=run_id)
                     return stored
-            v = await self._verdict(r, seq, t0)
-            v.update(accepted=n_new, duplicates=len(added) - n_new)
-            self._store_verdict(run_id, seq, v)
-        self._publish(r, v)
+                v = await self._verdict(r, seq, t0)
+                v.update(accepted=n_new, duplicates=len(added) - n_new)
+                data = orjson.dumps(v)
+                try:
+                    await self._ledger(self._store_verdict, r.key, seq, data, what="storing the verdict")
+                except GatewayError:
+                    log.warning("run %s: verdict for seq %s not stored (ledger busy)", r.key, seq)
+                break
+            finally:
+                held.lock.release()
+        self._publish(r, seq, data)
+        self._sweep()
         return v
 
-    def _publish(self, r: _Run, v: dict) -> None:
-        """Hand the verdict to every stream; a stalled one (queue full) is dropped, never raised
-        into ingest (its events are stored, its verdict too): its stream ends and a reconnect
-        gets every stored verdict again."""
+    def _publish(self, r: _Run, seq: int, data: bytes) -> None:
+        """Hand the verdict (serialised once) to every stream; a stalled one (queue full) is
+        dropped, never raised into ingest (its events are stored, its verdict too): its stream
+        ends and a reconnect (with Last-Event-ID) resumes from the stored verdicts."""
         for q in list(r.subscribers):
             try:
-                q.put_nowait(v)
+                q.put_nowait((seq, data))
             except asyncio.QueueFull:
                 r.subscribers.discard(q)
                 self.metrics.inc("aftraj_gateway_streams_dropped_total")
@@ -361,6 +636,28 @@ class GatewayService:
         seen = r.step_at[f.seen_at] if 0 <= f.seen_at < len(r.step_at) else None
         d["seen_at"] = seen if seen is not None else len(r.steps) - 1
         return d
+
+    def _render(self, r: _Run, t: int):
+        a = self.cfg.auditor
+        return render_prompt(self.trajectory(r), t, a.budget, count_tokens=self.count_tokens)
+
+    @staticmethod
+    def _read_reply(text: str, logprobs, t: int):
+        """Parse the auditor's reply (blocking: a hostile 1M-character reply costs its parse on
+        the threads, not on the event loop)."""
+        from eval.confidence import p_unsafe_from_logprobs
+
+        try:
+            v = parse_verdict(text, t)
+        except Exception as e:          # the parser never raises; if it did: no verdict
+            return None, f"unparseable reply: {type(e).__name__}", None
+        conf = None
+        if v is not None and not isinstance(v, ParseFailure):
+            try:
+                conf = p_unsafe_from_logprobs(logprobs)
+            except Exception:            # odd log-probs: no confidence, the verdict stands
+                conf = None
+        return v, None, conf
 
     async def _verdict(self, r: _Run, seq: int, t0: float) -> dict:
         findings = [self._finding(r, f) for f in r.state.findings]
@@ -383,9 +680,7 @@ class GatewayService:
                 if left < MIN_AUDIT_S:
                     raise TimeoutError
                 async with asyncio.timeout(left):
-                    traj = self.trajectory(r)
-                    rendered = await asyncio.to_thread(render_prompt, traj, t, a.budget,
-                                                       count_tokens=self.count_tokens)
+                    rendered = await self._off(self._render, r, t)
                     body = {"model": a.model, "messages": rendered.messages, "temperature": a.temperature,
                             "max_tokens": a.max_tokens}
                     if a.top_logprobs:
@@ -393,6 +688,7 @@ class GatewayService:
                     m0 = time.perf_counter()
                     c = await self.client.acomplete(body)
                     base["model_latency_ms"] = round(1000 * (time.perf_counter() - m0), 3)
+                    v, err, conf = await self._off(self._read_reply, c.text, c.logprobs, t)
             except TimeoutError:
                 base["auditor_error"] = (f"no verdict within the {a.deadline_s:g} s deadline (counted from the "
                                          f"request's arrival, the wait for the run's lock included)")
@@ -400,27 +696,16 @@ class GatewayService:
                 # tenants get the kind only; the operator's log has the (credential-free) message
                 kind = getattr(e, "kind", None)
                 base["auditor_error"] = f"{type(e).__name__}" + (f" ({kind})" if kind else "")
-                log.warning("run %s: auditor error: %s: %s", r.run_id, type(e).__name__, e)
+                log.warning("run %s: auditor error: %s: %s", r.key, type(e).__name__, e)
             else:
-                from eval.confidence import p_unsafe_from_logprobs
-
                 base.update(prompt_tokens=c.usage.prompt_tokens, cached_tokens=c.usage.cached_tokens)
-                try:
-                    v = parse_verdict(c.text, t)
-                except Exception as e:          # the parser never raises; if it did: no verdict
-                    v = None
-                    status, base["auditor_error"] = "parse_failure", f"unparseable reply: {type(e).__name__}"
                 if v is None:
-                    pass
+                    status, base["auditor_error"] = "parse_failure", err
                 elif isinstance(v, ParseFailure):
                     status = "parse_failure"
                     base["auditor_error"] = f"{v.code}: {v.message}"[:500]
                 else:
                     status = "ok"
-                    try:
-                        conf = p_unsafe_from_logprobs(c.logprobs)
-                    except Exception:            # odd log-probs: no confidence, the verdict stands
-                        conf = None
                     base["confidence"] = conf
                     if v.alarm:
                         decision = "ALARM"
@@ -435,48 +720,145 @@ class GatewayService:
         self.metrics.observe_ms(latency)
         return base
 
-    def _store_verdict(self, run_id: str, seq: int, v: dict) -> None:
+    def _store_verdict(self, key: str, seq: int, data: bytes) -> None:
         t = self.verdicts_table
         try:
             with self.ledger.engine.begin() as conn:
-                conn.execute(t.insert().values(run_id=run_id, seq=seq, record=orjson.dumps(v)))
+                conn.execute(t.insert().values(run_id=key, seq=seq, record=data))
         except self._sa.exc.IntegrityError:
             pass       # another process answered this prefix first; its verdict stands
 
-    def _stored_verdict(self, run_id: str, seq: int) -> dict | None:
+    def _stored_verdict(self, key: str, seq: int) -> dict | None:
         t = self.verdicts_table
         with self.ledger.reader.connect() as conn:
-            row = conn.execute(self._sa.select(t.c.record).where(t.c.run_id == run_id, t.c.seq == seq)).first()
+            row = conn.execute(self._sa.select(t.c.record).where(t.c.run_id == key, t.c.seq == seq)).first()
         return None if row is None else orjson.loads(row[0])
 
-    def verdicts(self, run_id: str) -> list[dict]:
+    def verdict_page(self, key: str, after_seq: int = -1, limit: int = HISTORY_PAGE) -> list[tuple[int, bytes]]:
+        """Stored verdicts after `after_seq`, at most `limit`, as (seq, stored JSON bytes)."""
         t = self.verdicts_table
         with self.ledger.reader.connect() as conn:
-            return [orjson.loads(rec) for (rec,) in conn.execute(
-                self._sa.select(t.c.record).where(t.c.run_id == run_id).order_by(t.c.seq))]
+            return [(s, bytes(rec)) for s, rec in conn.execute(
+                self._sa.select(t.c.seq, t.c.record).where(t.c.run_id == key, t.c.seq > after_seq)
+                .order_by(t.c.seq).limit(limit))]
+
+    def verdicts(self, run_id: str, owner: str | None = None) -> list[dict]:
+        """Every stored verdict of a run (`run_id` a storage key, or the tenant's id with `owner`)."""
+        key = storage_key(owner, run_id) if owner is not None else run_id
+        out, after = [], -1
+        while True:
+            page = self.verdict_page(key, after)
+            out += [orjson.loads(rec) for _, rec in page]
+            if len(page) < HISTORY_PAGE:
+                return out
+            after = page[-1][0]
+
+    def _view(self, r: _Run) -> dict:
+        self._catch_up(r)
+        observer = observer_view(r.state)
+        observer["run_id"] = r.run_id
+        return {"run_id": r.run_id, "owner": r.owner, "task": r.task, "agents": r.agents,
+                "category": r.category, "observer": observer, "verdicts": self.verdicts(r.key)}
 
     def view(self, owner: str, run_id: str) -> dict:
-        r = self.run(owner, run_id)
-        self._catch_up(r)
-        return {"run_id": run_id, "owner": r.owner, "task": r.task, "agents": r.agents,
-                "category": r.category, "observer": observer_view(r.state),
-                "verdicts": self.verdicts(run_id)}
+        return self._view(self.run(owner, run_id))
 
-    def subscribe(self, owner: str, run_id: str) -> tuple[asyncio.Queue, list[dict]]:
-        """A queue of the run's new verdicts (None: the stream was dropped for stalling) and the
-        stored ones."""
-        r = self.run(owner, run_id)
+    async def aview(self, owner: str, run_id: str) -> dict:
+        r = await self.arun(owner, run_id)
+        async with r.lock:
+            try:
+                return await self._ledger(self._view, r, what="reading the run")
+            finally:
+                self._resize(r)
+
+    # ------------------------------------------------------------------ streams
+    def open_stream(self, owner: str, r: _Run) -> asyncio.Queue:
+        """Register a stream on `r`; 429 past `limits.max_streams_per_key` or `limits.max_streams`."""
+        lim = self.cfg.limits
+        if self.streams[owner] >= lim.max_streams_per_key or sum(self.streams.values()) >= lim.max_streams:
+            self.metrics.inc("aftraj_gateway_streams_refused_total")
+            raise GatewayError(429, f"too many open streams (at most {lim.max_streams_per_key} for a key, "
+                                    f"{lim.max_streams} in all)", headers={"Retry-After": "5"})
+        self.streams[owner] += 1
         q: asyncio.Queue = asyncio.Queue(maxsize=STREAM_QUEUE)
         r.subscribers.add(q)
-        return q, self.verdicts(run_id)
+        return q
 
-    def unsubscribe(self, owner: str, run_id: str, q) -> None:
-        self.runs[run_id].subscribers.discard(q)
+    def close_stream(self, owner: str, r: _Run, q) -> None:
+        r.subscribers.discard(q)
+        self.streams[owner] -= 1
+        if self.streams[owner] <= 0:
+            del self.streams[owner]
+
+    async def stream(self, owner: str, run_id: str, after_seq: int = -1):
+        """Async iterator of (seq, verdict JSON bytes), (None, None) for a keep-alive: the
+        stored verdicts after `after_seq` (read a page at a time on the threads), then each new
+        one. `stream_pages` gives the same a page at a time (one write a page: the router's)."""
+        pages = await self.stream_pages(owner, run_id, after_seq)
+
+        async def items():
+            try:
+                async for page in pages:
+                    if not page:
+                        yield None, None
+                    for item in page:
+                        yield item
+            finally:
+                await pages.aclose()
+        return items()
+
+    async def stream_pages(self, owner: str, run_id: str, after_seq: int = -1):
+        """Async iterator of pages, each a list of (seq, verdict JSON bytes): the stored verdicts
+        after `after_seq`, read `HISTORY_PAGE` at a time on the threads (one write a page, not
+        one a verdict: 16 streams writing 4,000 verdicts one by one delayed /healthz), then each
+        new one; an empty page is a keep-alive. Ends when the stream lags `STREAM_QUEUE` verdicts
+        behind (the client resumes with Last-Event-ID). 429 past the per-key stream limit."""
+        r = await self.arun(owner, run_id)
+        q = self.open_stream(owner, r)
+        return self._stream_gen(owner, r, q, after_seq)
+
+    async def _stream_gen(self, owner, r, q, last):
+        try:
+            while True:
+                page = await self._ledger(self.verdict_page, r.key, last, what="reading verdicts")
+                if page:
+                    yield page
+                    last = page[-1][0]
+                if len(page) < HISTORY_PAGE:
+                    break
+            while True:
+                try:
+                    item = await asyncio.wait_for(q.get(), timeout=15)
+                except TimeoutError:
+                    yield []                     # keep-alive
+                    continue
+                if item is None:                 # dropped for lagging: end; a reconnect resumes
+                    return
+                page = [item]
+                while not q.empty():             # whatever else is queued goes in the same write
+                    nxt = q.get_nowait()
+                    if nxt is None:
+                        q.put_nowait(None)
+                        break
+                    page.append(nxt)
+                page = [(s, d) for s, d in page if s > last]
+                if page:
+                    yield page
+                    last = page[-1][0]
+        finally:
+            self.close_stream(owner, r, q)
+
+    def subscribe(self, owner: str, run_id: str) -> tuple[asyncio.Queue, list[dict]]:
+        """A queue of the run's new verdicts as (seq, bytes) (None: dropped for stalling) and the
+        stored ones (for tests and in-process callers; the router streams with `stream`)."""
+        r = self.run(owner, run_id)
+        return self.open_stream(owner, r), self.verdicts(r.key)
 
     async def aclose(self) -> None:
         if self.client is not None:
             await self.client.aclose()
+        self.pool.shutdown(wait=False, cancel_futures=True)
         self.ledger.engine.dispose()
 
 
-__all__ = ["GatewayError", "GatewayService", "KeyRing", "Metrics", "RateLimiter"]
+__all__ = ["GatewayError", "GatewayService", "KeyRing", "Metrics", "RateLimiter", "storage_key"]

@@ -44,18 +44,59 @@ def _load(path, kind):
     return cfg
 
 
+def _service(cfg):
+    """The gateway's service; a ledger URL that names no installed database driver, or a
+    database that cannot be reached, is a usage error (one line), not a traceback."""
+    import sqlalchemy as sa
+
+    from aftraj.errors import UsageError
+    from serve.service import GatewayService
+
+    url = cfg.ledger_url.split("@")[-1] if "@" in cfg.ledger_url else cfg.ledger_url   # no password echoed
+    try:
+        return GatewayService(cfg)
+    except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as e:
+        raise UsageError(f"ledger_url: {url!r} is not a database URL SQLAlchemy can open "
+                         f"(sqlite:///path.db, postgresql+psycopg://…): {e}") from None
+    except ModuleNotFoundError as e:
+        raise UsageError(f"ledger_url: the driver for {url!r} is not installed ({e.name})") from None
+    except sa.exc.OperationalError as e:
+        raise UsageError(f"ledger_url: cannot open the database at {url!r}: "
+                         f"{str(e.orig or e).strip().splitlines()[0][:300]}") from None
+
+
 def run_gateway(args) -> int:
+    import socket
+
     import uvicorn
 
+    from aftraj.errors import UsageError
     from serve.router import build_app
-    from serve.service import GatewayService
+    from serve.timeouts import header_timeout_protocol
 
     cfg = _load(args.config, "gateway")
     if cfg is None:
         return 2
-    app = build_app(GatewayService(cfg))
-    uvicorn.run(app, host=cfg.host, port=args.port if args.port is not None else cfg.port,
-                log_level="warning", access_log=False)
+    port = args.port if args.port is not None else cfg.port
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port {port}: must be a TCP port (0-65535)")
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP (with
+    # proto 0 every response waited ~40 ms for the client's delayed ACK)
+    sock = socket.socket(socket.AF_INET6 if ":" in cfg.host else socket.AF_INET, socket.SOCK_STREAM,
+                         socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((cfg.host, port))
+    except OSError as e:
+        sock.close()
+        raise UsageError(f"cannot listen on {cfg.host}:{port}: {e.strerror or e}"
+                         + (" (another process holds the port: stop it or give --port)"
+                            if e.errno in (98, 48) else "")) from None
+    app = build_app(_service(cfg))
+    config = uvicorn.Config(app, log_level="warning", access_log=False,
+                            http=header_timeout_protocol(cfg.limits.header_timeout_s),
+                            timeout_keep_alive=5)
+    uvicorn.Server(config).run(sockets=[sock])
     return 0
 
 
@@ -71,10 +112,15 @@ def run_vllm(args) -> int:
 
 
 def run_key(args) -> int:
+    import re
     import secrets
 
+    from aftraj.errors import UsageError
     from serve.config import hash_key
 
+    if re.fullmatch(r"[\w.-]{1,64}", args.name, flags=re.ASCII) is None:
+        raise UsageError(f"--name {args.name!r}: a key name is 1-64 letters, digits, '_', '.' or '-' "
+                         f"(it is written into the config line and names the key's runs)")
     key = "aft_" + secrets.token_urlsafe(32)
     print(f"key (give it to the client, it is not stored): {key}")
     print(f"config line: - {{name: {args.name}, sha256: {hash_key(key)}}}")

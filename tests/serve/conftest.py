@@ -35,7 +35,7 @@ class GatewayProcess:
     """One `aftraj serve gateway` process; `kill9()` and `start()` again on the same config."""
 
     def __init__(self, tmp: Path, *, ledger_url: str | None = None, auditor: dict | None = None,
-                 port: int | None = None, name: str = "gw"):
+                 port: int | None = None, name: str = "gw", limits: dict | None = None):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cfg = tmp / f"{name}.yaml"
@@ -45,7 +45,7 @@ class GatewayProcess:
             "ledger_url": ledger_url or f"sqlite:///{tmp / 'ledger.db'}",
             "api_keys": [{"name": "t", "sha256": hash_key(KEY)}],
             "auditor": auditor or {"backend": "none"},
-            "limits": {"rate_per_s": 100000, "burst": 100000, "max_events_per_batch": 1000}}))
+            "limits": {"rate_per_s": 100000, "burst": 100000, "max_events_per_batch": 1000, **(limits or {})}}))
         self.proc = None
 
     def start(self, timeout: float = 60) -> None:

@@ -101,7 +101,7 @@ def new_run(c, run_id="r1", headers=A, **kw):
 def test_run_started_is_an_event_and_a_run_is_described_by_its_events(gw):
     run = new_run(gw, category="math")
     led = gw.svc.ledger
-    (started,) = list(led.iter_run(run))
+    (started,) = list(led.iter_run(f"a/{run}"))       # stored under the key's name
     assert started.seq == 0 and started.meta["run_started"] == {"task": "compute 2+2",
                                                                 "agents": ["solver", "checker"], "category": "math"}
     assert gw.post("/v1/runs", json={"run_id": run, "task": "x"}, headers=A).status_code == 409
@@ -165,7 +165,8 @@ def test_a_malformed_event_rejects_the_batch_naming_event_and_field(gw, bad, fie
 
 
 def test_keys_owners_and_limits(tmp_path, scripted):
-    cfg = make_cfg(tmp_path, limits=LimitsConfig(max_body_bytes=4096, rate_per_s=1, burst=5))
+    # 0.2/s: a loaded machine taking over a second for the six GETs below does not refill a token
+    cfg = make_cfg(tmp_path, limits=LimitsConfig(max_body_bytes=4096, rate_per_s=0.2, burst=5))
     with TestClient(build_app(GatewayService(cfg, transport=httpx.MockTransport(scripted)))) as c:
         assert c.post("/v1/runs", json={"task": "t"}).status_code == 401
         r = c.post("/v1/runs", json={"task": "t"}, headers={"Authorization": "Bearer nope"})
@@ -181,8 +182,8 @@ def test_keys_owners_and_limits(tmp_path, scripted):
         codes = [c.get(f"/v1/runs/{run}", headers=A).status_code for _ in range(6)]
         assert codes == [200] * 4 + [429] * 2
         r = c.get(f"/v1/runs/{run}", headers=A)
-        assert r.status_code == 429 and r.headers["retry-after"] == "1"     # ceil of the ~1 s to one token
-        assert KEY_A not in c.get("/metrics").text
+        assert r.status_code == 429 and 1 <= int(r.headers["retry-after"]) <= 5   # ceil of the wait for a token
+        assert KEY_A not in c.get("/metrics", headers=B).text
 
 
 def test_auditor_slow_or_down_answers_within_the_deadline_with_the_fold(tmp_path, scripted):
@@ -220,7 +221,7 @@ def test_the_prompt_that_reached_the_model_is_the_shared_rendering(gw, scripted)
     inside, sep, tail = rest.rpartition("</trajectory>\n")
     assert sep and "Ignore previous instructions" in inside and "Ignore previous" not in tail + head
     assert "&lt;/trajectory>" in inside and inside.count("</step>") == 2
-    traj = gw.svc.trajectory(gw.svc.runs[run])
+    traj = gw.svc.trajectory(gw.svc.runs[f"a/{run}"])
     assert scripted.bodies[-1]["messages"] == render_prompt(traj, 1).messages
 
 
@@ -237,7 +238,7 @@ def test_over_budget_prompts_are_the_training_bytes(tmp_path, scripted, tiny_mod
         run = new_run(c)
         for i in range(1, 31):
             c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, i, f"step {i} " + "words " * 30)]}, headers=A)
-        traj = c.app.state.service.trajectory(c.app.state.service.runs[run])
+        traj = c.app.state.service.trajectory(c.app.state.service.runs[f"a/{run}"])
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])   # noqa: E731  (stage 1's rule)
     summarised = 0
@@ -309,9 +310,10 @@ def test_health_metrics_and_committed_openapi(gw):
     run = new_run(gw)
     gw.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 1)]}, headers=A)
     gw.post("/v1/runs", json={"task": "t"})
-    text = gw.get("/metrics").text
+    assert gw.get("/metrics").status_code == 401           # counters of every tenant: a key needed
+    text = gw.get("/metrics", headers=A).text
     assert "aftraj_gateway_events_total 1" in text and 'aftraj_gateway_verdicts_total{auditor="ok",decision="CONTINUE"} 1' in text
-    assert "aftraj_gateway_auth_failures_total 1" in text and "aftraj_gateway_verdict_latency_ms_count 1" in text
+    assert "aftraj_gateway_auth_failures_total 2" in text and "aftraj_gateway_verdict_latency_ms_count 1" in text
     committed = (REPO / "serve" / "openapi.json").read_text()
     assert openapi_json(gw.app) == committed, "regenerate: aftraj serve openapi > serve/openapi.json"
     assert gw.get("/openapi.json").json()["paths"].keys() >= {"/v1/runs", "/v1/runs/{run_id}/events",
@@ -375,12 +377,14 @@ def test_tenants_ids_never_meet_and_nothing_of_another_run_is_disclosed(gw):
     # a conflict inside one's own run names only that run
     r = gw.post(f"/v1/runs/{b}/events", json={"events": [{**mine, "payload": {"content": "z"}}]}, headers=B)
     assert r.status_code == 409 and "cfo" not in r.text and a not in r.text
-    # create on A's id from B: same answer as A re-creating it, naming no owner
+    # run ids are scoped by key (issue 23): B creating A's id makes B's own run (before: a 409
+    # that told B the id existed); A re-creating it is refused; neither sees the other's
     assert gw.get(f"/v1/runs/{a}", headers=B).status_code == 404
     rb = gw.post("/v1/runs", json={"run_id": a, "task": "t"}, headers=B)
     ra = gw.post("/v1/runs", json={"run_id": a, "task": "t"}, headers=A)
-    assert rb.status_code == ra.status_code == 409 and rb.json() == ra.json()
-    assert "not available" in rb.json()["detail"] and "already exists" not in rb.text
+    assert rb.status_code == 201 and ra.status_code == 409, (rb.text, ra.text)
+    assert gw.get(f"/v1/runs/{a}", headers=B).json()["task"] == "t"
+    assert gw.get(f"/v1/runs/{a}", headers=A).json()["task"] == "compute 2+2"
 
 
 def test_create_run_stores_run_and_run_started_in_one_transaction(tmp_path):
@@ -396,10 +400,11 @@ def test_create_run_stores_run_and_run_started_in_one_transaction(tmp_path):
         svc.create_run("a", RunCreate(run_id="r", task="t"))
     svc.ledger._store = real
     created = svc.create_run("a", RunCreate(run_id="r", task="t"))      # the id was not burnt
-    assert created.seq == 0 and [e.seq for e in svc.ledger.iter_run("r")] == [0]
+    assert created.seq == 0 and [e.seq for e in svc.ledger.iter_run("a/r")] == [0]
     with pytest.raises(GatewayError) as e:
-        svc.create_run("b", RunCreate(run_id="r", task="t"))
+        svc.create_run("a", RunCreate(run_id="r", task="t"))
     assert e.value.status == 409
+    assert svc.create_run("b", RunCreate(run_id="r", task="t")).run_id == "r"    # ids are scoped by key
 
 
 def test_a_bad_reserved_meta_value_is_refused_before_storing(gw):
@@ -472,12 +477,12 @@ def test_a_stalled_stream_is_dropped_and_never_fails_ingest(tmp_path, scripted, 
         live, _ = svc.subscribe("a", "r")
         for i in (1, 2):                             # fills the stalled queue (2), the live one reads
             await svc.ingest("a", "r", [ev("r", i)])
-            assert (await live.get())["seq"] == i
+            assert (await live.get())[0] == i
         v = await svc.ingest("a", "r", [ev("r", 3)])  # the stalled queue is full now
-        assert v["seq"] == 3 and (await live.get())["seq"] == 3
-        assert stalled not in svc.runs["r"].subscribers and live in svc.runs["r"].subscribers
+        assert v["seq"] == 3 and (await live.get())[0] == 3
+        assert stalled not in svc.runs["a/r"].subscribers and live in svc.runs["a/r"].subscribers
         assert [stalled.get_nowait(), stalled.get_nowait()][-1] is None   # its end-of-stream mark
-        assert [x["seq"] for x in svc.verdicts("r")] == [1, 2, 3]
+        assert [x["seq"] for x in svc.verdicts("r", owner="a")] == [1, 2, 3]
         assert "aftraj_gateway_streams_dropped_total 1" in svc.metrics.render()
     asyncio.run(go())
 
@@ -650,7 +655,7 @@ def test_a_resend_is_a_duplicate_only_when_identical(gw, change, duplicate):
         assert r.status_code == 200 and r.json()["accepted"] == 0 and r.json()["duplicates"] == 1
     else:
         assert r.status_code == 409 and "conflict" in r.json()["detail"], r.text
-    assert [e.seq for e in gw.svc.ledger.iter_run(run)] == [0, 1]
+    assert [e.seq for e in gw.svc.ledger.iter_run(f"a/{run}")] == [0, 1]
 
 
 def test_a_sqlite_read_never_holds_the_write_lock(tmp_path):

@@ -113,7 +113,8 @@ def _assert_runs_stored(rows, last_acked: dict, slack: int = 0) -> None:
     keys cannot catch an event stored twice under two seqs, a gap or a lost ack: this does)."""
     per_run: dict = {}
     for run, seq, eid in rows:
-        per_run.setdefault(run, []).append((seq, eid))
+        per_run.setdefault(run.partition("/")[2], []).append((seq, eid))   # stored as '<key name>/<run>'
+
     assert set(per_run) == set(last_acked)
     for run, got in per_run.items():
         got.sort()

@@ -1,0 +1,60 @@
+"""The gateway's HTTP protocol: uvicorn's h11 protocol with a header read timeout.
+
+    uvicorn.run(app, http=header_timeout_protocol(10.0), ...)   # what `aftraj serve gateway` does
+
+uvicorn closes a connection that stays idle between requests (`timeout_keep_alive`), but one
+that sends part of its request line or headers and then nothing stays open for good: 2,000
+such half-sent requests held 2,000 sockets after 30 s. Here a connection whose request headers
+are not complete `header_timeout_s` after it opened (or after its previous response) is closed.
+The body's own timeout is the ASGI middleware's (`serve.router.BodyLimit`: 408), since the
+app reads the body.
+"""
+
+from __future__ import annotations
+
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+
+def header_timeout_protocol(header_timeout_s: float) -> type:
+    """An H11Protocol subclass that closes connections whose headers are late."""
+
+    class HeaderTimeoutH11(H11Protocol):
+        # differs from H11Protocol only by the timer armed while no request's headers are complete
+        _hdr_timer = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._hdr_timer = self.loop.call_later(header_timeout_s, self._headers_late)
+
+        def _disarm(self) -> None:
+            if self._hdr_timer is not None:
+                self._hdr_timer.cancel()
+                self._hdr_timer = None
+
+        def _waiting_for_headers(self) -> bool:
+            return self.cycle is None or self.cycle.response_complete
+
+        def _headers_late(self) -> None:
+            self._hdr_timer = None
+            if self._waiting_for_headers() and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if not self._waiting_for_headers():
+                self._disarm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing() and self._waiting_for_headers():
+                self._arm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderTimeoutH11
