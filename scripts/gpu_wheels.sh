@@ -25,8 +25,7 @@ ABI="cp${PYV/./}"
 # `pip install --dry-run --report` in a venv holding only those three)
 STAGE1=(orjson==3.13.0 bitsandbytes==0.50.2)
 STAGE2=(orjson==3.13.0 trl==1.16.0 peft==0.21.2 datasets==5.2.0 pyarrow==26.0.1 pandas==3.1.1
-        python-dateutil==4.0.0 six==1.17.0 xxhash==4.1.0 multiprocess==0.70.19 dill==0.4.1
-        fsspec==2026.9.0 requests==2.34.2 charset-normalizer==3.5.3 urllib3==2.7.0)
+        python-dateutil==4.0.0 tzdata==2026.6 xxhash==4.1.0 multiprocess==0.70.19 dill==0.4.1)
 
 fetch() {   # DIR SPEC...: exact wheels for $PYV on manylinux x86_64, no dependency resolution
   local dir=$1; shift

@@ -148,17 +148,18 @@ def prepare(root: Path, *, tiny: bool) -> Path:
     return cfg_path
 
 
-def write_figures(fig: dict, name: str, folder: str | Path | None) -> Path | None:
-    """Print every figure as a `key=value` line; write them as JSON to folder/name.json."""
+def write_figures(fig: dict, name: str, folder: str | Path | None) -> dict:
+    """Print every figure as a `key=value` line and write them as JSON to folder/name.json; a
+    figure that is not finite (memory on CPU) becomes None (JSON null). Returns the figures."""
+    fig.update({k: None for k, v in fig.items() if isinstance(v, float) and not math.isfinite(v)})
     for k, v in fig.items():
         print(f"{k}={v}")
-    if not folder:
-        return None
-    path = Path(folder) / f"{name}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(fig, indent=2) + "\n")
-    print(f"{name}: figures written to {path}")
-    return path
+    if folder:
+        path = Path(folder) / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(fig, indent=2, allow_nan=False) + "\n")
+        print(f"{name}: figures written to {path}")
+    return fig
 
 
 def verify(root: Path, *, pairs: int = 1100, require_cuda: bool = True, figures_dir: str | Path | None = None) -> dict:
