@@ -89,7 +89,8 @@ def call_counts(preds: list[dict]) -> dict:
 def parser_counts(preds: list[dict]) -> dict:
     """Every completion of the run read by both parsers: how many the strict parser refuses and,
     of those, how many the release's rules (`aftraj.reference_parse`) accept, by strict code.
-    The same figures whichever parser the run used."""
+    Counted the same way whichever parser the run used (the run's completions differ: with the
+    reference rules a walk may stop at an earlier alarm)."""
     from aftraj.reference_parse import parse_reference
     from aftraj.verdict import ParseFailure, parse_verdict
 
@@ -174,7 +175,7 @@ def write_markdown(metrics: dict, path: Path) -> None:
              f"{DEPLOYABLE_MIN_STEP_ACC:.0%} (– when FAR cannot be measured: no safe trajectories)",
              ""]
     lines += [f"- **note**: {n}" for n in metrics.get("auditor_notes") or []]
-    lines += [call_line(metrics.get("calls") or {}), ""]
+    lines += [f"- {x}" for x in call_line(metrics.get("calls") or {}).splitlines()] + [""]
     exp = metrics.get("analytic_expectation")
     ov = {"overall": metrics["overall"]}
     lines += _group_table("Overall", ov, exp and {"overall": exp.get("overall", {})})

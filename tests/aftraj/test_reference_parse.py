@@ -115,3 +115,22 @@ def test_walk_and_metrics_reproduce_the_release_scoring():
     c = parser_counts(preds)
     assert c["reference_accepts"] >= 6 and c["strict_failures"] > c["reference_accepts"]
     assert {"missing_think", "text_outside_blocks", "bad_answer", "step_out_of_range"} <= set(c["accepted_by_code"])
+
+
+def test_every_report_counts_what_the_reference_rules_accept(tmp_path):
+    """metrics.json, report.md and the console line count the strict failures the release's rules
+    accept, whichever parser the run used (the counts differ: the walks stop at other prefixes)."""
+    from eval.report import call_line, write_report
+    from eval.walker import WalkConfig, walk
+
+    runs = {r["id"]: r for r in GOLDEN["runs"]}
+    for parser in ("strict", "reference"):
+        preds = walk(_Replay(runs), _trajs(), WalkConfig(protocol="reference", parser=parser), progress=False)
+        m = write_report(preds, tmp_path / parser, meta={"auditor": "replay", "protocol": "reference",
+                                                         "parser": parser, "data": "golden"}, n_boot=10)
+        sv = m["calls"]["strict_vs_reference"]
+        assert sv["reference_accepts"] >= 6 and sv["completions"] == m["calls"]["n"]
+        line = f"strict parse failures the release's parser (--parser reference) accepts: {sv['reference_accepts']} of"
+        assert line in call_line(m["calls"]) and line in (tmp_path / parser / "report.md").read_text()
+        assert "parser " + parser in (tmp_path / parser / "report.md").read_text()
+        assert json.loads((tmp_path / parser / "metrics.json").read_text())["calls"]["strict_vs_reference"] == sv
