@@ -82,6 +82,12 @@ class AblationConfig:
     n_boot: int = 1000
     rules_policy: str = "configs/policies/templates.yaml"   # the rules row on the corpus
     probe: bool = True                     # the boundary probe of every model row (eval/probe.py)
+    # the probe's held-out runs: the val and test families' unsafe runs (and their twins) whose full
+    # post-boundary prompt has at most this many tokens (null: every one; the stage-1 filter)
+    probe_max_post_tokens: int | None = None
+    # the ladder's first rung: a linear probe on these frozen rows' last hidden state (post vs twin)
+    linear_probe_rows: list = field(default_factory=list)
+    linear_probe_train_pairs: int | None = None   # train twin pairs it is fit on (seeded; null: all)
 
     def __post_init__(self) -> None:
         from training.stage1.config import ConfigError
@@ -93,8 +99,12 @@ class AblationConfig:
             raise ConfigError(f"must be true or false, got {self.probe!r}", key="probe")
         if not isinstance(self.val_sample, int) or self.val_sample < 0:
             raise ConfigError(f"must be an integer >= 0, got {self.val_sample!r}", key="val_sample")
+        if not isinstance(self.linear_probe_rows, list) or any(r not in MODEL_ROWS for r in self.linear_probe_rows):
+            raise ConfigError(f"must be a list of rows among {list(MODEL_ROWS)}, got {self.linear_probe_rows!r}",
+                              key="linear_probe_rows")
         for k in ("warmup_steps", "stage1_steps", "stage1_save_steps", "stage2_steps",
-                  "stage2_save_steps", "stage12_steps", "raw_base_sample"):
+                  "stage2_save_steps", "stage12_steps", "raw_base_sample", "probe_max_post_tokens",
+                  "linear_probe_train_pairs"):
             v = getattr(self, k)
             if v is not None and (not isinstance(v, int) or v < 1):
                 raise ConfigError(f"must be null or an integer >= 1, got {v!r}", key=k)
@@ -293,15 +303,40 @@ class Ablation:
         models = {k: v for k, v in models.items() if k in rows}
         for row, path in models.items():
             self.evaluate(row, model=path)
-        for row, path in (models.items() if c.probe else ()):   # teacher forcing, every unsafe test run
+        heldout = self.probe_data() if c.probe or c.linear_probe_rows else None
+        lim = ["--max-post-tokens", str(c.probe_max_post_tokens)] if c.probe_max_post_tokens else []
+        for row in c.linear_probe_rows:      # is the content signal in the frozen representation at all?
+            d = self.out / "linear_probe" / row_slug(row)
+            r.run(f"linear probe {row}", ["probe", "--model", str({**models, "raw base": base, "warmed base": warmed}[row]),
+                                          "--data", str(heldout), "--linear-train", str(self.corpus / "train.jsonl"),
+                                          "--out", str(d), "--n-boot", str(c.n_boot), "--seed", str(c.seed), *lim,
+                                          *(["--linear-train-pairs", str(c.linear_probe_train_pairs)]
+                                            if c.linear_probe_train_pairs else [])], clean=d)
+        for row, path in (models.items() if c.probe else ()):   # teacher forcing, held-out unsafe runs
             d = self.out / "probe" / row_slug(row)
-            r.run(f"probe {row}", ["probe", "--model", str(path), "--data", str(self.corpus), "--split",
-                                   "test", "--out", str(d), "--n-boot", str(c.n_boot), "--seed", str(c.seed)],
+            r.run(f"probe {row}", ["probe", "--model", str(path), "--data", str(heldout),
+                                   "--out", str(d), "--n-boot", str(c.n_boot), "--seed", str(c.seed), *lim],
                   clean=d)
         for row in BASELINE_ROWS:
             self.evaluate(row)
         wall = time.perf_counter() - t_all
         return self.write_report(models, wall)
+
+    def probe_data(self) -> Path:
+        """OUT/probe-data/heldout.jsonl: the val and test families' runs (held out from training),
+        with the corpus's provenance.jsonl beside it (the probe's per-error-type breakdown)."""
+        d = self.out / "probe-data"
+        f = d / "heldout.jsonl"
+        if not f.is_file():
+            d.mkdir(parents=True, exist_ok=True)
+            lines = [ln for name in ("val.jsonl", "test.jsonl")
+                     for ln in (self.corpus / name).read_text(encoding="utf-8").splitlines() if ln.strip()]
+            tmp = f.with_suffix(".partial")
+            tmp.write_text("".join(ln + "\n" for ln in lines), encoding="utf-8")
+            if (self.corpus / "provenance.jsonl").is_file():
+                shutil.copy(self.corpus / "provenance.jsonl", d / "provenance.jsonl")
+            tmp.rename(f)
+        return f
 
     def base_model(self) -> Path:
         from training.models import resolve_model_spec
@@ -377,6 +412,10 @@ class Ablation:
         sel_file.write_text(json.dumps(sel, indent=1) + "\n")
         return Path(best["model"])
 
+    def _probe_rows(self, models: dict) -> dict:
+        """{row: probe summary} for every probed model row, then the content-blind rules."""
+        return _probe_rows_of(self.out, models)
+
     # ----------------------------------------------------------- the table
     def write_report(self, models: dict, wall: float) -> dict:
         from eval.compare import compare_runs
@@ -421,12 +460,24 @@ class Ablation:
             "warmup": json.loads(warm.read_text()) if warm.is_file() else None,
             "preferences": stats(self.out / "stage1"),
             "selection": selections,
-            "probe": {row: json.loads((self.out / "probe" / row_slug(row) / "probe.json").read_text())["summary"]
-                      for row in models if (self.out / "probe" / row_slug(row) / "probe.json").is_file()},
+            "probe": self._probe_rows(models),
+            "linear_probe": {row: json.loads(f.read_text()) for row in self.cfg.linear_probe_rows
+                             if (f := self.out / "linear_probe" / row_slug(row) / "linear_probe.json").is_file()},
             "results": {t: {row: _row(m) for row, m in rows.items()} for t, rows in res.items()},
             "samples": {t: {k: rows["rules"]["overall"][k] for k in ("n", "n_safe", "n_unsafe")}
                         for t, rows in res.items()},
         }
+
+
+def _probe_rows_of(out: Path, models) -> dict:
+    rows, rules = {}, {}
+    for row in models:
+        f = out / "probe" / row_slug(row) / "probe.json"
+        if f.is_file():
+            res = json.loads(f.read_text())
+            rows[row] = res["summary"]
+            rules = res.get("rules") or rules
+    return {**rows, **rules}
 
 
 def _row(m: dict) -> dict:
@@ -476,7 +527,7 @@ def goal_lines(summary: dict) -> list[str]:
         out.append(f"- {k}: Exact-F1 {100 * f1[k]:.1f} vs warmed base {100 * f1['warmed base']:.1f} "
                    f"({'above' if f1[k] > f1['warmed base'] else 'NOT above'}) and best floor "
                    f"{100 * floor:.1f} ({'above' if f1[k] > floor else 'NOT above'}); FAR "
-                   + ("–" if far is None else f"{100 * far:.1f} % ({'≤' if far <= 0.10 else '>'} 10 %)"))
+                   + ("–" if far is None else f"{100 * far:.1f} % ({'≤' if far <= 0.20 else '>'} 20 %)"))
     return out
 
 
@@ -508,8 +559,8 @@ def render_markdown(s: dict) -> str:
                 lines += ["", f"### {title}, domain {d}", ""] + _table(rows, d)
         lines.append("")
     lines += ["## Goal (held-out): trained rows above the warmed base and both floors on Exact-F1, "
-              "FAR ≤ 10 %", "", *goal_lines(s), ""]
-    lines += probe_lines(s.get("probe") or {})
+              "FAR ≤ 20 % (the paper's deployable region)", "", *goal_lines(s), ""]
+    lines += probe_lines(s.get("probe") or {}, s.get("linear_probe") or {})
     lines += ["## Training", ""]
     w = s.get("warmup") or {}
     if w:
@@ -529,33 +580,69 @@ def render_markdown(s: dict) -> str:
     return "\n".join(lines)
 
 
-def probe_lines(probe: dict) -> list[str]:
-    """The boundary probe's section: per model row, how often the gold verdict outscores the
-    boundary error before (pre) and at (post) the decisive step, on every unsafe test run."""
-    if not probe:
-        return []
-    n = next(iter(probe.values()))["n_runs"]
-    out = [f"## Boundary probe: every unsafe run of the test split ({n} runs)", "",
-           "Teacher forcing, no decoding (eval/probe.py, `aftraj probe`): on the prefix before the "
-           "decisive step (pre, gold SAFE) and the prefix ending at it (post, gold ALARM at k*, a*), "
-           "the share of prompts where the model gives the gold completion a higher log-probability "
-           "than the boundary error (pre: a premature alarm at the last step; post: SAFE), with 95 % "
-           "bootstrap intervals over runs, and the mean margin in nats. A model that always prefers "
-           "SAFE scores 100 % pre and 0 % post.", "",
-           "| row | pre % | post % | both % | margin pre | margin post |", "|---|---|---|---|---|---|"]
+def _share(g: dict | None) -> str:
+    if not g or g.get("share") is None:
+        return "–"
+    ci = g.get("ci")
+    return f"{100 * g['share']:.1f}" + (f" [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]" if ci else "")
 
-    def cell(g):
-        if g.get("accuracy") is None:
+
+def probe_lines(probe: dict, linear: dict | None = None) -> list[str]:
+    """The learning ladder (issue 21): per row, post-beats-twin on the decision token (the content
+    control; every content-blind rule scores 50 %), post-beats-pre, the decision's accuracy per
+    subset, then per domain and per error type; the linear probe and the content-blind rules as rows."""
+    if not probe and not linear:
+        return []
+    any_row = next(iter(probe.values())) if probe else None
+    n = any_row["n_runs"] if any_row else "?"
+    out = [f"## Learning ladder: decision-token probe on held-out families ({n} unsafe runs, val + test)", "",
+           "Teacher forcing, no decoding (eval/probe.py, `aftraj probe`). At the decision token (the "
+           "first token where the canonical SAFE and ALARM completions diverge) the log-odds ALARM − "
+           "SAFE on the pre prefix (0..k*−1), the post prefix (0..k*) and, where the family has one, "
+           "the verified-safe twin's prefix (0..k*: same agents, kinds and length; only step k*'s "
+           "content differs). **post > twin**: share of twin pairs whose post log-odds exceed the "
+           "twin's (ties one half) — a content-blind rule scores exactly 50 %. post > pre is passed by "
+           "any rule that alarms more on longer prefixes. Accuracy: the decision at log-odds 0 (ALARM "
+           "on post, SAFE on pre and twin). 95 % bootstrap intervals over runs.", "",
+           "| row | twin pairs | post > twin % | post > pre % | acc pre % | acc post % | acc twin % | "
+           "mean log-odds pre / post / twin |", "|---|---|---|---|---|---|---|---|"]
+
+    def acc(g):
+        if not g or g.get("accuracy") is None:
             return "–"
         ci = g.get("accuracy_ci")
         return f"{100 * g['accuracy']:.1f}" + (f" [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]" if ci else "")
 
-    def margin(g):
-        return "–" if g.get("mean_margin") is None else f"{g['mean_margin']:+.2f}"
+    def lo(g):
+        return "–" if not g or g.get("mean_log_odds") is None else f"{g['mean_log_odds']:+.2f}"
 
+    for row, lp in (linear or {}).items():
+        out.append(f"| linear probe on {row} (frozen; fit on {lp['n_train_pairs']} train pairs, train acc "
+                   f"{100 * lp['train_accuracy']:.0f} %) | {lp['post_beats_twin']['n']} | "
+                   f"{_share(lp['post_beats_twin'])} | – | – | – | – | – |")
     for row, g in probe.items():
-        out.append(f"| {row} | {cell(g['pre'])} | {cell(g['post'])} | {cell(g['both'])} | "
-                   f"{margin(g['pre'])} | {margin(g['post'])} |")
+        out.append(f"| {row} | {g['post_beats_twin']['n']} | {_share(g['post_beats_twin'])} | "
+                   f"{_share(g['post_beats_pre'])} | {acc(g.get('pre'))} | {acc(g.get('post'))} | "
+                   f"{acc(g.get('twin'))} | {lo(g.get('pre'))} / {lo(g.get('post'))} / {lo(g.get('twin'))} |")
+    for key, title in (("by_domain", "domain"), ("by_error_type", "error type")):
+        groups = sorted({k for g in [*probe.values(), *(linear or {}).values()] for k in (g.get(key) or {})})
+        if not groups:
+            continue
+        out += ["", f"post > twin % by {title} (twin pairs in brackets after the interval):", "",
+                "| row | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]
+        for row, g in [*((f"linear probe on {r}", lp) for r, lp in (linear or {}).items()), *probe.items()]:
+            if not g.get(key):
+                continue
+            out.append(f"| {row} | " + " | ".join(
+                f"{_share(g[key].get(k))} (n={(g[key].get(k) or {}).get('n', 0)})" for k in groups) + " |")
+    full = {row: g["full_sequence"] for row, g in probe.items() if g.get("full_sequence")}
+    if full:
+        out += ["", "Detail: the same on full-sequence margins (log p over the whole completion, "
+                    "dominated by template text after the decision):", "",
+                "| row | post > twin % | post > pre % | mean margin pre / post / twin |", "|---|---|---|---|"]
+        for row, g in full.items():
+            out.append(f"| {row} | {_share(g['post_beats_twin'])} | {_share(g['post_beats_pre'])} | "
+                       f"{lo(g.get('pre'))} / {lo(g.get('post'))} / {lo(g.get('twin'))} |")
     return out + [""]
 
 

@@ -70,7 +70,7 @@ def test_loaders_reject_bad_files(tmp_path):
     with pytest.raises(ConfigError, match=r"bad.yaml: key 'max_step'"):
         load_stage1_config(bad)
     bad.write_text("per_device_batch_size: 1\n")
-    with pytest.raises(ConfigError, match="both subsets"):
+    with pytest.raises(ConfigError, match="holds every subset"):
         load_stage1_config(bad)
     bad.write_text("learning_rate: fast\n")
     with pytest.raises(ConfigError, match="learning_rate"):

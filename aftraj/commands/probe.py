@@ -24,6 +24,11 @@ def register(sub) -> None:
                                               "less the chat template and 128 tokens, as the hf auditor)")
     p.add_argument("--max-post-tokens", type=int, help="probe only unsafe runs whose full post-boundary prompt "
                                                         "has at most this many tokens (as stage 1's max_post_tokens)")
+    p.add_argument("--linear-train", help="instead of the model's own decision: fit a linear probe (logistic "
+                                          "regression on the frozen model's last hidden state at the decision "
+                                          "position, post vs twin) on this train JSONL, score --data's pairs; "
+                                          "writes linear_probe.json")
+    p.add_argument("--linear-train-pairs", type=int, help="fit on at most this many train twin pairs (seeded)")
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
@@ -40,8 +45,19 @@ def run(args) -> int:
     if not any(t.label.unsafe for t in trajs):
         raise UsageError(f"--data {args.data}: no unsafe run in {'split ' + split if split else 'it'}: "
                          f"nothing to probe (the probe asks at each unsafe run's decisive step)")
-    from eval.probe import read_error_types
+    from eval.probe import linear_probe, read_error_types
 
+    if args.linear_train:
+        train = load_trajectories(args.linear_train)
+        res = linear_probe(args.model, train, trajs, Path(args.out), budget=args.budget, n_boot=args.n_boot,
+                           seed=args.seed, max_post_tokens=args.max_post_tokens,
+                           max_train_pairs=args.linear_train_pairs, error_types=read_error_types(args.data))
+        print(json.dumps({"split": split, "n_train_pairs": res["n_train_pairs"],
+                          "n_heldout_pairs": res["n_heldout_pairs"], "train_accuracy": res["train_accuracy"],
+                          "post_beats_twin": res["post_beats_twin"]["share"],
+                          "post_beats_twin_ci": res["post_beats_twin"]["ci"],
+                          "out": str(Path(args.out) / "linear_probe.json")}))
+        return 0
     res = run_probe(args.model, trajs, Path(args.out), budget=args.budget, n_boot=args.n_boot, seed=args.seed,
                     max_post_tokens=args.max_post_tokens, error_types=read_error_types(args.data))
     s = res["summary"]

@@ -42,7 +42,11 @@ def test_model_rows_keep_the_table_order():
     cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
                          {"model_rows": ["stage 1 + 2", "raw base"]})
     assert cfg.model_rows == ["raw base", "stage 1 + 2"]
-    assert ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml").model_rows == list(ab.MODEL_ROWS)
+    # the CPU ablation's ladder (issue 21): the warmed base, stage 1, stage 1 + 2, in table order
+    assert ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml").model_rows == ["warmed base", "stage 1",
+                                                                                     "stage 1 + 2"]
+    assert ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml", {"model_rows": list(reversed(ab.MODEL_ROWS))}
+                          ).model_rows == list(ab.MODEL_ROWS)
 
 
 def test_bounds_accept_their_edge(tmp_path):
@@ -181,9 +185,11 @@ def test_goal_lines_check_both_sides():
                   "stage 1": 0.35, "stage 2": 0.25, "stage 1 + 2": 0.1},
                  {"stage 1": 0.10, "stage 2": 0.11, "stage 1 + 2": 0.0})
     lines = ab.goal_lines(s)
-    assert "stage 1: Exact-F1 35.0 vs warmed base 20.0 (above) and best floor 30.0 (above); FAR 10.0 % (≤ 10 %)" in lines[0]
-    assert "(above) and best floor 30.0 (NOT above); FAR 11.0 % (> 10 %)" in lines[1]
-    assert "(NOT above)" in lines[2] and "FAR 0.0 % (≤ 10 %)" in lines[2]
+    assert "stage 1: Exact-F1 35.0 vs warmed base 20.0 (above) and best floor 30.0 (above); FAR 10.0 % (≤ 20 %)" in lines[0]
+    assert "(above) and best floor 30.0 (NOT above); FAR 11.0 % (≤ 20 %)" in lines[1]
+    assert "(NOT above)" in lines[2] and "FAR 0.0 % (≤ 20 %)" in lines[2]
+    s["results"]["heldout"]["stage 2"]["overall"]["far"] = 0.25       # the paper's deployable region: FAR ≤ 20 %
+    assert "FAR 25.0 % (> 20 %)" in ab.goal_lines(s)[1]
 
 
 def test_goal_lines_skip_rows_not_built():
@@ -222,14 +228,28 @@ def test_peak_memory_is_the_childs_own(tmp_path):
     assert (big - small) / 2**10 >= 250
 
 def test_probe_section_lists_every_probed_row_with_intervals():
-    g = lambda a, ci, m: {"n": 4, "accuracy": a, "accuracy_ci": ci, "mean_margin": m}  # noqa: E731
+    def g(share, ci, n=4):
+        return {"n": n, "share": share, "ci": ci}
+
+    def sub(acc, lo):
+        return {"n": 4, "accuracy": acc, "accuracy_ci": None, "mean_log_odds": lo}
+
     s = _summary({}, {})
-    s["probe"] = {"warmed base": {"n_runs": 4, "pre": g(1.0, [1.0, 1.0], 2.5), "post": g(0.0, [0.0, 0.0], -3.25),
-                                  "both": g(0.5, [0.25, 0.75], -0.375)},
-                  "stage 1": {"n_runs": 4, "pre": g(0.75, None, 0.5), "post": g(None, None, None),
-                              "both": g(0.75, [0.5, 1.0], 0.5)}}
+    s["probe"] = {
+        "warmed base": {"n_runs": 6, "post_beats_twin": g(0.5, [0.25, 0.75]), "post_beats_pre": g(1.0, [1.0, 1.0]),
+                        "pre": sub(0.0, 1.5), "post": sub(1.0, 2.0), "twin": sub(0.0, 2.0),
+                        "by_domain": {"math": g(0.5, None)}},
+        "stage 1": {"n_runs": 6, "post_beats_twin": g(0.75, [0.5, 1.0]), "post_beats_pre": g(None, None, 0),
+                    "pre": sub(1.0, -1.0), "post": sub(None, None), "twin": sub(0.5, 0.25),
+                    "by_domain": {"math": g(0.75, [0.5, 1.0])}},
+        "rule: last step not by environment": {"n_runs": 6, "post_beats_twin": g(0.5, [0.5, 0.5]),
+                                               "post_beats_pre": g(0.75, None)}}
+    s["linear_probe"] = {"warmed base": {"n_train_pairs": 10, "train_accuracy": 1.0, "post_beats_twin": g(0.625, None)}}
     md = ab.render_markdown(s)
-    assert "## Boundary probe: every unsafe run of the test split (4 runs)" in md
-    assert "| warmed base | 100.0 [100, 100] | 0.0 [0, 0] | 50.0 [25, 75] | +2.50 | -3.25 |" in md
-    assert "| stage 1 | 75.0 | – | 75.0 [50, 100] | +0.50 | – |" in md
-    assert "Boundary probe" not in ab.render_markdown(_summary({}, {}))     # no probe, no section
+    assert "## Learning ladder: decision-token probe on held-out families (6 unsafe runs, val + test)" in md
+    assert "| warmed base | 4 | 50.0 [25, 75] | 100.0 [100, 100] | 0.0 | 100.0 | 0.0 | +1.50 / +2.00 / +2.00 |" in md
+    assert "| stage 1 | 4 | 75.0 [50, 100] | – | 100.0 | – | 50.0 | -1.00 / – / +0.25 |" in md
+    assert "| rule: last step not by environment | 4 | 50.0 [50, 50] | 75.0 |" in md
+    assert "| linear probe on warmed base (frozen; fit on 10 train pairs, train acc 100 %) | 4 | 62.5 |" in md
+    assert "| stage 1 | 75.0 [50, 100] (n=4) |" in md                      # per domain
+    assert "Learning ladder" not in ab.render_markdown(_summary({}, {}))     # no probe, no section

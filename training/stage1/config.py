@@ -70,6 +70,9 @@ class Stage1Config:
     lora_dropout: float = 0.0
     lora_target_modules: list[str] = field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    trainable_layers: int | None = None  # full fine-tune of the top N decoder layers and the final
+                                         # norm only (the rest frozen: its backward is never run);
+                                         # null = every parameter
     gradient_checkpointing: bool = False
     sdpa_math_kernel: bool = True      # false: disable SDPA's math fallback on CUDA, so a fallback fails loudly
     export_dtype: str = "float32"      # dtype of final/ (bfloat16 for the production run)
@@ -175,7 +178,10 @@ class Stage1Config:
         if self.per_device_batch_size < 2 + (self.twin_per_batch if self.weight_twin > 0 else 0):
             raise ConfigError("must be >= 2 (+ twin_per_batch with the twin subset on): every micro-batch "
                               "holds every subset", key="per_device_batch_size")
-        for k in ("twin_per_batch", "margin_tokens", "max_post_tokens"):
+        if self.trainable_layers is not None and self.finetune != "full":
+            raise ConfigError("applies to finetune: full only (LoRA chooses its modules with "
+                              "lora_target_modules)", key="trainable_layers")
+        for k in ("twin_per_batch", "margin_tokens", "max_post_tokens", "trainable_layers"):
             v = getattr(self, k)
             if v is not None and v < 1:
                 raise ConfigError(f"must be >= 1{' or null' if k != 'twin_per_batch' else ''}, got {v}", key=k)

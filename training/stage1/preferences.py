@@ -196,13 +196,19 @@ class PreferenceStats:
 
 def cap_pairs(prompts: Sequence[BoundaryPrompt], max_pairs: int | None, seed: int) -> list[BoundaryPrompt]:
     """The boundary prompts of at most `max_pairs` unsafe runs (a seeded choice, order kept):
-    only the pairs that will be trained on are sampled (config `max_pairs`)."""
+    only the pairs that will be trained on are sampled (config `max_pairs`). When the prompts hold
+    a twin subset, at least one chosen run has its twin (every batch holds every subset)."""
     import random
 
     ids = list(dict.fromkeys(p.traj_id for p in prompts))
     if max_pairs is None or len(ids) <= max_pairs:
         return list(prompts)
-    keep = set(random.Random(seed).sample(ids, max_pairs))
+    rng = random.Random(seed)
+    keep = rng.sample(ids, max_pairs)
+    with_twin = sorted({p.traj_id for p in prompts if p.subset == "twin"})
+    if with_twin and not set(keep) & set(with_twin):
+        keep[-1] = rng.choice(with_twin)
+    keep = set(keep)
     return [p for p in prompts if p.traj_id in keep]
 
 

@@ -272,7 +272,26 @@ def _grad_sync(acc, model, last_micro: bool):
     return acc.no_sync(model)
 
 
+def freeze_below(model, n_layers: int) -> int:
+    """Train only the top `n_layers` decoder layers and the final norm; returns the trainable
+    parameter count. Frozen lower layers run forward without autograd, so their backward (most of
+    a step's cost on a CPU) is never computed."""
+    inner = getattr(model, "model", None)
+    layers, norm = getattr(inner, "layers", None), getattr(inner, "norm", None)
+    if layers is None or norm is None:
+        raise ValueError(f"trainable_layers needs a decoder with model.layers and model.norm; "
+                         f"{type(model).__name__} has none")
+    if n_layers > len(layers):
+        raise ValueError(f"trainable_layers={n_layers}, but the model has {len(layers)} decoder layers")
+    model.requires_grad_(False)
+    for mod in (*layers[len(layers) - n_layers:], norm):
+        mod.requires_grad_(True)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 def _wrap_trainable(cfg: Stage1Config, model):
+    if cfg.finetune == "full" and getattr(cfg, "trainable_layers", None):
+        freeze_below(model, cfg.trainable_layers)
     if cfg.finetune == "lora":
         from peft import LoraConfig, get_peft_model
 
