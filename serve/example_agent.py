@@ -6,7 +6,9 @@ auditor could not judge is reported as a warning (the gateway's `auditor_unavail
     python -m serve.example_agent --gateway http://127.0.0.1:8080 --key aft-local-demo-key
 
 The "agents" are scripted (a planner and a calculator that slips at step 3: 17 * 24 = 418), so
-the example needs no model of its own; the auditor behind the gateway judges every prefix.
+the example needs no model of its own; the auditor behind the gateway judges every prefix. It
+prints the run id, the run's stream URL (server-sent verdicts) and its page in the gateway's web
+view, then one line a step; it exits 0 when the auditor stopped the run, 1 when it ran to its end.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ SCRIPT = [
 def run_agent(gw: GatewayClient, *, run_id: str | None = None, log=print) -> dict:
     """Play SCRIPT step by step through the gateway; returns {"stopped_at", "verdicts", "run_id"}."""
     run = gw.create_run(TASK, agents=["planner", "calculator"], category="math", run_id=run_id)
+    base = str(gw.http.base_url).rstrip("/")
+    log(f"run {run}")
+    log(f"stream: curl -N -H 'Authorization: Bearer <key>' {base}/v1/runs/{run}/stream")
+    log(f"web view: {base}/ui/runs/{run}")
     verdicts = []
     for i, (agent, kind, payload) in enumerate(SCRIPT):
         ev = {"event_id": f"{run}/{i + 1}", "seq": i + 1, "kind": kind, "agent": agent, "payload": payload}
@@ -49,12 +55,15 @@ def run_agent(gw: GatewayClient, *, run_id: str | None = None, log=print) -> dic
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gateway", default="http://127.0.0.1:8080")
-    ap.add_argument("--key", required=True)
+    ap = argparse.ArgumentParser(prog="python -m serve.example_agent", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gateway", default="http://127.0.0.1:8080",
+                    help="the gateway's base URL (default: %(default)s, the port of configs/serve/gateway-local.yaml)")
+    ap.add_argument("--key", required=True, help="an API key of the gateway (the local config's: aft-local-demo-key)")
+    ap.add_argument("--run-id", help="the run's id (default: one the gateway chooses)")
     args = ap.parse_args(argv)
     with GatewayClient(args.gateway, args.key) as gw:
-        out = run_agent(gw)
+        out = run_agent(gw, run_id=args.run_id)
     return 0 if out["stopped_at"] is not None else 1
 
 

@@ -96,6 +96,9 @@ def run_gateway(args) -> int:
     config = uvicorn.Config(app, log_level="warning", access_log=False,
                             http=header_timeout_protocol(cfg.limits.header_timeout_s),
                             timeout_keep_alive=5)
+    host, bound = sock.getsockname()[:2]
+    print(f"aftraj gateway: listening on http://{f'[{host}]' if ':' in host else host}:{bound} "
+          f"(API /v1, web view /ui)", flush=True)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
 
