@@ -15,15 +15,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VERL_VENV:-$ROOT/.venv-verl}"
 REQ="$ROOT/training/verl/requirements.txt"
 REQ_GPU="$ROOT/training/verl/requirements-gpu.txt"
-py_ok() { "$1" -c 'import sys; sys.exit(0 if (3, 10) <= sys.version_info[:2] <= (3, 12) else 1)' 2>/dev/null; }
-if [ -n "${PYTHON:-}" ]; then
-  py_ok "$PYTHON" || { echo "[setup_verl] PYTHON=$PYTHON is not a Python 3.10-3.12 (verl 0.9.1 needs one)" >&2; exit 1; }
-else
-  for p in python3.12 python3.11 python3.10 python3; do
-    if command -v "$p" >/dev/null && py_ok "$p"; then PYTHON="$p"; break; fi
-  done
-  [ -n "${PYTHON:-}" ] || { echo "[setup_verl] no Python 3.10-3.12 found (verl 0.9.1 needs one); set PYTHON" >&2; exit 1; }
-fi
+# shellcheck source=scripts/pick_python.sh
+source "$ROOT/scripts/pick_python.sh"
+pick_python setup_verl || exit 1
 VERL_PIN="$(grep -E '^verl==' "$REQ")"
 TORCH_CPU=2.13.0
 MODE=cpu

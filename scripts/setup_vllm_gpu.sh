@@ -17,15 +17,9 @@ if ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; the
        "run this on the GPU node (the CPU build for tests: bash scripts/test_vllm.sh)" >&2
   exit 1
 fi
-py_ok() { "$1" -c 'import sys; sys.exit(0 if (3, 10) <= sys.version_info[:2] <= (3, 12) else 1)' 2>/dev/null; }
-if [ -n "${PYTHON:-}" ]; then
-  py_ok "$PYTHON" || { echo "[setup_vllm_gpu] PYTHON=$PYTHON is not a Python 3.10-3.12" >&2; exit 1; }
-else
-  for p in python3.12 python3.11 python3.10 python3; do
-    if command -v "$p" >/dev/null && py_ok "$p"; then PYTHON="$p"; break; fi
-  done
-  [ -n "${PYTHON:-}" ] || { echo "[setup_vllm_gpu] no Python 3.10-3.12 found; set PYTHON" >&2; exit 1; }
-fi
+# shellcheck source=scripts/pick_python.sh
+source "$ROOT/scripts/pick_python.sh"
+pick_python setup_vllm_gpu || exit 1
 
 venv_ok() {
   "$VENV/bin/python" -c "import sys, importlib.metadata as md, torch
