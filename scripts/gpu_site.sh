@@ -17,7 +17,7 @@ gpu_site() {
 for w in sys.argv[2:]:
     zipfile.ZipFile(w).extractall(sys.argv[1])' "$GPU_SITE" "$wheels"/*.whl
     fi
-    echo "gpu_site: $(ls "$wheels" | wc -l) wheels from $wheels in $GPU_SITE"
+    echo "gpu_site: $(compgen -G "$wheels/*.whl" | wc -l) wheels from $wheels in $GPU_SITE"
   else
     GPU_SITE=""
   fi
