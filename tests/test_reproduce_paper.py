@@ -333,3 +333,14 @@ def test_the_budget_rule_is_the_one_training_uses():
     assert prompt_budget(8192) == 8192 - TEMPLATE_MARGIN == 8160 and CHAT_TEMPLATE_MARGIN == TEMPLATE_MARGIN
     with pytest.raises(ValueError, match="max_prompt_tokens"):
         prompt_budget(TEMPLATE_MARGIN)
+
+
+def test_a_serve_config_with_a_reasoning_parser_is_checked_against_the_models_tokenizer(tmp_path, tiny_model_dir):
+    raw = yaml.safe_load((REPO / CONFIGS["SERVE_CONFIG"]).read_text())
+    raw["reasoning_parser"] = "deepseek_r1"
+    bad = tmp_path / "serve.yaml"
+    bad.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ReproduceError, match=r"serve\.yaml: reasoning_parser: 'deepseek_r1' needs <think>"):
+        check_configs(_env(tmp_path, SERVE_CONFIG=str(bad), MODEL=str(tiny_model_dir)))
+    with pytest.raises(ReproduceError, match="MODEL=.* is not a folder"):
+        check_configs(_env(tmp_path, SERVE_CONFIG=str(bad), MODEL=str(tmp_path / "no-model")))
