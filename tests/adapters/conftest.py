@@ -115,3 +115,16 @@ def _emitters(auditor, closers):
         return list(sent)
     auditor.spans, auditor.scores = spans, scores
     return Emitters([OtelVerdictEmitter(tp), LangfuseVerdictEmitter(lf)])
+
+
+@pytest.fixture
+def otel_memory():
+    """(TracerProvider, InMemorySpanExporter): the OTel SDK writing spans to memory."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    exp = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exp))
+    return tp, exp

@@ -21,15 +21,8 @@ ALARM = {"run_id": "run-1", "seq": 2, "t": 1, "decision": "ALARM", "k": 1, "agen
 
 
 @pytest.fixture
-def otel():
-    pytest.importorskip("opentelemetry.sdk")
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-    exp = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(exp))
-    return tp, exp
+def otel(otel_memory):
+    return otel_memory
 
 
 @pytest.fixture

@@ -35,15 +35,8 @@ def _otlp_json(spans, path: Path) -> Path:
 
 
 @pytest.fixture
-def memory_provider():
-    pytest.importorskip("opentelemetry.sdk")
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-    exp = InMemorySpanExporter()
-    tp = TracerProvider()
-    tp.add_span_processor(SimpleSpanProcessor(exp))
-    return tp, exp
+def memory_provider(otel_memory):
+    return otel_memory
 
 
 # --------------------------------------------------------------------------- OpenInference
