@@ -76,6 +76,9 @@ def test_smolagents_memory_steps_keep_calls_results_errors_and_the_answer(tmp_pa
     err = t.steps[3]
     assert err.error.startswith("AgentToolExecutionError") and "no such city" in err.error
     assert "try again" not in err.error.lower() and "Please try again" in err.content   # boilerplate kept out of the error
+    from aftraj.fold import fold_trajectory
+    outcomes = [c.outcome for c in fold_trajectory(t).state.tool_calls]
+    assert outcomes == ["ok", "error", "ok"]          # "Please try again" no longer reads as a retryable error
     assert err.meta["aftraj_event"]["parent_id"] == "r1/call_2"
     assert (t.agents, t.task, t.final_answer, t.termination) == (["calc"], "How many pens?",
                                                                 "408 pens; Paris: 2.1 million", "completed")
