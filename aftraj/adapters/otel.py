@@ -13,7 +13,10 @@ per trace id. Spans are read in start order, by `gen_ai.operation.name`:
   first user input message is the task.
 - `execute_tool`: the tool's result (`gen_ai.tool.call.result`, linked by `gen_ai.tool.call.id`);
   a span with status ERROR is an error result (the status message, else `error.type`).
-Token counts come from `gen_ai.usage.*`. Result ids: the conventions have none, so None. A chat
+Token counts come from `gen_ai.usage.*`. A malformed record (a value of the wrong OTLP type, a
+part or message that is not an object, content that is not a string, spans whose parents form a
+cycle) is an `AdapterError` naming the record and field; a trace of any depth is walked
+iteratively; a file with more than `MAX_SPANS` spans is refused before they are mapped. Result ids: the conventions have none, so None. A chat
 or tool span outside any invoke_agent span is attributed to `assistant` (the output role).
 `OtelSpanSource` gives the same mapping for the SDK's own `ReadableSpan`s (the live processor).
 """
@@ -31,22 +34,61 @@ from aftraj.events import Event
 from aftraj.schema import Trajectory
 
 CHAT_OPS = ("chat", "text_completion", "generate_content")
+MAX_SPANS = 200_000        # spans a file may hold (10^6 spans took 3.9 GB and crashed the reader)
 
 
-def _any(v: Any) -> Any:
-    """An OTLP JSON AnyValue as a Python value."""
+def _any(v: Any, field: str = "value", origin: str | None = None, depth: int = 0) -> Any:
+    """An OTLP JSON AnyValue as a Python value; AdapterError naming `field` when malformed."""
     if not isinstance(v, dict):
         return v
-    for k in ("stringValue", "boolValue", "doubleValue"):
-        if k in v:
-            return v[k]
+    if depth > 32:
+        fail(field, "is nested deeper than 32 levels", origin)
+    if "stringValue" in v:
+        if not isinstance(v["stringValue"], str):
+            fail(f"{field}.stringValue", f"must be a string, got {type(v['stringValue']).__name__}", origin)
+        return v["stringValue"]
+    if "boolValue" in v:
+        if not isinstance(v["boolValue"], bool):
+            fail(f"{field}.boolValue", f"must be true or false, got {v['boolValue']!r}"[:200], origin)
+        return v["boolValue"]
+    if "doubleValue" in v:
+        x = v["doubleValue"]
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or x != x or x in (float("inf"), float("-inf")):
+            fail(f"{field}.doubleValue", f"must be a finite number, got {x!r}"[:200], origin)
+        return x
     if "intValue" in v:
-        return int(v["intValue"])
+        x = v["intValue"]
+        if isinstance(x, bool) or not (isinstance(x, int) or isinstance(x, str) and x.lstrip("-").isdigit()
+                                       and len(x) <= 20):
+            fail(f"{field}.intValue", f"must be an integer (or its decimal string), got {x!r}"[:200], origin)
+        return int(x)
     if "arrayValue" in v:
-        return [_any(x) for x in (v["arrayValue"].get("values") or [])]
+        arr = v["arrayValue"]
+        vals = arr.get("values") if isinstance(arr, dict) else None
+        if not isinstance(arr, dict) or not isinstance(vals or [], list):
+            fail(f"{field}.arrayValue", "must be {values: [AnyValue, ...]}", origin)
+        return [_any(x, f"{field}.arrayValue.values[{i}]", origin, depth + 1) for i, x in enumerate(vals or [])]
     if "kvlistValue" in v:
-        return {x["key"]: _any(x.get("value")) for x in (v["kvlistValue"].get("values") or [])}
+        kv = v["kvlistValue"]
+        vals = kv.get("values") if isinstance(kv, dict) else None
+        if not isinstance(kv, dict) or not isinstance(vals or [], list):
+            fail(f"{field}.kvlistValue", "must be {values: [{key, value}, ...]}", origin)
+        out = {}
+        for i, x in enumerate(vals or []):
+            if not isinstance(x, dict) or not isinstance(x.get("key"), str):
+                fail(f"{field}.kvlistValue.values[{i}]", "must be {key: string, value}", origin)
+            out[x["key"]] = _any(x.get("value"), f"{field}.kvlistValue.values[{i}].value", origin, depth + 1)
+        return out
     return None
+
+
+def _text(v: Any, field: str, origin: str | None) -> str:
+    """Message content: a string (None is ''); anything else is an error, never str()-ed."""
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        fail(field, f"must be a string, got {type(v).__name__} ({v!r})"[:200], origin)
+    return v
 
 
 def _hex_id(v: Any) -> Any:
@@ -66,19 +108,33 @@ def span_from_otlp(s: dict, field: str, origin: str | None) -> dict:
     for k in ("traceId", "spanId"):
         if not s.get(k):
             fail(f"{field}.{k}", "is missing", origin)
+        if not isinstance(s[k], str):
+            fail(f"{field}.{k}", f"must be a hex string, got {type(s[k]).__name__}", origin)
+    if s.get("parentSpanId") is not None and not isinstance(s["parentSpanId"], str):
+        fail(f"{field}.parentSpanId", f"must be a hex string, got {type(s['parentSpanId']).__name__}", origin)
     attrs = {}
+    if not isinstance(s.get("attributes") or [], list):
+        fail(f"{field}.attributes", "must be a list of {key, value}", origin)
     for j, a in enumerate(s.get("attributes") or []):
-        if not isinstance(a, dict) or "key" not in a:
+        if not isinstance(a, dict) or not isinstance(a.get("key"), str):
             fail(f"{field}.attributes[{j}]", "must be {key, value}", origin)
-        attrs[a["key"]] = _any(a.get("value"))
+        attrs[a["key"]] = _any(a.get("value"), f"{field}.attributes[{j}].value", origin)
     st = s.get("status") or {}
+    if not isinstance(st, dict):
+        fail(f"{field}.status", f"must be an object {{code, message}}, got {type(st).__name__}", origin)
+    start = s.get("startTimeUnixNano") or 0
+    if isinstance(start, bool) or not (isinstance(start, int) or isinstance(start, str) and start.isdigit()
+                                       and len(start) <= 20):
+        fail(f"{field}.startTimeUnixNano", f"must be an integer (nanoseconds), got {start!r}"[:200], origin)
+    if s.get("name") is not None and not isinstance(s["name"], str):
+        fail(f"{field}.name", f"must be a string, got {type(s['name']).__name__}", origin)
     code = st.get("code")
     err = None
     if code in (2, "STATUS_CODE_ERROR", "ERROR"):
         err = st.get("message") or attrs.get("error.type") or "error"
     return {"trace": _hex_id(s["traceId"]), "id": _hex_id(s["spanId"]),
             "parent": _hex_id(s.get("parentSpanId")) or None,
-            "name": s.get("name"), "start": int(s.get("startTimeUnixNano") or 0), "attrs": attrs, "error": err}
+            "name": s.get("name"), "start": int(start), "attrs": attrs, "error": err}
 
 
 def span_from_sdk(span) -> dict:
@@ -103,6 +159,14 @@ def _messages(v: Any, field: str, origin: str | None) -> list:
             fail(field, "is not JSON (the GenAI conventions carry messages as a JSON list)", origin)
     if not isinstance(v, list):
         fail(field, f"must be a list of messages, got {type(v).__name__}", origin)
+    for i, m in enumerate(v):
+        if not isinstance(m, dict):
+            fail(f"{field}[{i}]", f"must be a message object {{role, parts}}, got {type(m).__name__}", origin)
+        if not isinstance(m.get("parts") or [], list):
+            fail(f"{field}[{i}].parts", f"must be a list of parts, got {type(m.get('parts')).__name__}", origin)
+        for k, p in enumerate(m.get("parts") or []):
+            if not isinstance(p, dict):
+                fail(f"{field}[{i}].parts[{k}]", f"must be a part object {{type, ...}}, got {type(p).__name__}", origin)
     return v
 
 
@@ -159,23 +223,24 @@ class OtelRun:
         agent = self._agent(s["id"]) or a.get("gen_ai.agent.name")
         if op in CHAT_OPS:
             if self.task is None:
-                for m in _messages(a.get("gen_ai.input.messages"), f"{field}.attributes.gen_ai.input.messages", origin):
-                    if isinstance(m, dict) and m.get("role") == "user":
-                        self.task = "\n".join(p.get("content", "") for p in m.get("parts") or []
-                                              if isinstance(p, dict) and p.get("type") == "text")
+                fi = f"{field}.attributes.gen_ai.input.messages"
+                for i, m in enumerate(_messages(a.get("gen_ai.input.messages"), fi, origin)):
+                    if m.get("role") == "user":
+                        self.task = "\n".join(_text(p.get("content"), f"{fi}[{i}].parts[{k}].content", origin)
+                                              for k, p in enumerate(m.get("parts") or []) if p.get("type") == "text")
                         break
             usage = _usage(a)
             if agent is None:
                 agent = "assistant"
             for j, m in enumerate(_messages(a.get("gen_ai.output.messages"),
                                             f"{field}.attributes.gen_ai.output.messages", origin)):
-                for k, p in enumerate((m or {}).get("parts") or []):
+                for k, p in enumerate(m.get("parts") or []):
                     f = f"{field}.attributes.gen_ai.output.messages[{j}].parts[{k}]"
-                    t = p.get("type") if isinstance(p, dict) else None
+                    t = p.get("type")
                     if t == "text":
-                        rb.message(agent, p.get("content"), field=f, usage=usage)
+                        rb.message(agent, _text(p.get("content"), f"{f}.content", origin), field=f, usage=usage)
                     elif t == "reasoning":
-                        rb.thinking(agent, p.get("content"), field=f, usage=usage)
+                        rb.thinking(agent, _text(p.get("content"), f"{f}.content", origin), field=f, usage=usage)
                     elif t == "tool_call":
                         rb.tool_call(agent, p.get("name"), p.get("arguments"), call_id=p.get("id"), field=f,
                                      usage=usage)
@@ -192,16 +257,18 @@ class OtelRun:
             if cid is None or cid not in rb.calls:   # no traced chat span announced the call
                 parent = rb.tool_call(agent, tool, a.get("gen_ai.tool.call.arguments"), call_id=cid,
                                       field=field).event_id
-            res = a.get("gen_ai.tool.call.result")
-            rb.tool_result(agent, res if res is not None else "", tool=tool, call_id=cid, error=s["error"],
+            res = _text(a.get("gen_ai.tool.call.result"), f"{field}.attributes.gen_ai.tool.call.result", origin)
+            rb.tool_result(agent, res, tool=tool, call_id=cid, error=s["error"],
                            field=field, parent_id=parent)
         elif op == "invoke_agent":
             if s["error"]:
                 rb.error(agent, s["error"], field=f"{field}.status")
             if s["id"] == self.root_agent_span:
-                out = _messages(a.get("gen_ai.output.messages"), f"{field}.attributes.gen_ai.output.messages", origin)
-                text = "\n".join(p.get("content", "") for m in out if isinstance(m, dict)
-                                 for p in m.get("parts") or [] if isinstance(p, dict) and p.get("type") == "text")
+                fo = f"{field}.attributes.gen_ai.output.messages"
+                out = _messages(a.get("gen_ai.output.messages"), fo, origin)
+                text = "\n".join(_text(p.get("content"), f"{fo}[{j}].parts[{k}].content", origin)
+                                 for j, m in enumerate(out) for k, p in enumerate(m.get("parts") or [])
+                                 if p.get("type") == "text")
                 if text and not s["error"]:
                     rb.final(agent, text, field=field)
                 if not s["error"]:
@@ -223,33 +290,72 @@ def from_spans(spans: list[dict], *, run_id: str | None = None, origin: str | No
     for i in ends:
         children.setdefault(spans[i]["parent"], []).append(i)
     ids = {s["id"] for s in spans}
-
-    def walk(i: int) -> None:
-        run.start(spans[i], f"spans[{i}]")
-        for c in children.get(spans[i]["id"], []):
-            walk(c)
-        run.end(spans[i], f"spans[{i}]")
-
-    for i in ends:
-        if spans[i]["parent"] is None or spans[i]["parent"] not in ids:
-            walk(i)
+    done = [False] * len(spans)
+    for root in ends:
+        if spans[root]["parent"] is not None and spans[root]["parent"] in ids:
+            continue
+        # iterative depth-first walk: a chain of any depth (3,000 nested spans) is no recursion
+        run.start(spans[root], f"spans[{root}]")
+        done[root] = True
+        stack = [(root, iter(children.get(spans[root]["id"], [])))]
+        while stack:
+            i, it = stack[-1]
+            c = next(it, None)
+            if c is None:
+                stack.pop()
+                run.end(spans[i], f"spans[{i}]")
+                continue
+            if done[c]:
+                continue
+            done[c] = True
+            run.start(spans[c], f"spans[{c}]")
+            stack.append((c, iter(children.get(spans[c]["id"], []))))
+    left = [i for i, d in enumerate(done) if not d]
+    if left:
+        fail(f"spans[{left[0]}].parentSpanId", f"{len(left)} spans have parents that form a cycle (or descend "
+                                               f"from one), e.g. span {spans[left[0]]['id']} -> "
+                                               f"{spans[left[0]]['parent']}: no root to read them from", origin)
     return run.trajectory()
 
 
 def read(path: str | Path) -> list[Trajectory]:
-    doc = load_json(path)
+    from aftraj.schema import MAX_RECORD_BYTES
+
     src = str(path)
+    p = Path(path)
+    if p.is_file() and p.stat().st_size > MAX_RECORD_BYTES:
+        fail("<file>", f"is {p.stat().st_size:,} bytes, over the {MAX_RECORD_BYTES:,} an OTLP export may hold "
+                       f"(parsed whole): split it (one trace a file)", src)
+    doc = load_json(path)
     docs = doc if isinstance(doc, list) else [doc]
     by_trace: dict[str, list[dict]] = {}
+    n = 0
     for d_i, d in enumerate(docs):
+        pre = f"[{d_i}]." if len(docs) > 1 else ""
         if not isinstance(d, dict) or not isinstance(d.get("resourceSpans"), list):
-            fail(f"[{d_i}].resourceSpans" if len(docs) > 1 else "resourceSpans",
-                 "is missing: expected an OTLP JSON export", src)
+            fail(f"{pre}resourceSpans", "is missing: expected an OTLP JSON export", src)
         for r_i, rs in enumerate(d["resourceSpans"]):
-            for s_i, ss in enumerate((rs or {}).get("scopeSpans") or []):
-                for k, sp in enumerate((ss or {}).get("spans") or []):
-                    f = f"resourceSpans[{r_i}].scopeSpans[{s_i}].spans[{k}]"
-                    s = span_from_otlp(sp, f, src)
+            fr = f"{pre}resourceSpans[{r_i}]"
+            if rs is None:
+                continue
+            if not isinstance(rs, dict):
+                fail(fr, f"must be an object {{resource, scopeSpans}}, got {type(rs).__name__}", src)
+            if rs.get("resource") is not None and not isinstance(rs["resource"], dict):
+                fail(f"{fr}.resource", f"must be an object, got {type(rs['resource']).__name__}", src)
+            if not isinstance(rs.get("scopeSpans") or [], list):
+                fail(f"{fr}.scopeSpans", f"must be a list, got {type(rs['scopeSpans']).__name__}", src)
+            for s_i, ss in enumerate(rs.get("scopeSpans") or []):
+                fs = f"{fr}.scopeSpans[{s_i}]"
+                if ss is None:
+                    continue
+                if not isinstance(ss, dict) or not isinstance(ss.get("spans") or [], list):
+                    fail(fs, "must be an object {scope, spans: [...]}", src)
+                n += len(ss.get("spans") or [])
+                if n > MAX_SPANS:
+                    fail(f"{fs}.spans", f"the file holds more than {MAX_SPANS:,} spans, the most one conversion "
+                                        f"reads: split the export (one trace a file)", src)
+                for k, sp in enumerate(ss.get("spans") or []):
+                    s = span_from_otlp(sp, f"{fs}.spans[{k}]", src)
                     by_trace.setdefault(s["trace"], []).append(s)
     if not by_trace:
         fail("resourceSpans", "holds no span", src)

@@ -22,7 +22,26 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _check_out(args) -> None:
+    """The destination's folder must exist (never created on the user's behalf: a typo made a
+    folder), and the destination must not be the source (it was overwritten, input lost)."""
+    import os
+
+    from aftraj.errors import UsageError
+
+    out = os.path.abspath(args.out)
+    parent = os.path.dirname(out)
+    if not os.path.isdir(parent):
+        raise UsageError(f"--out {args.out}: the folder {parent} does not exist (create it first)")
+    if os.path.isdir(out):
+        raise UsageError(f"--out {args.out}: is a folder; give the .jsonl file to write")
+    src = os.path.abspath(args.src)
+    if os.path.exists(out) and os.path.exists(src) and os.path.samefile(out, src):
+        raise UsageError(f"--out {args.out}: is the input itself; it would be overwritten while it is read")
+
+
 def run(args) -> int:
+    _check_out(args)
     if args.fmt in ADAPTERS:
         return _run_adapter(args)
     report = ReadReport()

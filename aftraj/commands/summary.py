@@ -16,6 +16,17 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    import os
+    import stat
+
+    from aftraj.errors import UsageError
+    try:
+        mode = os.stat(args.path).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        # /dev/zero, a FIFO: a line-by-line read would wait (or grow) forever
+        raise UsageError(f"{args.path}: not a regular file or folder")
     s = summarise(iter_trajectories(args.path))
     print(json.dumps(s, indent=2) if args.json else format_summary(s))
     return 0

@@ -311,7 +311,15 @@ class StructuralMonitor:
         if not meta_path.is_file():
             raise FileNotFoundError(f"{folder}: no monitor.json (fit one with `aftraj structural fit "
                                     f"--data CORPUS --out {folder}`)")
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            from aftraj.errors import UsageError
+            raise UsageError(f"{meta_path}: not valid JSON ({e}); refit") from None
+        if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict):
+            from aftraj.errors import UsageError
+            raise UsageError(f"{meta_path}: not a fitted monitor (an object with format_version and config "
+                             f"expected, got {type(meta).__name__}{'' if not isinstance(meta, dict) else ' without config'}); refit")
         if meta.get("format_version") != FORMAT_VERSION:
             raise ValueError(f"{meta_path}: format_version {meta.get('format_version')!r}, "
                              f"this code reads {FORMAT_VERSION}; refit")
