@@ -301,10 +301,13 @@ class Ablation:
                                   *_sets(c.stage2_set)], clean=self.out / "stage12")
             models["stage 1 + 2"] = self.select("stage 1 + 2", self.out / "stage12")
         models = {k: v for k, v in models.items() if k in rows}
-        for row, path in models.items():
-            self.evaluate(row, model=path)
         heldout = self.probe_data() if c.probe or c.linear_probe_rows else None
         lim = ["--max-post-tokens", str(c.probe_max_post_tokens)] if c.probe_max_post_tokens else []
+        for row, path in (models.items() if c.probe else ()):   # teacher forcing, held-out unsafe runs
+            d = self.out / "probe" / row_slug(row)
+            r.run(f"probe {row}", ["probe", "--model", str(path), "--data", str(heldout),
+                                   "--out", str(d), "--n-boot", str(c.n_boot), "--seed", str(c.seed), *lim],
+                  clean=d)
         for row in c.linear_probe_rows:      # is the content signal in the frozen representation at all?
             d = self.out / "linear_probe" / row_slug(row)
             r.run(f"linear probe {row}", ["probe", "--model", str({**models, "raw base": base, "warmed base": warmed}[row]),
@@ -312,11 +315,8 @@ class Ablation:
                                           "--out", str(d), "--n-boot", str(c.n_boot), "--seed", str(c.seed), *lim,
                                           *(["--linear-train-pairs", str(c.linear_probe_train_pairs)]
                                             if c.linear_probe_train_pairs else [])], clean=d)
-        for row, path in (models.items() if c.probe else ()):   # teacher forcing, held-out unsafe runs
-            d = self.out / "probe" / row_slug(row)
-            r.run(f"probe {row}", ["probe", "--model", str(path), "--data", str(heldout),
-                                   "--out", str(d), "--n-boot", str(c.n_boot), "--seed", str(c.seed), *lim],
-                  clean=d)
+        for row, path in models.items():     # the strict online walk (decoding: the costly phases last)
+            self.evaluate(row, model=path)
         for row in BASELINE_ROWS:
             self.evaluate(row)
         wall = time.perf_counter() - t_all
