@@ -85,6 +85,8 @@ class AblationConfig:
     # the probe's held-out runs: the val and test families' unsafe runs (and their twins) whose full
     # post-boundary prompt has at most this many tokens (null: every one; the stage-1 filter)
     probe_max_post_tokens: int | None = None
+    probe_runs: int | None = None          # at most this many held-out unsafe runs (seeded), with the
+                                           # safe runs of their families (twins); null: every one
     # the ladder's first rung: a linear probe on these frozen rows' last hidden state (post vs twin)
     linear_probe_rows: list = field(default_factory=list)
     linear_probe_train_pairs: int | None = None   # train twin pairs it is fit on (seeded; null: all)
@@ -103,7 +105,7 @@ class AblationConfig:
             raise ConfigError(f"must be a list of rows among {list(MODEL_ROWS)}, got {self.linear_probe_rows!r}",
                               key="linear_probe_rows")
         for k in ("warmup_steps", "stage1_steps", "stage1_save_steps", "stage2_steps",
-                  "stage2_save_steps", "stage12_steps", "raw_base_sample", "probe_max_post_tokens",
+                  "stage2_save_steps", "stage12_steps", "raw_base_sample", "probe_max_post_tokens", "probe_runs",
                   "linear_probe_train_pairs"):
             v = getattr(self, k)
             if v is not None and (not isinstance(v, int) or v < 1):
@@ -331,6 +333,24 @@ class Ablation:
             d.mkdir(parents=True, exist_ok=True)
             lines = [ln for name in ("val.jsonl", "test.jsonl")
                      for ln in (self.corpus / name).read_text(encoding="utf-8").splitlines() if ln.strip()]
+            if self.cfg.probe_runs is not None:
+                import random
+
+                from aftraj.schema import Trajectory
+                from training.stage1.pairs import find_twins
+
+                trajs = [Trajectory.from_dict(json.loads(ln)) for ln in lines]
+                twin_of = find_twins(trajs)
+                rng = random.Random(self.cfg.seed)
+                # runs with a twin first (the headline needs twin pairs), then the others
+                ranked = [sorted(t.id for t in trajs if t.label.unsafe and (t.id in twin_of) == has)
+                          for has in (True, False)]
+                keep = set()
+                for ids in ranked:
+                    keep |= set(rng.sample(ids, min(len(ids), self.cfg.probe_runs - len(keep))))
+                fams = {t.family_id for t in trajs if t.id in keep}
+                lines = [ln for ln, t in zip(lines, trajs) if t.id in keep
+                         or (not t.label.unsafe and t.family_id in fams)]
             tmp = f.with_suffix(".partial")
             tmp.write_text("".join(ln + "\n" for ln in lines), encoding="utf-8")
             if (self.corpus / "provenance.jsonl").is_file():

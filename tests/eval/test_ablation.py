@@ -5,6 +5,7 @@ pipeline runs end to end in tests/test_demo_quick.py."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -253,3 +254,28 @@ def test_probe_section_lists_every_probed_row_with_intervals():
     assert "| linear probe on warmed base (frozen; fit on 10 train pairs, train acc 100 %) | 4 | 62.5 |" in md
     assert "| stage 1 | 75.0 [50, 100] (n=4) |" in md                      # per domain
     assert "Learning ladder" not in ab.render_markdown(_summary({}, {}))     # no probe, no section
+
+
+def test_probe_data_holds_the_held_out_runs_and_a_capped_sample_keeps_twins(make_traj, tmp_path):
+    import dataclasses
+
+    from aftraj.readers import load_trajectories
+    from aftraj.schema import write_jsonl
+    from training.stage1.pairs import find_twins
+
+    runs = []
+    for i in range(6):
+        u = make_traj(i, 6, 3)
+        runs += [u] if i % 2 else [u, dataclasses.replace(make_traj(i, 6, None), id=f"twin{i}")]
+    (tmp_path / "out" / "corpus").mkdir(parents=True)
+    write_jsonl(runs[:4], tmp_path / "out" / "corpus" / "val.jsonl")
+    write_jsonl(runs[4:], tmp_path / "out" / "corpus" / "test.jsonl")
+    full = ab.Ablation(ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {"probe_runs": None}),
+                       tmp_path / "out", echo=False).probe_data()
+    assert [t.id for t in load_trajectories(full)] == [t.id for t in runs]
+    (tmp_path / "out2").mkdir()
+    shutil.copytree(tmp_path / "out" / "corpus", tmp_path / "out2" / "corpus")
+    capped = load_trajectories(ab.Ablation(ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
+                                                          {"probe_runs": 2}), tmp_path / "out2",
+                                           echo=False).probe_data())
+    assert sum(t.label.unsafe for t in capped) == 2 and len(find_twins(capped)) == 2   # runs with twins first
