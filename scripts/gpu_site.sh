@@ -9,7 +9,10 @@ gpu_site() {
   local name=$1; shift
   local wheels="$ROOT/.whl/$name"
   if compgen -G "$wheels/*.whl" >/dev/null; then
-    GPU_SITE="$(mktemp -d -t aftraj-gpu-site.XXXXXX)"
+    # a folder named site-packages: dill (datasets' fingerprint) pickles a module outside the
+    # interpreter's prefix BY VALUE unless its path holds "site-packages" (dill _is_builtin_module),
+    # and pickling pyarrow by value fails ("Can't pickle <class 'MonthDayNano'>")
+    GPU_SITE="$(mktemp -d -t aftraj-gpu-site.XXXXXX)/site-packages"
     if "$PY" -m pip --version >/dev/null 2>&1; then
       "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --target "$GPU_SITE" "$wheels"/*.whl
     else
