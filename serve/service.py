@@ -540,9 +540,12 @@ class GatewayService:
             events.append(ev)
         return events
 
-    def _commit(self, r: _Run, events: list) -> tuple[list[bool], dict | None]:
-        """Store the batch (committed before we answer) and fold it (blocking; under the run's
-        lock). Returns (added per event, the stored verdict when the batch added nothing)."""
+    def _commit(self, r: _Run, run_id: str, items, t0: float | None = None):
+        """Validate the batch, store it (committed before we answer) and fold it (blocking; on
+        the threads, under the run's lock): one hop to the threads a request. Returns (added per
+        event, the stored verdict when the batch added nothing, and, with no auditor to ask, the
+        new verdict and its JSON, stored too)."""
+        events = self._parse_batch(run_id, items, r.key)
         try:
             added, before = self.ledger.append_batch(events)
         except LedgerError as e:
@@ -558,14 +561,23 @@ class GatewayService:
         else:
             self._catch_up(r)              # another process (or a resend): read the ledger
         stored = self._stored_verdict(r.key, r.state.last_seq) if n_new == 0 else None
-        return added, stored
+        if stored is not None or self.client is not None:
+            return added, stored, None, None
+        seq = r.state.last_seq
+        v = self._verdict_tail(r, *self._verdict_head(r, seq), t0)
+        v.update(accepted=n_new, duplicates=len(added) - n_new)
+        data = orjson.dumps(v)
+        try:
+            self._store_verdict(r.key, seq, data)
+        except self._sa.exc.OperationalError:
+            log.warning("run %s: verdict for seq %s not stored (ledger busy)", r.key, seq)
+        return added, None, v, data
 
     async def ingest(self, owner: str, run_id: str, items: list | bytes, *, t0: float | None = None) -> dict:
         """`items`: the batch's events, or the raw POST body (parsed on the threads). `t0`: the
         request's arrival (`time.perf_counter()`); the auditor's deadline counts from it."""
         t0 = time.perf_counter() if t0 is None else t0
         r = await self.arun(owner, run_id)
-        events = None
         lock_by = t0 + self.cfg.limits.ledger_timeout_s     # the run's lock and the ledger: one bound
         while True:        # the lock first (FIFO): a run's concurrent batches are taken in arrival order
             try:
@@ -579,11 +591,10 @@ class GatewayService:
                     continue
                 if r.broken is not None:
                     raise r.broken
-                if events is None:
-                    events = await self._off(self._parse_batch, run_id, items, r.key)
                 try:
-                    added, stored = await self._ledger(self._commit, r, events, what="storing the events",
-                                                       timeout=max(0.05, lock_by - time.perf_counter()))
+                    added, stored, v, data = await self._ledger(
+                        self._commit, r, run_id, items, t0, what="storing the events",
+                        timeout=max(0.05, lock_by - time.perf_counter()))
                 except GatewayError as e:
                     if e.status == 503:
                         self._drop(r)          # the write may still land: rebuild from the ledger
@@ -600,13 +611,14 @@ class GatewayService:
                 if stored is not None:
                     stored.update(accepted=0, duplicates=len(added), run_id=run_id)
                     return stored
-                v = await self._verdict(r, seq, t0)
-                v.update(accepted=n_new, duplicates=len(added) - n_new)
-                data = orjson.dumps(v)
-                try:
-                    await self._ledger(self._store_verdict, r.key, seq, data, what="storing the verdict")
-                except GatewayError:
-                    log.warning("run %s: verdict for seq %s not stored (ledger busy)", r.key, seq)
+                if v is None:                  # an auditor to ask: off the threads while it answers
+                    v = await self._verdict(r, seq, t0)
+                    v.update(accepted=n_new, duplicates=len(added) - n_new)
+                    data = orjson.dumps(v)
+                    try:
+                        await self._ledger(self._store_verdict, r.key, seq, data, what="storing the verdict")
+                    except GatewayError:
+                        log.warning("run %s: verdict for seq %s not stored (ledger busy)", r.key, seq)
                 break
             finally:
                 held.lock.release()
@@ -659,7 +671,7 @@ class GatewayService:
                 conf = None
         return v, None, conf
 
-    async def _verdict(self, r: _Run, seq: int, t0: float) -> dict:
+    def _verdict_head(self, r: _Run, seq: int):
         findings = [self._finding(r, f) for f in r.state.findings]
         fold_alarm = next((d for f, d in zip(r.state.findings, findings) if f.alarm), None)
         t = len(r.steps) - 1
@@ -667,11 +679,26 @@ class GatewayService:
                 "policy_revision": self.policy.revision, "confidence": None, "k": None,
                 "agent": None, "reason": None, "auditor_error": None, "model_latency_ms": None,
                 "prompt_tokens": 0, "cached_tokens": 0}
-        decision, status, score = "CONTINUE", "off", 0.0
+        decision = "CONTINUE"
         if fold_alarm is not None:
             decision = "ALARM"
             base.update(k=min(fold_alarm["steps"], default=None), agent=None,
                         reason=f"{fold_alarm['kind']}: {fold_alarm['reason']}")
+        return base, decision, "off", 0.0, fold_alarm
+
+    def _verdict_tail(self, r: _Run, base, decision, status, score, fold_alarm, t0) -> dict:
+        base.update(decision=decision, auditor=status,
+                    action=self.cfg.intervention.action(score, fold_alarm is not None,
+                                                        status in ("unavailable", "parse_failure")))
+        latency = 1000 * (time.perf_counter() - t0)
+        base["latency_ms"] = round(latency, 3)
+        self.metrics.inc("aftraj_gateway_verdicts_total", auditor=status, decision=decision)
+        self.metrics.observe_ms(latency)
+        return base
+
+    async def _verdict(self, r: _Run, seq: int, t0: float) -> dict:
+        base, decision, status, score, fold_alarm = self._verdict_head(r, seq)
+        t = base["t"]
         if self.client is not None and t >= 0:
             status = "unavailable"
             a = self.cfg.auditor
@@ -711,14 +738,7 @@ class GatewayService:
                         decision = "ALARM"
                         base.update(k=v.step, agent=v.agent, reason=v.reason)
                     score = conf if conf is not None else (1.0 if v.alarm else 0.0)
-        base.update(decision=decision, auditor=status,
-                    action=self.cfg.intervention.action(score, fold_alarm is not None,
-                                                        status in ("unavailable", "parse_failure")))
-        latency = 1000 * (time.perf_counter() - t0)
-        base["latency_ms"] = round(latency, 3)
-        self.metrics.inc("aftraj_gateway_verdicts_total", auditor=status, decision=decision)
-        self.metrics.observe_ms(latency)
-        return base
+        return self._verdict_tail(r, base, decision, status, score, fold_alarm, t0)
 
     def _store_verdict(self, key: str, seq: int, data: bytes) -> None:
         t = self.verdicts_table

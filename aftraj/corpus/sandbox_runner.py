@@ -36,7 +36,8 @@ import json  # noqa: E402  (requests only; never used after candidate code start
 # be able to read the stdlib): the common modules a sample imports. Elsewhere imports are lazy.
 PRELOAD = ("bisect", "collections", "fractions", "functools", "heapq", "io", "itertools", "math", "operator",
            "random", "re", "resource", "statistics", "string", "typing", "hashlib", "decimal", "datetime",
-           "json", "copy", "dataclasses", "enum")
+           "json", "copy", "dataclasses", "enum", "tempfile", "threading", "shutil", "textwrap", "array",
+           "unicodedata", "contextlib", "traceback", "warnings")
 
 _CTYPES = None     # the runner's ctypes (mount, pivot_root, capset); never in a sample's process
 
