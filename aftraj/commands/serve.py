@@ -92,6 +92,9 @@ def run_gateway(args) -> int:
         raise UsageError(f"cannot listen on {cfg.host}:{port}: {e.strerror or e}"
                          + (" (another process holds the port: stop it or give --port)"
                             if e.errno in (98, 48) else "")) from None
+    # the event loop and the service's threads share the GIL: a short switch interval keeps a
+    # thread that holds it (parsing, folding) from delaying the loop by the default 5 ms a turn
+    sys.setswitchinterval(0.0005)
     app = build_app(_service(cfg))
     config = uvicorn.Config(app, log_level="warning", access_log=False,
                             http=header_timeout_protocol(cfg.limits.header_timeout_s),
