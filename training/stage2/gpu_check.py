@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     times = [r["step_time"] for r in rows[1:]] or [rows[0]["step_time"]]
     fig = {"steps": len(rows), "median_step_s": round(statistics.median(times), 3),
            "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 2) if cuda else None,
-           "params_m": round(n_params / 1e6), "completion_tokens": cfg.max_completion_length,
+           "params_m": round(n_params / 1e6, 3), "completion_tokens": cfg.max_completion_length,
            "generations": cfg.num_generations, "prompts_per_step": cfg.prompts_per_step,
            "warmup_steps": warm_steps, "warmup_loss_first": round(warm["loss_first"], 4),
            "warmup_loss_last": round(warm["loss_last"], 4), "warmup_parse_rate": warm.get("parse_rate"),
