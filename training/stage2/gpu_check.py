@@ -5,9 +5,11 @@ vocabulary like Qwen2.5's) in bf16, our reward, KL to the init model, 8 completi
 A random model is malformed on every completion: every reward in a group is the same and every
 GRPO advantage is 0, so nothing would be learnt or tested. The check therefore first runs a few
 supervised steps of the format warm-up (training/warmup, content-independent verdicts) and starts
-GRPO from that: completions now end at varied lengths and some parse, the reward varies within a
-group, and the check asserts a non-zero reward spread within groups (hence a non-zero advantage)
-and that the GRPO steps changed the parameters. Figures are printed as `key=value` lines and
+GRPO from that: completions now end at varied lengths, so the reward (its overlong penalty at
+least; format and verdict terms where a completion parses) varies within a group, and the check
+asserts a non-zero reward spread within groups (hence a non-zero advantage) and that the GRPO
+steps changed the parameters. On the tiny CPU model (measured) the spread is the length penalty
+alone (warmup_parse_rate=0.0 after 24 steps); what the 0.6B GPU model parses is not measured. Figures are printed as `key=value` lines and
 written to FIGURES_DIR/gpu_stage2.json:
 
     steps median_step_s peak_mem_gib params_m completion_tokens warmup_steps warmup_parse_rate
