@@ -51,12 +51,12 @@ def test_production_stage1_config_holds_the_issue_settings():
 
     cfg = load_stage1_config(CONFIGS / "stage1" / "qwen2.5-7b-2xh200.yaml")
     assert (cfg.finetune, cfg.max_prompt_tokens, cfg.mixed_precision) == ("full", 8192, "bf16")
-    assert (cfg.gradient_checkpointing, cfg.optimizer, cfg.lr_scheduler, cfg.warmup_ratio) == \
-        (True, "adamw_bnb_8bit", "cosine", 0.1)
+    assert (cfg.gradient_checkpointing, cfg.optimizer, cfg.lr_scheduler, cfg.warmup_steps) == \
+        (True, "adamw_bnb_8bit", "cosine", 50)                # the paper's 50 warm-up steps (issue 22)
     assert 2 <= cfg.num_epochs <= 3 and cfg.max_steps is None and not cfg.allow_many_epochs
     assert cfg.export_dtype == "bfloat16"
     sched = cfg.schedule(1100, world_size=2)           # ≈ the corpus's pairs, on 2×H200
-    assert 2 <= sched.epochs <= 3 and sched.steps == 69 and sched.warmup_steps == 7
+    assert 2 <= sched.epochs <= 3 and sched.steps == 69 and sched.warmup_steps == 50
     assert not cfg.model.startswith("builtin:") and "/" in cfg.model      # a local folder, never a hub id
     assert load_stage1_config(CONFIGS / "stage1" / "smollm2-135m-cpu.yaml").finetune == "lora"
 
@@ -112,7 +112,8 @@ def test_stage1_schedule_is_sized_from_epochs_and_capped_at_five():
     assert edge.schedule(64, world_size=2).epochs == 5.0
     with pytest.raises(ConfigError):
         load_stage1_config(prod, {"num_epochs": None, "max_steps": 11}).schedule(64, world_size=2)
-    one = load_stage1_config(prod, {"num_epochs": 1}).schedule(33, world_size=2)   # ceil(33 / 32)
+    one = load_stage1_config(prod, {"num_epochs": 1, "warmup_steps": None, "warmup_ratio": 0.1}
+                             ).schedule(33, world_size=2)   # ceil(33 / 32)
     assert (one.steps, one.warmup_steps) == (2, 0)
 def test_stage2_configs_hold_the_issue_settings_and_refuse_bad_values(tmp_path):
     from training.stage1.config import ConfigError
