@@ -307,13 +307,14 @@ class Ablation:
         lim = ["--max-post-tokens", str(c.probe_max_post_tokens)] if c.probe_max_post_tokens else []
         for row, path in (models.items() if c.probe else ()):   # teacher forcing, held-out unsafe runs
             d = self.out / "probe" / row_slug(row)
-            r.run(f"probe {row}", ["probe", "--model", str(path), "--data", str(heldout),
+            r.run(f"probe {row}", ["probe", "--model", str(path), "--data", str(heldout), "--split", "all",
                                    "--out", str(d), "--n-boot", str(c.n_boot), "--seed", str(c.seed), *lim],
                   clean=d)
         for row in c.linear_probe_rows:      # is the content signal in the frozen representation at all?
             d = self.out / "linear_probe" / row_slug(row)
             r.run(f"linear probe {row}", ["probe", "--model", str({**models, "raw base": base, "warmed base": warmed}[row]),
-                                          "--data", str(heldout), "--linear-train", str(self.corpus / "train.jsonl"),
+                                          "--data", str(heldout), "--split", "all",
+                                          "--linear-train", str(self.corpus / "train.jsonl"),
                                           "--out", str(d), "--n-boot", str(c.n_boot), "--seed", str(c.seed), *lim,
                                           *(["--linear-train-pairs", str(c.linear_probe_train_pairs)]
                                             if c.linear_probe_train_pairs else [])], clean=d)
@@ -641,14 +642,19 @@ def probe_lines(probe: dict, linear: dict | None = None) -> list[str]:
                    f"{100 * lp['train_accuracy']:.0f} %) | {lp['post_beats_twin']['n']} | "
                    f"{_share(lp['post_beats_twin'])} | – | – | – | – | – |")
     for row, g in probe.items():
+        if row.startswith("rule:"):   # a rule's score is no log-odds: only its two shares mean something
+            out.append(f"| {row} | {g['post_beats_twin']['n']} | {_share(g['post_beats_twin'])} | "
+                       f"{_share(g['post_beats_pre'])} | – | – | – | – |")
+            continue
         out.append(f"| {row} | {g['post_beats_twin']['n']} | {_share(g['post_beats_twin'])} | "
                    f"{_share(g['post_beats_pre'])} | {acc(g.get('pre'))} | {acc(g.get('post'))} | "
                    f"{acc(g.get('twin'))} | {lo(g.get('pre'))} / {lo(g.get('post'))} / {lo(g.get('twin'))} |")
     for key, title in (("by_domain", "domain"), ("by_error_type", "error type")):
-        groups = sorted({k for g in [*probe.values(), *(linear or {}).values()] for k in (g.get(key) or {})})
+        groups = sorted({k for g in [*probe.values(), *(linear or {}).values()]
+                         for k, v in (g.get(key) or {}).items() if v.get("n")})
         if not groups:
             continue
-        out += ["", f"post > twin % by {title} (twin pairs in brackets after the interval):", "",
+        out += ["", f"post > twin % by {title} (n = twin pairs):", "",
                 "| row | " + " | ".join(groups) + " |", "|---|" + "---|" * len(groups)]
         for row, g in [*((f"linear probe on {r}", lp) for r, lp in (linear or {}).items()), *probe.items()]:
             if not g.get(key):

@@ -58,7 +58,8 @@ def test_production_stage1_config_holds_the_issue_settings():
     sched = cfg.schedule(1100, world_size=2)           # ≈ the corpus's pairs, on 2×H200
     assert 2 <= sched.epochs <= 3 and sched.steps == 69 and sched.warmup_steps == 50
     assert not cfg.model.startswith("builtin:") and "/" in cfg.model      # a local folder, never a hub id
-    assert load_stage1_config(CONFIGS / "stage1" / "smollm2-135m-cpu.yaml").finetune == "lora"
+    smol1 = load_stage1_config(CONFIGS / "stage1" / "smollm2-135m-cpu.yaml")   # issue 21: top layers, full
+    assert (smol1.finetune, smol1.trainable_layers, smol1.batching) == ("full", 8, "per_pair")
 
 
 def test_loaders_reject_bad_files(tmp_path):

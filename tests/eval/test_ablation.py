@@ -250,7 +250,7 @@ def test_probe_section_lists_every_probed_row_with_intervals():
     assert "## Learning ladder: decision-token probe on held-out families (6 unsafe runs, val + test)" in md
     assert "| warmed base | 4 | 50.0 [25, 75] | 100.0 [100, 100] | 0.0 | 100.0 | 0.0 | +1.50 / +2.00 / +2.00 |" in md
     assert "| stage 1 | 4 | 75.0 [50, 100] | – | 100.0 | – | 50.0 | -1.00 / – / +0.25 |" in md
-    assert "| rule: last step not by environment | 4 | 50.0 [50, 50] | 75.0 |" in md
+    assert "| rule: last step not by environment | 4 | 50.0 [50, 50] | 75.0 | – | – | – | – |" in md
     assert "| linear probe on warmed base (frozen; fit on 10 train pairs, train acc 100 %) | 4 | 62.5 |" in md
     assert "| stage 1 | 75.0 [50, 100] (n=4) |" in md                      # per domain
     assert "Learning ladder" not in ab.render_markdown(_summary({}, {}))     # no probe, no section
