@@ -170,14 +170,26 @@ def _probe_healthz(url: str, n: int = 20, gap: float = 0.025) -> list[float]:
     return out
 
 
+_IDLE: dict[str, float] = {}
+
+
+def _idle_p80(url: str) -> float:
+    """/healthz's own latency on this machine right now, no attack running (p80 of 20 probes)."""
+    ms = sorted(_probe_healthz(url))
+    return ms[15]
+
+
 def _assert_healthy(url: str, what: str) -> None:
-    """/healthz within 100 ms while the attack runs: the median and 80 % of 20 probes (a loaded
-    2-core machine delays a few probes by its own scheduling; the attacks before the fix made it
-    take seconds)."""
+    """/healthz within 100 ms while the attack runs: the median and 80 % of 20 probes. On a
+    loaded 2-core machine (or under `nice`) the gateway's own scheduling delay is added: the
+    bound is 100 ms + 2 x the idle p80 measured before the attack (the attacks before the fix
+    made /healthz take seconds: 26.8 s for the stalled streams)."""
     ms = _probe_healthz(url)
     ms.sort()
-    print(f"healthz under {what}: p50={statistics.median(ms):.1f} ms p80={ms[15]:.1f} ms max={ms[-1]:.1f} ms")
-    assert statistics.median(ms) < 100 and ms[15] < 100, (what, ms)
+    allow = 100 + 2 * _IDLE.get(url, 0.0)
+    print(f"healthz under {what}: p50={statistics.median(ms):.1f} ms p80={ms[15]:.1f} ms max={ms[-1]:.1f} ms "
+          f"(idle p80 {_IDLE.get(url, 0.0):.1f} ms, bound {allow:.0f} ms)")
+    assert statistics.median(ms) < allow and ms[15] < allow, (what, allow, ms)
 
 
 def _seed_verdicts(db: str, run_key: str, n: int) -> None:
@@ -202,6 +214,7 @@ def test_healthz_answers_while_stalled_streams_hold_a_big_history(gateway_proces
     at most max_streams_per_key (16) are accepted, the rest get 429."""
     g = gateway_process(limits={"max_streams_per_key": 16})
     g.start()
+    _IDLE[g.url] = _idle_p80(g.url)
     httpx.post(f"{g.url}/v1/runs", json={"run_id": "big", "task": "t"},
                headers={"Authorization": f"Bearer {gw_key}"}).raise_for_status()
     _seed_verdicts(str(tmp_path / "ledger.db"), "t/big", 4000)
@@ -224,6 +237,7 @@ def test_healthz_answers_while_another_process_holds_the_write_lock(gateway_proc
     ledger_timeout_s (before: every request stalled, a 2 s deadline became 5.7 s)."""
     g = gateway_process(limits={"ledger_timeout_s": 1.0})
     g.start()
+    _IDLE[g.url] = _idle_p80(g.url)
     h = {"Authorization": f"Bearer {gw_key}"}
     httpx.post(f"{g.url}/v1/runs", json={"run_id": "w", "task": "t"}, headers=h).raise_for_status()
     con = sqlite3.connect(str(tmp_path / "ledger.db"), isolation_level=None)
@@ -255,6 +269,7 @@ def test_half_sent_requests_are_closed_after_the_header_timeout(gateway_process)
     after 30 s): /healthz answers meanwhile, and the server closes them after header_timeout_s."""
     g = gateway_process(limits={"header_timeout_s": 1.0, "body_timeout_s": 1.0})
     g.start()
+    _IDLE[g.url] = _idle_p80(g.url)
     socks = []
     try:
         for _ in range(300):
@@ -315,6 +330,7 @@ def test_healthz_answers_while_hostile_replies_are_parsed(gateway_process, gw_ke
     g = gateway_process(auditor={"backend": "openai", "base_url": big.url, "model": "m", "deadline_s": 20,
                                  "tokenizer": "approx"})
     g.start()
+    _IDLE[g.url] = _idle_p80(g.url)
     h = {"Authorization": f"Bearer {gw_key}"}
     httpx.post(f"{g.url}/v1/runs", json={"run_id": "p", "task": "t"}, headers=h).raise_for_status()
     out = []
