@@ -2,7 +2,8 @@
 # The ablation of issue 21 at full size on one H200 (configs/ablation/gpu-h200.yaml: the 2k
 # scripted corpus, warm-up, stage 1 on every pair of the train split for 2 epochs, stage 2 with
 # TRL, the decision-token and linear probes on the held-out families, the strict walk on the whole
-# test split and the whole of Who&When), on a bare GPU machine: Python 3.12 with torch, transformers
+# test split and the whole of Who&When; ~21-26 min ESTIMATED, so the walks take further `run`
+# calls: see the config), on a bare GPU machine: Python 3.12 with torch, transformers
 # and accelerate, no package index, at most 64 MiB carried a call. NOT RUN ON A GPU YET.
 #
 # What the machine lacks travels as one payload cut into parts (scripts/gpu_ablation_parts.py):
@@ -167,6 +168,7 @@ run() {
     SMI=$!
   fi
   local left=$(( BUDGET - (SECONDS - T0) )) rc=0
+  [ "$left" -ge 30 ] || { say "only $left s of GPU_ABLATION_BUDGET_S left after set-up: not started" >&2; exit 2; }
   say "config $CONFIG, run folder $STORE/ablation, $left s left of the budget"
   timeout --signal=TERM --kill-after=15 "$left" \
     "$PY" -m aftraj.cli ablation --config "$CONFIG" --out "$STORE/ablation" --report "$out/report" || rc=$?
