@@ -33,7 +33,7 @@ T0=$SECONDS
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 CPU="${AFTRAJ_GPU_ABLATION_CPU:-0}"
 PARTS="${GPU_ABLATION_PARTS:-$ROOT/.gguf-parts}"
-STORE="${AFTRAJ_GPU_STORE:-$HOME/.aftraj-gpu-ablation}"
+STORE="${AFTRAJ_GPU_STORE:-${HOME:-/tmp}/.aftraj-gpu-ablation}"
 BUDGET="${GPU_ABLATION_BUDGET_S:-540}"
 CONFIG="${GPU_ABLATION_CONFIG:-configs/ablation/gpu-h200.yaml}"
 if [ "$CPU" = 1 ]; then
@@ -187,6 +187,9 @@ run() {
 }
 
 # ----------------------------------------------------------------------------- dispatch
+# (in a function called on one line with its exit: bash reads a script as it runs, so an edit of
+# this file during a run would otherwise be read from the old offset when a mode returns)
+main() {
 mode="${1:-}"
 case "$mode" in
   prepare) prepare ;;
@@ -201,5 +204,7 @@ case "$mode" in
     for k in $(seq 1 "$n"); do bash "$0" part "$k"; done
     bash "$0" run "$dir/out"
     ;;
-  *) sed -n '2,27p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,28p' "$0" >&2; exit 2 ;;
 esac
+}
+main "$@"; exit $?
