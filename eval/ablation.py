@@ -608,7 +608,7 @@ def _share(g: dict | None) -> str:
     return f"{100 * g['share']:.1f}" + (f" [{100 * ci[0]:.0f}, {100 * ci[1]:.0f}]" if ci else "")
 
 
-def probe_lines(probe: dict, linear: dict | None = None) -> list[str]:
+def probe_lines(probe: dict, linear: dict | None = None, heldout: str = "val + test") -> list[str]:
     """The learning ladder (issue 21): per row, post-beats-twin on the decision token (the content
     control; every content-blind rule scores 50 %), post-beats-pre, the decision's accuracy per
     subset, then per domain and per error type; the linear probe and the content-blind rules as rows."""
@@ -616,7 +616,7 @@ def probe_lines(probe: dict, linear: dict | None = None) -> list[str]:
         return []
     any_row = next(iter(probe.values())) if probe else None
     n = any_row["n_runs"] if any_row else "?"
-    out = [f"## Learning ladder: decision-token probe on held-out families ({n} unsafe runs, val + test)", "",
+    out = [f"## Learning ladder: decision-token probe on held-out families ({n} unsafe runs, {heldout})", "",
            "Teacher forcing, no decoding (eval/probe.py, `aftraj probe`). At the decision token (the "
            "first token where the canonical SAFE and ALARM completions diverge) the log-odds ALARM − "
            "SAFE on the pre prefix (0..k*−1), the post prefix (0..k*) and, where the family has one, "
