@@ -241,7 +241,8 @@ def test_run_page_shows_the_verdict_live_in_a_real_browser(gateway, tmp_path):
                 gw.post_events("pens", [ev])
             b.wait("document.querySelectorAll('#timeline tr[data-step]').length === 7")
             # the fold's finding, with its evidence steps listed and marked in the timeline
-            assert "insufficient_loop_evidence" in b.js("document.getElementById('findings').innerText")
+            # the timeline may show step 6 a render before its fold's finding: wait for the finding
+            b.wait("document.getElementById('findings').innerText.includes('insufficient_loop_evidence')")
             assert b.js("[...document.querySelectorAll('tr.evidence')].map(r => r.dataset.step).join()") == "1,2,3,4,5,6"
             v = gw.post_events("pens", _events("pens", SLIP_LATE))
             assert v["decision"] == "ALARM" and v["k"] == 7
