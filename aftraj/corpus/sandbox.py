@@ -10,72 +10,45 @@ The corpus builder runs it on every code variant (`aftraj corpus build`); with a
 policy the code was written by an LLM, so it is treated as hostile.
 
 How a sample runs. A runner process (`sandbox_runner.py`, `python -I -S` with an empty
-environment) never runs candidate code; for each sample it forks a child which confines itself
-(namespaces, capabilities, rlimits, uid) and then executes a fresh interpreter, the harness
-(`python -I -S -B -c <runner> harness`), so nothing of the runner or of an earlier sample survives
-in the sample's process: not ctypes (which the runner uses for mount, pivot_root and capset), not
-patched builtins, not another sample's tests. The harness installs its audit hook, loads the
-code, and only then tells the runner (a line carrying a random per-sample nonce) to send the
-tests on its stdin: a hidden test is not in the sample's process before the sample is loaded and
-frozen (timers of the sample cancelled, garbage collection paused while the tests are read, no
-second audit hook: CPython drops it silently). Each test runs under a timer; the harness reports
-on a pipe one line that starts with the nonce; the parent accepts only that line, so output a
-sample writes itself (a forged result line, then `os._exit(0)`) counts as a crash. Results are
-cached by (code hash, tests hash); each worker thread owns one runner. Cost: a fork and an
-interpreter start-up per sample (`python benchmarks/sandbox.py`; the fork-only design it replaced
-was cheaper, and let a sample reach the runner's ctypes).
+environment) never runs candidate code; for each sample it forks a child, a copy of its pristine
+interpreter, so nothing of an earlier sample (patched builtins, globals, hidden tests) survives.
+The child confines itself, then runs the code and its tests, each test under a timer. It reports
+on a pipe one line that starts with a random per-sample nonce; the parent accepts only that line,
+so output a sample writes itself (a forged result line, then `os._exit(0)`) counts as a crash.
+Results are cached by (code hash, tests hash); each worker thread owns one runner. Cost: a fork,
+not an interpreter start-up, per sample (`python benchmarks/sandbox.py`).
 
-Threat model: what each mode promises, and the test that shows it
-(tests/aftraj/corpus/test_corpus_sandbox.py).
-Both modes:
-- no ctypes class is reachable and no memory read through the type graph works
-  (`test_no_ctypes_class_is_reachable_from_the_sample`, `test_a_memory_read_through_the_type_graph_fails`);
-- the hidden tests are not visible to the sample before it is loaded, through an audit hook of
-  its own, or on any descriptor (`test_hidden_tests_are_not_visible_to_the_sample`,
-  `test_adding_an_audit_hook_is_refused`);
+Threat model. Contained, in both modes:
 - processes and raw calls: an audit hook that judges real types (a `str` subclass as a module
   name is refused, never `str()`-ed) refuses subprocesses, fork/exec/spawn, threads, ctypes,
   `_posixsubprocess`, `os.kill`, sockets, setrlimit, gc walks, frame access (so the nonce and
-  the harness's state stay out of reach), replacing a function's code and adding audit hooks;
-  `RLIMIT_NPROC` 0 stops a fork or thread the hook missed (the sample is never the host's root,
-  who is exempt from it) (`test_attack_is_contained`);
+  the runner's state stay out of reach) and replacing a function's code; `RLIMIT_NPROC` 0 stops a
+  fork the hook missed (where the kernel enforces it: not for the host's real root in mode none);
 - resources: `RLIMIT_AS` (memory_mb), `RLIMIT_CPU` (hard: ignoring SIGALRM does not help),
   `RLIMIT_FSIZE` (file_mb: a 200 MB write fails with EFBIG), `RLIMIT_NOFILE`, no core dumps, and
-  a wall-clock deadline kept by the runner (timeout × (1 + tests) + 3 s, the interpreter's start
-  included), which kills the process group whatever the sample does with its signals
-  (`test_ignoring_sigalrm_is_bounded_in_wall_time`, `test_a_200_mb_file_is_refused`);
-- environment: an empty environment, descriptors other than the result pipe and the (empty until
-  loaded) tests pipe closed, a temporary working folder removed afterwards
-  (`test_the_environment_is_empty_and_descriptors_closed`, `test_files_of_one_sample_are_gone_for_the_next`).
-Isolation 'namespaces' (Linux user namespaces; the default where the kernel allows them, checked
-once per runner by a forked copy that confines itself and runs a trivial sample) adds: the
-runner enters new user, network, mount, ipc and uts namespaces once; each sample adds its own
-mount and pid namespaces:
-- files: the root is a read-only tmpfs with read-only binds of /usr, /lib*, the interpreter and
-  the stdlib's folders, and a fresh size-capped tmpfs /work and /tmp per sample; nothing else: no
-  /proc (so no /proc/<ppid>/environ), no /etc/passwd, no home folders, no repository. The sample
-  holds no capability (an empty bounding set: its interpreter's execve grants none; as the host's
-  root, it also runs as the host's nobody), so it cannot mount, remount read-write, chroot or
-  regain one;
-- network: a network namespace with no interface up; signals: a pid namespace per sample, where
-  it is pid 1 and sees no outside process (`test_signalling_the_parent_is_contained`).
+  a wall-clock deadline kept by the runner (timeout × (1 + tests) + 1 s), which kills the
+  process group whatever the sample does with its signals;
+- environment: an empty environment, descriptors other than the result pipe closed, stdin empty,
+  a temporary working folder removed afterwards.
+Contained with isolation 'namespaces' (Linux user namespaces; the default where the kernel
+allows them, checked once per runner by a forked copy that confines itself and runs a trivial
+sample). The runner enters new user, network, mount, ipc and uts namespaces once; each sample
+adds its own mount and pid namespaces:
+- files: the root is a read-only tmpfs with read-only binds of /usr, /lib* and the stdlib's
+  folders, and a fresh size-capped tmpfs /work and /tmp per sample; nothing else: no /proc (so
+  no /proc/<ppid>/environ), no /etc/passwd, no home folders, no repository. The sample holds no
+  capability (as the host's root, it also runs as the host's nobody), so it cannot mount,
+  remount read-write, chroot or regain one;
+- network: a network namespace with no interface up (shared by the samples of one runner, one
+  after another; a sample can open no socket); signals: a pid namespace per sample, where it is
+  pid 1 and sees no outside process (`pidfd_send_signal` to its parent has no target).
 Isolation 'none' (the fallback where user namespaces are refused: some containers, kernels with
 `kernel.unprivileged_userns_clone=0`, AppArmor's userns restriction; forced with
-`Sandbox(isolation="none")`) promises less: the audit hook confines file access to the working
-folder (read/write) and the stdlib (read), after resolving symlinks with functions the sample
-cannot rebind, and refuses `dir_fd` forms. The check is a check before the open, so nothing of
-the sample may run between the two: no thread (RLIMIT_NPROC), no garbage collection during the
-check, and no file access while the sample has a Python signal handler installed (a handler on
-its own timer could swap a symlink mid-check) (`test_mode_none_refuses_file_access_while_a_signal_handler_could_race_the_check`,
-`test_symlink_swapping_race_finds_no_file_outside`). As the host's root the sample runs as
-nobody, never as root (the issue-23 race read a file outside as root): even a sample that beat
-the check reads only what every user may read; the harness imports the common stdlib modules
-first (`PRELOAD`), since where nobody cannot read the stdlib (a Python under /root) a module it
-did not preload cannot be imported (`test_mode_none_never_runs_a_sample_as_root`). NOT contained
-there: `signal.pidfd_send_signal` on an `os.pidfd_open` of a same-user process (it can kill its
-runner, which is restarted and the sample counted as crashed; as the host's root the runner is
-out of reach of nobody); another process of the same user that swaps symlinks in the working
-folder while the sample opens through them (the runner's own folder is 0700); `os.stat`-style
+`Sandbox(isolation="none")`): the audit hook also confines file access to the working folder
+(read/write) and the stdlib (read), after resolving symlinks with functions the sample cannot
+rebind, and refuses `dir_fd` forms. NOT contained there: calls the hook never sees, above all
+`signal.pidfd_send_signal` on an `os.pidfd_open` of a same-user process (it can kill its runner,
+which is restarted and the sample counted as crashed, or the builder itself); `os.stat`-style
 probes of paths outside (existence and metadata, not content).
 Never contained, in either mode: a memory-safety bug in CPython or an extension (the hook and
 the nonce live in the same address space as the sample), a kernel bug, and a sample gaming its
@@ -108,7 +81,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ISOLATIONS = ("auto", "namespaces", "none")
-STARTUP_S = 2.0    # wall and CPU allowed for the sample's fresh interpreter to start (a loaded machine)
 _RUNNER_SOURCE = (Path(__file__).with_name("sandbox_runner.py")).read_text()
 
 
@@ -155,7 +127,7 @@ class _Runner:
         self.proc = subprocess.Popen([python, "-I", "-S", "-B", "-c", _RUNNER_SOURCE], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={}, cwd=self.base,
                                      start_new_session=True)
-        self._send({"isolation": isolation, "base": self.base, "source": _RUNNER_SOURCE})
+        self._send({"isolation": isolation, "base": self.base})
         hello = self._recv(30.0)
         if hello is None:
             self.close()
@@ -324,8 +296,8 @@ class Sandbox:
         budget = self.timeout_s * (1 + len(tests))
         nonce = secrets.token_hex(16)
         req = {"code": code, "tests": list(tests), "timeout": self.timeout_s, "nonce": nonce,
-               "memory_mb": self.memory_mb, "file_mb": self.file_mb, "cpu_s": math.ceil(budget + STARTUP_S) + 1,
-               "wall_s": budget + STARTUP_S + 1.0}
+               "memory_mb": self.memory_mb, "file_mb": self.file_mb, "cpu_s": math.ceil(budget) + 1,
+               "wall_s": budget + 1.0}
         runner = self._take()
         with self._lock:
             self.n_subprocesses += 1

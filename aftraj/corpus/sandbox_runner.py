@@ -8,19 +8,9 @@ Protocol on its stdin/stdout: messages framed as a 4-byte big-endian length + JS
   parent -> runner  {"code", "tests", "timeout", "nonce", "memory_mb", "file_mb", "cpu_s", "wall_s"}
   runner -> parent  {"status": waitstatus, "timed_out": bool, "output": latin-1 text}
 
-For every sample the runner forks a child which confines itself (namespaces, limits, uid) and
-then executes a fresh interpreter, `python -I -S -B -c <this file> harness`: the sample's process
-never held ctypes (which the runner needs for mount/pivot_root/capset, and which a sample could
-otherwise reach again through `object.__subclasses__()` to read any address) nor anything else of
-the runner. Harness protocol on the harness's stdin, from the runner:
-  frame 1 (JSON)  {"code", "timeout", "nonce", "workdir", "confine", "read_roots", "uid"}
-  the harness loads the code (its audit hook installed first and locked: no other hook may be
-  added), then writes "<nonce>:loaded\n"; only then does the runner send
-  frame 2 (hex)   the tests, hex-encoded, comma-separated (decoded with bytes.fromhex: nothing a
-                  sample can patch, unlike the json module)
-so a sample never has the hidden tests in its process before it is loaded and frozen. The runner
-keeps the wall-clock deadline and reads the child's output pipe. See sandbox.py for the threat
-model.
+For every sample the runner forks a child (a fresh copy of this pristine interpreter: nothing of an
+earlier sample survives) which confines itself and then runs the sample; the runner keeps the
+wall-clock deadline and reads the child's output pipe. See sandbox.py for the threat model.
 """
 
 import os
@@ -32,24 +22,12 @@ import time
 
 import json  # noqa: E402  (requests only; never used after candidate code starts)
 
-# Imported by the harness in mode none as the host's root, before it drops to nobody (who may not
-# be able to read the stdlib): the common modules a sample imports. Elsewhere imports are lazy.
-PRELOAD = ("bisect", "collections", "fractions", "functools", "heapq", "io", "itertools", "math", "operator",
-           "random", "re", "resource", "statistics", "string", "typing", "hashlib", "decimal", "datetime",
-           "json", "copy", "dataclasses", "enum", "tempfile", "threading", "shutil", "textwrap", "array",
-           "unicodedata", "contextlib", "traceback", "warnings")
+# Pre-imported so a sample does not pay for them (a fork shares them copy-on-write).
+import bisect, collections, fractions, functools, heapq, io, itertools, math, operator, random, re, resource, statistics, string, typing  # noqa: E401,F401,E501
 
-_CTYPES = None     # the runner's ctypes (mount, pivot_root, capset); never in a sample's process
+import ctypes  # only the confining child uses it, before candidate code runs; removed from sys.modules after
 
-
-def _lib():
-    global _CTYPES
-    if _CTYPES is None:
-        import ctypes
-        _CTYPES = (ctypes, ctypes.CDLL(None, use_errno=True))
-    return _CTYPES[1]
-
-
+_libc = ctypes.CDLL(None, use_errno=True)
 _MACHINE = os.uname().machine
 _SYS = {"x86_64": {"pivot_root": 155, "capset": 126}, "aarch64": {"pivot_root": 41, "capset": 91}}.get(_MACHINE)
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
@@ -90,7 +68,7 @@ def _send(obj):
 
 def _ok(rc, what):
     if rc != 0:
-        e = _CTYPES[0].get_errno()
+        e = ctypes.get_errno()
         raise OSError(e, f"{what}: {os.strerror(e)}")
 
 
@@ -144,7 +122,7 @@ def _confine_runner(root, binds):
         os.close(up_r)
         os.close(down_w)
     try:
-        _ok(_lib().unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
+        _ok(_libc.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS), "unshare")
         if helper is None:
             _put("/proc/self/setgroups", "deny")
             _put("/proc/self/uid_map", f"0 {uid} 1")
@@ -159,9 +137,9 @@ def _confine_runner(root, binds):
             os.close(up_w)
             os.close(down_r)
             os.waitpid(helper, 0)
-    _ok(_lib().mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    _ok(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
     r = root.encode()
-    _ok(_lib().mount(b"tmpfs", r, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=0755"), "mount tmpfs")
+    _ok(_libc.mount(b"tmpfs", r, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=0755"), "mount tmpfs")
     for src in binds:
         dst = root + src
         if os.path.islink(src):
@@ -175,46 +153,45 @@ def _confine_runner(root, binds):
             open(dst, "w").close()
         else:
             continue
-        _ok(_lib().mount(src.encode(), dst.encode(), None, MS_BIND | MS_REC, None), f"bind {src}")
-        _ok(_lib().mount(None, dst.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | _mount_flags(src), None),
+        _ok(_libc.mount(src.encode(), dst.encode(), None, MS_BIND | MS_REC, None), f"bind {src}")
+        _ok(_libc.mount(None, dst.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | _mount_flags(src), None),
             f"read-only {src}")
     os.mkdir(root + "/work", 0o755)
     os.mkdir(root + "/tmp", 0o1777)
-    _ok(_lib().mount(None, r, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=1m,mode=0755"),
+    _ok(_libc.mount(None, r, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, b"size=1m,mode=0755"),
         "read-only root")
     os.chdir(root)
-    _ok(_lib().syscall(_SYS["pivot_root"], b".", b"."), "pivot_root")
-    _ok(_lib().umount2(b".", MNT_DETACH), "umount old root")
+    _ok(_libc.syscall(_SYS["pivot_root"], b".", b"."), "pivot_root")
+    _ok(_libc.umount2(b".", MNT_DETACH), "umount old root")
     os.chdir("/")
 
 
 def _enter_sample_namespaces(tmpfs_mb):
     """In the sample's child: its own mount namespace with fresh tmpfs /work and /tmp (nothing
     of an earlier sample's files), and a pid namespace the next fork starts."""
-    _ok(_lib().unshare(CLONE_NEWNS | CLONE_NEWPID), "unshare")
+    _ok(_libc.unshare(CLONE_NEWNS | CLONE_NEWPID), "unshare")
     for path, mode in ((b"/work", b"0755"), (b"/tmp", b"1777")):
-        _ok(_lib().mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=%dm,mode=%s" % (tmpfs_mb, mode)),
+        _ok(_libc.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, b"size=%dm,mode=%s" % (tmpfs_mb, mode)),
             f"mount tmpfs {path.decode()}")
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
 def _drop_capabilities():
     """Root of the new user namespace gives up every capability (no mount, no chroot, no
-    remount of the read-only binds), and can never regain one through execve (the bounding set
-    is empty: the harness's execve gives it none)."""
-    ctypes = _lib() and _CTYPES[0]
-
-    class _CapHeader(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-    class _CapData(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
-
+    remount of the read-only binds), and can never regain one through execve."""
     for cap in range(64):
-        if _lib().prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             break
-    _ok(_lib().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    _ok(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     hdr, data = _CapHeader(0x20080522, 0), (_CapData * 2)()
-    _ok(_lib().syscall(_SYS["capset"], ctypes.byref(hdr), ctypes.byref(data)), "capset")
+    _ok(_libc.syscall(_SYS["capset"], ctypes.byref(hdr), ctypes.byref(data)), "capset")
 
 
 def _set_limits(req):
@@ -230,32 +207,18 @@ def _set_limits(req):
 
 # --------------------------------------------------------------------------- the audit hook
 
-def _make_hook(workdir, read_roots, confine_files, own_handlers=None):
+def _make_hook(workdir, read_roots, confine_files):
     """The hook judges real types only (an argument of a str subclass is refused, never str()-ed).
     confine_files: without namespaces, file access is confined here to workdir (read/write) and
-    the stdlib folders (read), after resolving symlinks with functions bound now. The check and
-    the operation it allows are not atomic, so nothing of the sample may run between them: no
-    thread (RLIMIT_NPROC 0, the sample never the host's root), no garbage collection during the
-    check (a finalizer or gc callback of the sample), and no file event at all while a Python
-    signal handler other than the harness's own (`own_handlers`) is installed (a handler on a
-    timer the sample set could swap a symlink mid-check). No second audit hook may be added (it
-    would see each test's source as it is compiled)."""
+    the stdlib folders (read), after resolving symlinks with functions bound now."""
     lstat, readlink, getcwd = os.lstat, os.readlink, os.getcwd
-    import gc as _gc
-    _gc_enabled, _gc_disable, _gc_enable = _gc.isenabled, _gc.disable, _gc.enable
-    _getsignal = signal.getsignal
-    _sigs = tuple(s for s in range(1, signal.NSIG) if s not in (signal.SIGKILL, signal.SIGSTOP))
-    _fine = [signal.SIG_DFL, signal.SIG_IGN, None, signal.default_int_handler]
-    _own = [] if own_handlers is None else own_handlers      # the harness appends its SIGALRM handler once it exists
     islnk = __import__("stat").S_ISLNK
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     blocked = frozenset((
         "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
         "pty.spawn", "os.kill", "os.killpg", "signal.pthread_kill", "resource.setrlimit", "resource.prlimit",
         "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames", "sys.settrace",
-        "sys.setprofile", "_thread.start_new_thread", "os.chroot", "winreg", "webbrowser.open",
-        "sys.addaudithook", "sys.monitoring.register_callback", "cpython.PyInterpreterState_New",
-        "_xxsubinterpreters.create"))
+        "sys.setprofile", "_thread.start_new_thread", "os.chroot", "winreg", "webbrowser.open"))
     frame_attrs = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back", "f_code"))
     modules = frozenset(("_posixsubprocess", "_ctypes", "ctypes", "_testcapi", "_testinternalcapi",
                          "_xxsubinterpreters", "_xxinterpchannels"))
@@ -326,27 +289,6 @@ def _make_hook(workdir, read_roots, confine_files, own_handlers=None):
             if name.rpartition(".")[2] in modules:
                 raise _deny("sandbox: import " + name + " is not allowed")
         if confine_files and event in fs_events:
-            was = _gc_enabled()
-            _gc_disable()
-            try:
-                check(event, args)
-            finally:
-                if was:
-                    _gc_enable()
-
-    def check(event, args, _type=type, _str=str, _bytes=bytes, _int=int, _deny=PermissionError, _len=len):
-        for sig in _sigs:
-            h = _getsignal(sig)
-            ok = False
-            for f in _fine:          # identity only: a handler object's __eq__ is the sample's
-                if h is f:
-                    ok = True
-            for f in _own:
-                if h is f:
-                    ok = True
-            if not ok:
-                raise _deny("sandbox: file access is not allowed while the sample has a signal handler installed")
-        if True:
             paths, dirfds, writes = fs_events[event]
             for i in dirfds:    # absent: None, or AT_FDCWD (-100) as some events pass it
                 if i < _len(args) and _type(args[i]) is _int and args[i] >= 0:
@@ -369,45 +311,29 @@ def _make_hook(workdir, read_roots, confine_files, own_handlers=None):
     return hook
 
 
-# --------------------------------------------------------------------------- the sample (harness process)
+# --------------------------------------------------------------------------- the sample (child only)
 
-def _harness():
-    """The sample's process: a fresh interpreter the confined child executed (no ctypes, nothing
-    of the runner). Everything used after the candidate code starts is bound here as a local
-    first: a sample can rebind module attributes and builtins, not these."""
+def _run_sample(req, workdir, read_roots, confine_files):
+    """Runs in the confined child. Everything used after the candidate code starts is bound here
+    as a local first: a sample can rebind module attributes and builtins, not these."""
     import builtins
-    import gc
     import io
     import sys as _sys
-    req = _recv()                        # frame 1: before any sample code
-    uid = req.get("uid")
-    if uid is not None:                  # mode none as the host's root: the sample is never root
-        for name in PRELOAD:             # while the stdlib is readable (nobody may not read it)
-            try:
-                __import__(name)
-            except ImportError:
-                pass
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-    workdir, read_roots, confine_files = req["workdir"], req["read_roots"], req["confine"]
     nonce = req["nonce"]
-    code, timeout = req["code"], float(req["timeout"])
-    del req
-    _write, _read, _close, _exit, _exec, _compile, _eval, _repr, _dict, _len, _type, _str = (
-        os.write, os.read, os.close, os._exit, exec, compile, eval, repr, dict, len, type, str)
-    _fromhex = bytes.fromhex
+    code, tests, timeout = req["code"], list(req["tests"]), float(req["timeout"])
+    _write, _exit, _exec, _compile, _eval, _repr, _dict, _len, _type, _str = (
+        os.write, os._exit, exec, compile, eval, repr, dict, len, type, str)
     _setitimer, _signal, _ITIMER_REAL, _SIGALRM = signal.setitimer, signal.signal, signal.ITIMER_REAL, signal.SIGALRM
-    _timers = (signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
-    _gc_disable, _gc_enable = gc.disable, gc.enable
     _BaseException, _AssertionError = BaseException, AssertionError
     _StringIO = io.StringIO
+    for name in ("ctypes", "_ctypes", "ctypes._endian", "json", "json.decoder", "json.encoder", "json.scanner",
+                 "_json", "struct", "_struct", "select"):
+        sys.modules.pop(name, None)
     sys.stdin = sys.__stdin__ = _StringIO("")
     sys.stdout = sys.stderr = sys.__stdout__ = sys.__stderr__ = _StringIO()
     sys.argv = ["sandbox"]
-    own = []
-    hook = _make_hook(workdir, read_roots, confine_files, own)
-    # nothing of this module is left for the sample to read or call
+    hook = _make_hook(workdir, read_roots, confine_files)
+    # nothing of the runner's module is left for the sample to read or call
     main = sys.modules.get("__main__")
     if main is not None:
         for k in [k for k in vars(main) if not k.startswith("__")]:
@@ -423,8 +349,7 @@ def _harness():
         s = _type(e).__name__ + ": " + _str(e)
         return s if _len(s) <= 300 else s[:300] + "..."
 
-    own.append(_alarm)
-    _sys.addaudithook(hook)              # first and last: the hook refuses sys.addaudithook
+    _sys.addaudithook(hook)
     del hook, main
     results = []
     ns = {"__name__": "__sandbox__", "__builtins__": builtins}
@@ -445,23 +370,6 @@ def _harness():
             _setitimer(_ITIMER_REAL, 0)
     except _Timeout:
         load_err = "timeout"
-    # loaded and frozen: no timer of the sample fires, no finalizer runs while the tests come in
-    _gc_disable()
-    for which in _timers:
-        _setitimer(which, 0)
-    marker = (nonce + ":loaded\n").encode()
-    while marker:
-        marker = marker[_write(1, marker):]
-    data = b""
-    while True:
-        chunk = _read(0, 1 << 20)
-        if not chunk:
-            break
-        data += chunk
-    _close(0)
-    tests = [_fromhex(h.decode()).decode("utf-8") for h in data.split(b",")] if data else []
-    del data
-    _gc_enable()
     for test in tests:
         if load_err is not None:
             results.append(load_err)
@@ -503,56 +411,40 @@ def _harness():
         _exit(0)
 
 
-# --------------------------------------------------------------------------- the confined child (runner side)
-
-_PY = os.path.realpath(sys.executable)
-_SOURCE = None       # this file's text (from the hello message): what the harness runs
-
-
-def _python_files():
-    """The interpreter binary and its shared library: bound into the namespace root for the harness."""
-    import sysconfig
-    out = [_PY]
-    lib = sysconfig.get_config_var("LIBDIR") or ""
-    for name in (sysconfig.get_config_var("INSTSONAME"), sysconfig.get_config_var("LDLIBRARY")):
-        if name and name.endswith((".so", ".1.0")) or (name and ".so." in name):
-            path = os.path.realpath(os.path.join(lib, name))
-            if os.path.isfile(path) and path not in out:
-                out.append(path)
-    return out
-
-
 def _child(req, base, isolation, read_roots):
-    """The forked child: confine, then execute the harness (a fresh interpreter). Never returns."""
+    """The forked child: confine, then run the sample. Never returns."""
     try:
         os.setsid()
-        _lib().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if isolation == "namespaces":
             _enter_sample_namespaces(max(16, int(req["file_mb"]) * 2))
             pid = os.fork()         # the sample runs as pid 1 of the new pid namespace
             if pid:
-                os.close(0)
                 os.close(1)
                 os.close(2)
                 _, status = os.waitpid(pid, 0)
                 os._exit(os.waitstatus_to_exitcode(status) & 0xFF if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
-            _lib().prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if _MAPPED_NOBODY:      # become uid 1 of the namespace (the host's nobody)
                 os.chown("/work", 1, 1)
                 for cap in range(64):
-                    if _lib().prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                    if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
                         break
                 os.setgroups([])
                 os.setresgid(1, 1, 1)
                 os.setresuid(1, 1, 1)
             _drop_capabilities()
-            os.chdir("/work")
+            workdir, confine = "/work", False
         else:
-            os.chdir(req["workdir"])
-            if req.get("as_nobody"):
-                os.chown(req["workdir"], NOBODY, NOBODY)
+            workdir, confine = req["workdir"], True
+            if req.get("as_nobody"):    # the host's root is exempt from RLIMIT_NPROC; nobody is not
+                os.chown(workdir, NOBODY, NOBODY)
+                os.setgroups([])
+                os.setresgid(NOBODY, NOBODY, NOBODY)
+                os.setresuid(NOBODY, NOBODY, NOBODY)
+        os.chdir(workdir)
         _set_limits(req)
-        os.execve(_PY, [_PY, "-I", "-S", "-B", "-c", _SOURCE, "harness"], {})
+        _run_sample(req, workdir, read_roots, confine)
     except BaseException as e:  # confinement failed: say so on the pipe, report no result
         try:
             os.write(1, f"\nsandbox setup failed: {type(e).__name__}: {e}\n".encode())
@@ -563,63 +455,27 @@ def _child(req, base, isolation, read_roots):
 
 def _spawn_child(req, base, isolation, read_roots):
     r, w = os.pipe()
-    qr, qw = os.pipe()            # requests to the harness (frame 1, then the tests)
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        os.close(qw)
-        os.dup2(qr, 0)
         os.dup2(w, 1)
         os.dup2(w, 2)
+        os.close(0)
         os.closerange(3, 65536)
         _child(req, base, isolation, read_roots)
     os.close(w)
-    os.close(qr)
-    return pid, r, qw
+    return pid, r
 
 
-def _frames(req, isolation, read_roots):
-    """Frame 1 (what the harness needs to load the code) and the tests frame, sent after it loads."""
-    ns = isolation == "namespaces"
-    first = json.dumps({"code": req["code"], "timeout": req["timeout"], "nonce": req["nonce"],
-                        "workdir": "/work" if ns else req["workdir"], "confine": not ns,
-                        "read_roots": read_roots,
-                        "uid": NOBODY if not ns and req.get("as_nobody") else None}).encode()
-    tests = b",".join(t.encode("utf-8", "surrogatepass").hex().encode() for t in req["tests"])
-    return struct.pack(">I", len(first)) + first, tests
-
-
-def _run_child(req, base, isolation, read_roots):
-    pid, r, qw = _spawn_child(req, base, isolation, read_roots)
-    first, tests = _frames(req, isolation, read_roots)
-    return _collect(pid, r, float(req["wall_s"]), qw, first, tests, (req["nonce"] + ":loaded\n").encode())
-
-
-def _collect(pid, r, wall_s, qw=None, pending=b"", tests=b"", marker=None):
-    """Read the child's output until it ends or the deadline; meanwhile send it `pending`
-    (frame 1), and `tests` once `marker` appears in its output (removed from what is kept)."""
-    import fcntl
+def _collect(pid, r, wall_s):
     deadline = time.monotonic() + wall_s
     out, timed_out = b"", False
-    if qw is not None:
-        fcntl.fcntl(qw, fcntl.F_SETFL, fcntl.fcntl(qw, fcntl.F_GETFL) | os.O_NONBLOCK)
-    sent_tests = False
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             timed_out = True
             break
-        ready, writable, _ = select.select([r], [qw] if qw is not None and pending else [], [], left)
-        if writable:
-            try:
-                pending = pending[os.write(qw, pending):]
-            except BlockingIOError:
-                pass
-            except OSError:              # the harness is gone
-                pending = b""
-            if not pending and sent_tests:
-                os.close(qw)
-                qw = None
+        ready, _, _ = select.select([r], [], [], left)
         if not ready:
             continue
         chunk = os.read(r, 65536)
@@ -627,18 +483,7 @@ def _collect(pid, r, wall_s, qw=None, pending=b"", tests=b"", marker=None):
             break
         if len(out) < OUTPUT_CAP:
             out += chunk[:OUTPUT_CAP - len(out)]
-        if marker is not None and not sent_tests:
-            i = out.find(marker)
-            if i >= 0:
-                out = out[:i] + out[i + len(marker):]
-                pending += tests
-                sent_tests = True
-                if not pending and qw is not None:
-                    os.close(qw)
-                    qw = None
     os.close(r)
-    if qw is not None:
-        os.close(qw)
     status = None
     while not timed_out:    # the pipe may close before the child ends (it closed its descriptors)
         done, status = os.waitpid(pid, os.WNOHANG)
@@ -668,7 +513,8 @@ def _probe(base, binds, read_roots):
         try:
             os.close(r)
             _confine_runner(base + "/root", binds)
-            status, _, out = _run_child(req, base, "namespaces", read_roots)
+            cpid, cr = _spawn_child(req, base, "namespaces", read_roots)
+            status, _, out = _collect(cpid, cr, 10)
             os.write(w, out[-4000:] or f"wait status {status}".encode())
         except BaseException as e:
             os.write(w, f"{type(e).__name__}: {e}".encode())
@@ -684,12 +530,11 @@ def _probe(base, binds, read_roots):
 def main():
     # No PR_SET_PDEATHSIG here: it fires when the parent *thread* ends, and the Sandbox starts
     # runners from short-lived worker threads. The runner ends when its stdin closes instead.
-    global _SOURCE
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)   # a harness gone mid-write: EPIPE, not the runner's death
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     hello = _recv()
-    base, wanted, _SOURCE = hello["base"], hello["isolation"], hello["source"]
+    base, wanted = hello["base"], hello["isolation"]
     read_roots = sorted({os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)})
-    binds = list(HOST_BINDS) + [p for p in sys.path + _python_files() if p and os.path.exists(p)
+    binds = list(HOST_BINDS) + [p for p in sys.path if p and os.path.isdir(p)
                                 and not any(p == b or p.startswith(b + "/") for b in HOST_BINDS)]
     isolation, why = "none", "not asked for"
     was_root = os.geteuid() == 0
@@ -699,15 +544,11 @@ def main():
         if ok:
             _confine_runner(base + "/root", binds)
             isolation = "namespaces"
-    # without namespaces a sample never runs as the host's root: the harness imports the common
-    # modules as root, then becomes nobody (whom RLIMIT_NPROC binds: no thread to race the file
-    # check; nobody can read only what everyone can). Where nobody cannot read the stdlib, a
-    # module the harness did not preload cannot be imported by the sample.
-    as_nobody = isolation == "none" and was_root
+    # without namespaces the host's root can drop to nobody only if nobody can read the stdlib
+    as_nobody = isolation == "none" and was_root and all(_world_readable(p) for p in read_roots)
     if as_nobody:
         os.chmod(base, 0o711)
-    _send({"isolation": isolation, "why": why, "nproc": True,
-           "stdlib_readable": not as_nobody or all(_world_readable(p) for p in read_roots)})
+    _send({"isolation": isolation, "why": why, "nproc": isolation == "namespaces" or not was_root or as_nobody})
     n = 0
     while True:
         try:
@@ -720,7 +561,8 @@ def main():
             workdir = f"{base}/s{n}"
             os.mkdir(workdir, 0o700)
             req["workdir"], req["as_nobody"] = workdir, as_nobody
-        status, timed_out, out = _run_child(req, base, isolation, read_roots)
+        pid, r = _spawn_child(req, base, isolation, read_roots)
+        status, timed_out, out = _collect(pid, r, float(req["wall_s"]))
         if workdir is not None:
             _rmtree(workdir)
         _send({"status": status, "timed_out": timed_out, "output": out.decode("latin-1")})
@@ -742,7 +584,4 @@ def _rmtree(path):
     shutil.rmtree(path, ignore_errors=True)
 
 
-if sys.argv[1:] == ["harness"]:
-    _harness()
-else:
-    main()
+main()

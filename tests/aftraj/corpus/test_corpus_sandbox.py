@@ -209,7 +209,10 @@ ATTACKS = {
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
 def test_attack_is_contained(name, isolation):
-    with _sandbox(isolation) as sb:      # (issue 23: the host's root no longer runs samples in mode none)
+    with _sandbox(isolation) as sb:
+        if name == "thread" and not sb.limits_processes:
+            pytest.xfail("documented gap: the host's root in mode 'none' is exempt from RLIMIT_NPROC and "
+                         "Python < 3.13 raises no audit event for a thread")
         run = sb.run(ATTACKS[name], ("assert R == 'escaped'",))
     assert not run.passed, (name, isolation, run.results)
 
@@ -276,12 +279,12 @@ def test_ignoring_sigalrm_is_bounded_in_wall_time(isolation):
     spin = "import signal\ndef f():\n    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n    while True:\n        pass\n"
     good = [(f"def f():\n    return {i}\n", (f"assert f() == {i}",)) for i in range(8)]
     t0 = time.monotonic()
-    with _sandbox(isolation, timeout_s=1.0, workers=2) as sb:   # 1 s: a starved interpreter still starts
+    with _sandbox(isolation, timeout_s=0.5, workers=2) as sb:
         runs = sb.run_many([(stall, ("f()",)), (spin, ("f()",))] + good)
     took = time.monotonic() - t0
     assert [r.results[0].startswith("crashed") for r in runs[:2]] == [True, True], [r.results for r in runs[:2]]
     assert all(r.passed for r in runs[2:])
-    assert took < 15.0, took     # the bound is timeout * (1 + tests) + 3 s per sample, not a batch budget
+    assert took < 6.0, took      # the bound is timeout * (1 + tests) + 1 s per sample, not a batch budget
 
 
 def test_runner_killed_by_a_sample_is_replaced(isolation):
@@ -290,8 +293,7 @@ def test_runner_killed_by_a_sample_is_replaced(isolation):
     with _sandbox(isolation) as sb:
         runs = sb.run_many([(kill, ("assert True",))])
         after = sb.run(*GOOD)
-    # namespaces: no target; mode none: a crash, or refused where the sample is nobody and the runner root
-    assert isolation == "namespaces" or runs[0].results[0].startswith(("crashed", "error: PermissionError"))
+    assert isolation == "namespaces" or runs[0].results[0].startswith("crashed")
     assert after.results[0] == "pass"
 
 
@@ -318,8 +320,7 @@ def test_the_environment_is_empty_and_descriptors_closed(isolation):
     code = ("import os\nE = dict(os.environ)\ndef is_open(fd):\n    try:\n        os.fstat(fd)\n        return True\n"
             "    except OSError:\n        return False\nFDS = [fd for fd in range(64) if is_open(fd)]\n")
     with _sandbox(isolation) as sb:   # Python itself sets LC_CTYPE when the environment has no locale
-        # 0: the pipe the hidden tests arrive on, empty until the code is loaded (issue 23)
-        run = sb.run(code, ("assert set(E) <= {'LC_CTYPE'}", "assert FDS == [0, 1, 2]"))
+        run = sb.run(code, ("assert set(E) <= {'LC_CTYPE'}", "assert FDS == [1, 2]"))
     assert run.results == ("pass", "pass"), run.results
 
 
@@ -348,152 +349,3 @@ def test_runners_outlive_the_worker_threads_that_started_them():
             r.proc.wait()
         again = sb.run("def k():\n    return 3\n", ("assert k() == 3",))
     assert again.passed, again.results
-
-
-# --------------------------------------------------------------------------- issue 23
-
-MEMORY_READ = (
-    # ctypes reached again through the type graph (the runner had imported it): a Union of a
-    # size_t and a char* reads any address with no audit event
-    "seen, todo, found = set(), [object], []\n"
-    "while todo:\n"
-    "    c = todo.pop()\n"
-    "    try:\n"
-    "        subs = type.__subclasses__(c)\n"
-    "    except TypeError:\n"
-    "        continue\n"
-    "    for k in subs:\n"
-    "        if id(k) not in seen:\n"
-    "            seen.add(id(k))\n"
-    "            todo.append(k)\n"
-    "            if k.__module__ in ('ctypes', '_ctypes') or k.__name__ in ('CDLL', 'Union', 'c_char_p', '_SimpleCData'):\n"
-    "                found.append(k.__name__)\n"
-    "R = 'escaped' if found else ''\n"
-    "F = found\n")
-
-
-def test_no_ctypes_class_is_reachable_from_the_sample(isolation):
-    """Issue 23 (6): removing ctypes from sys.modules was not enough: object.__subclasses__()
-    reached CDLL, Union and c_char_p, and Union(c_size_t, c_char_p) read any address."""
-    with _sandbox(isolation) as sb:
-        run = sb.run(MEMORY_READ, ("assert R == 'escaped', F",))
-    assert not run.passed and run.results[0].startswith("fail"), run.results
-
-
-def test_a_memory_read_through_the_type_graph_fails(isolation):
-    """The attack itself: build a Union of size_t and char* from _SimpleCData/Union found by a
-    subclass walk, point it at a bytes object's buffer and read it back."""
-    code = (
-        "def walk():\n"
-        "    seen, todo, out = set(), [object], {}\n"
-        "    while todo:\n"
-        "        c = todo.pop()\n"
-        "        try:\n            subs = type.__subclasses__(c)\n"
-        "        except TypeError:\n            continue\n"
-        "        for k in subs:\n"
-        "            if id(k) not in seen:\n"
-        "                seen.add(id(k)); todo.append(k); out[k.__name__] = k\n"
-        "    return out\n"
-        "T = walk()\nR = ''\n"
-        "try:\n"
-        "    S, U = T['_SimpleCData'], T['Union']\n"
-        "    class size_t(S):\n        _type_ = 'L'\n"
-        "    class char_p(S):\n        _type_ = 'z'\n"
-        "    class P(U):\n        _fields_ = [('n', size_t), ('p', char_p)]\n"
-        "    secret = b'SECRET-4411'\n"
-        "    u = P()\n    u.n = id(secret) + 32\n"
-        "    R = 'escaped' if u.p.startswith(b'SECRET') else ''\n"
-        "except KeyError:\n    pass\n")
-    with _sandbox(isolation) as sb:
-        run = sb.run(code, ("assert R == 'escaped'",))
-    assert not run.passed, run.results
-
-
-HOOK_SPY = (
-    # a sample that installs its own audit hook to read each hidden test's source as it is
-    # compiled, then answers from it: passed 3 of 3 `assert f(x) == y` tests before issue 23
-    "import sys, re, os\n"
-    "SEEN = []\n"
-    "def spy(event, args):\n"
-    "    if event == 'compile' and args and isinstance(args[0], (str, bytes)):\n"
-    "        SEEN.append(args[0] if isinstance(args[0], str) else args[0].decode())\n"
-    "try:\n    sys.addaudithook(spy)\nexcept Exception:\n    pass\n"
-    "STOLEN = b''\n"
-    "for fd in range(0, 64):\n"      # and the tests from any descriptor at load time
-    "    try:\n"
-    "        os.set_blocking(fd, False)\n"
-    "        STOLEN += os.read(fd, 1 << 16)\n"
-    "    except OSError:\n"
-    "        pass\n"
-    "def f(x):\n"
-    "    for src in SEEN + [STOLEN.decode('latin-1')]:\n"
-    "        m = re.search(r'f\\(%d\\) == (\\d+)' % x, src)\n"
-    "        if m:\n"
-    "            return int(m.group(1))\n"
-    "    return -1\n")
-
-
-def test_hidden_tests_are_not_visible_to_the_sample(isolation):
-    """Issue 23 (7): the tests reach the sample's process only after it is loaded and frozen,
-    and no second audit hook can be added."""
-    tests = ("assert f(3) == 9041", "assert f(5) == 7723", "assert f(8) == 1187")
-    with _sandbox(isolation) as sb:
-        run = sb.run(HOOK_SPY, tests)
-    assert run.n_passed == 0, run.results
-
-
-def test_adding_an_audit_hook_is_refused(isolation):
-    # CPython ignores the refusal silently (the hook is just not added): what counts is that the
-    # sample's hook never sees an event
-    code = ("import sys\nSEEN = []\nsys.addaudithook(lambda e, a: SEEN.append(e))\n"
-            "compile('1', 'x', 'exec')\nR = 'escaped' if SEEN else ''\n")
-    with _sandbox(isolation) as sb:
-        run = sb.run(code, ("assert R == 'escaped'",))
-    assert not run.passed, run.results
-
-
-def test_mode_none_never_runs_a_sample_as_root():
-    """Issue 23 (8): as the host's root, mode none ran samples as root when nobody could not read
-    the stdlib; a thread swapping a path component defeated the hook's path check. Now the
-    sample is nobody (RLIMIT_NPROC binds it: no thread), whatever the stdlib's permissions."""
-    import os
-    code = ("import os, threading\nU = os.getuid()\nT = ''\ntry:\n"
-            "    threading.Thread(target=lambda: None).start()\n    T = 'started'\nexcept Exception:\n    pass\n")
-    with _sandbox("none") as sb:
-        assert sb.limits_processes
-        run = sb.run(code, ("assert T == ''", f"assert U == {65534 if os.geteuid() == 0 else os.getuid()}"))
-    assert run.results == ("pass", "pass"), run.results
-
-
-def test_mode_none_refuses_file_access_while_a_signal_handler_could_race_the_check(tmp_path):
-    """Mode none's path check is a check then an open: a handler on the sample's own timer could
-    swap a symlink between them. File access is refused while such a handler is installed."""
-    code = ("import os, signal\n"
-            "signal.signal(signal.SIGPROF, lambda *a: None)\n"
-            "signal.setitimer(signal.ITIMER_PROF, 0.0001, 0.0001)\n"
-            "R = ''\ntry:\n    open('mine.txt', 'w').write('x')\n    R = 'opened'\nexcept PermissionError as e:\n"
-            "    R = str(e)\nsignal.setitimer(signal.ITIMER_PROF, 0)\n"
-            "signal.signal(signal.SIGPROF, signal.SIG_DFL)\nopen('after.txt', 'w').write('x')\n")
-    with _sandbox("none") as sb:
-        run = sb.run(code, ("assert 'signal handler' in R", "assert open('after.txt').read() == 'x'"))
-    assert run.results == ("pass", "pass"), run.results
-
-
-def test_symlink_swapping_race_finds_no_file_outside(tmp_path):
-    """The issue's race, single-threaded (threads are refused): swap a path component between a
-    symlink to outside and a real folder while opening through it, 2,000 tries."""
-    secret = tmp_path / "outside"
-    secret.mkdir()
-    (secret / "s.txt").write_text("SECRET-RACE")
-    os_ = __import__("os")
-    os_.chmod(tmp_path, 0o755)
-    os_.chmod(secret, 0o755)
-    os_.chmod(secret / "s.txt", 0o644)
-    code = (f"import os\nOUT = {str(secret)!r}\nR = ''\nos.mkdir('real')\nopen('real/s.txt', 'w').write('mine')\n"
-            "for i in range(2000):\n"
-            "    try:\n        os.rename('real', 'held')\n        os.symlink(OUT, 'real')\n    except OSError:\n        pass\n"
-            "    try:\n        if 'SECRET' in open('real/s.txt').read():\n            R = 'escaped'\n    except OSError:\n        pass\n"
-            "    try:\n        os.remove('real')\n        os.rename('held', 'real')\n    except OSError:\n        pass\n")
-    with _sandbox("none", timeout_s=20) as sb:
-        run = sb.run(code, ("assert R == 'escaped'",))
-    assert not run.passed, run.results
