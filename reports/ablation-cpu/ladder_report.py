@@ -1,5 +1,11 @@
 """Combine the ladder's probe.json files (a row may be probed on the test and val splits in two
-runs) into one table rendered by eval.ablation.probe_lines; rules recomputed on the same runs."""
+runs) into one table rendered by eval.ablation.probe_lines; rules recomputed on the same runs.
+
+    python reports/ablation-cpu/ladder_report.py '{"ROW": ["probe.json", ...]}' '{"ROW": "linear_probe.json"}' \
+        OUT_DIR "test split" [HELDOUT.jsonl]
+
+How ladder.md was made (2026-12-01): the warmed base's probe.json (test split) and stage 1's
+probe.json restricted to the same 30 runs, then stage 1's on all 59 held-out runs."""
 import json, sys
 from pathlib import Path
 from aftraj.readers import load_trajectories
@@ -8,7 +14,7 @@ from eval.ablation import probe_lines
 
 rows = json.loads(sys.argv[1])          # {row: [probe.json, ...]}
 linear = json.loads(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] else {}
-data = Path("/work/runs/ablation-cpu/probe-data/heldout.jsonl")
+data = Path(sys.argv[5] if len(sys.argv) > 5 else "runs/ablation-cpu/probe-data/heldout.jsonl")
 out_dir = Path(sys.argv[3]) if len(sys.argv) > 3 else Path("/work/runs/ladder")
 table, raw = {}, {}
 ids = None
