@@ -106,6 +106,7 @@ def test_convert_skip_invalid_folder_and_no_tmp_left(tmp_path):
     _ww(src, GOOD, name="1.json")
     _ww(src, [GOOD], name="2.json")
     out = tmp_path / "o" / "ww.jsonl"
+    out.parent.mkdir()        # convert refuses --out into a missing folder (issue 23)
     cmd = [sys.executable, "-m", "aftraj.cli", "convert", "--from", "whoandwhen", str(src), "--out", str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 2 and "2.json" in r.stderr and "Traceback" not in r.stderr
