@@ -94,3 +94,21 @@ def test_single_subset_equals_trl_sigmoid_dpo(tiny_model_dir, tmp_path):
     mode = "train" if trainer.model.training else "eval"   # TRL logs under the model's mode
     assert pc.mean().item() == pytest.approx(trainer._metrics[mode]["logps/chosen"][-1], abs=1e-4)
     assert pr.mean().item() == pytest.approx(trainer._metrics[mode]["logps/rejected"][-1], abs=1e-4)
+
+
+def test_decision_balance_weighs_safe_and_alarm_classes_one_half_each():
+    # pre, post, twin, twin: three SAFE-chosen pairs, one ALARM-chosen; log-probs at the decision
+    z = torch.zeros(4)
+    dec = torch.tensor([-1.0, -4.0, -2.0, -3.0])
+    common = dict(beta=0.1, weight_pre=0.5, weight_post=0.5, weight_twin=0.5,
+                  is_twin=torch.tensor([False, False, True, True]), decision_logps=dec,
+                  has_decision=torch.ones(4, dtype=torch.bool), decision_coef=1.0)
+    is_pre = torch.tensor([True, False, False, False])
+    _, per_pair = bppo_loss(z, z, z, z, is_pre, **common)
+    _, balanced = bppo_loss(z, z, z, z, is_pre, decision_balance=True, **common)
+    assert float(per_pair["decision_ce"]) == pytest.approx(10 / 4)
+    assert float(balanced["decision_ce"]) == pytest.approx(0.5 * 4 + 0.5 * (1 + 2 + 3) / 3)
+    # one class absent: the other's mean
+    _, only_safe = bppo_loss(z, z, z, z, is_pre, decision_balance=True,
+                             **{**common, "has_decision": torch.tensor([True, False, True, True])})
+    assert float(only_safe["decision_ce"]) == pytest.approx(2.0)

@@ -116,6 +116,8 @@ class Stage1Config:
     twin_per_batch: int = 1            # twin pairs per micro-batch when weight_twin > 0
     decision_coef: float = 0.0         # CE on the decision token (first token where chosen and
                                        # rejected diverge, SAFE vs ALARM)
+    decision_balance: bool = False     # the decision CE averaged per class (SAFE-chosen pre + twin,
+                                       # ALARM-chosen post: one half each), not per pair (2:1 SAFE)
     margin_tokens: int | None = None   # DPO log-probs over the first N completion tokens only
     reference: str = "precomputed"     # ref log-probs computed once before step 1, or live each step
 

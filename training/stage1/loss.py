@@ -12,7 +12,9 @@ log-likelihood per chosen-completion token (TRL's `sft` term).
 Two optional terms for small models whose summed margins hide the decision (DESIGN §5 amended,
 not in the paper): `decision_coef` · CE on the decision token, the first completion token where
 the chosen and rejected completions diverge (found by the tokenizer: `data.first_divergence`),
-averaged over the pairs that have one; and `margin_tokens`: the DPO log-probabilities summed
+averaged over the pairs that have one (`decision_balance`: averaged per class first, the SAFE-chosen
+pairs (pre, twin) and the ALARM-chosen ones (post) weighing one half each, so a batch of pre + post
++ twin does not teach SAFE 2:1); and `margin_tokens`: the DPO log-probabilities summed
 over the first N completion tokens only (`sequence_logps`), so the template text after the
 decision cannot dominate the margin.
 
@@ -93,10 +95,13 @@ def bppo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_ch
               chosen_mask: torch.Tensor | None = None, nll_coef: float = 0.0,
               is_twin: torch.Tensor | None = None, weight_twin: float = 0.0,
               decision_logps: torch.Tensor | None = None, has_decision: torch.Tensor | None = None,
-              decision_coef: float = 0.0) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+              decision_coef: float = 0.0, decision_balance: bool = False,
+              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The per-subset DPO loss (pre, post, twin); returns (loss, detached metrics).
     `decision_logps`: the chosen completion's log-prob at its decision token, one per pair
-    (`has_decision` marks the pairs that have one); the term is -mean over those pairs."""
+    (`has_decision` marks the pairs that have one); the term is -mean over those pairs, or with
+    `decision_balance` the mean over the two classes present (SAFE chosen: pre and twin; ALARM
+    chosen: post) of each class's -mean."""
     per_pair = dpo_losses(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta)
     is_pre = is_pre.to(torch.bool)
     is_twin = torch.zeros_like(is_pre) if is_twin is None else is_twin.to(torch.bool)
@@ -127,8 +132,13 @@ def bppo_loss(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_ch
         if decision_logps is None or has_decision is None:
             raise ValueError("decision_coef > 0 needs decision_logps and has_decision")
         sel = has_decision.to(torch.bool)
-        if sel.any():
-            ce = -decision_logps[sel].mean()
+        if decision_balance:
+            alarm = ~is_pre & ~is_twin
+            parts = [-decision_logps[m].mean() for m in (sel & alarm, sel & ~alarm) if m.any()]
+            ce = torch.stack(parts).mean() if parts else None
+        else:
+            ce = -decision_logps[sel].mean() if sel.any() else None
+        if ce is not None:
             loss = loss + decision_coef * ce
             metrics["decision_ce"] = ce.detach()
     metrics["reward_chosen"] = chosen_r.mean()

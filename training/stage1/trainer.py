@@ -678,7 +678,7 @@ def _loss_kwargs(cfg: Stage1Config, batch: dict, tok_c: torch.Tensor) -> dict:
         at = batch["decision_at"]
         has = at >= 0
         kw.update(decision_logps=tok_c.gather(1, at.clamp(min=0)[:, None])[:, 0], has_decision=has,
-                  decision_coef=cfg.decision_coef)
+                  decision_coef=cfg.decision_coef, decision_balance=cfg.decision_balance)
     return kw
 
 
