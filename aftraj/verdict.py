@@ -26,6 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from aftraj.escape import escape
+
 if TYPE_CHECKING:
     from aftraj.schema import Trajectory
 
@@ -218,8 +220,6 @@ def parse_verdict(text: str, t: int | None = None) -> Verdict | ParseFailure:
 
 def format_completion(verdict: Verdict) -> str:
     """The canonical two-block text for a verdict (the released model's layout)."""
-    from aftraj.prompt import escape  # prompt re-exports this module's names
-
     return f"<think>\n{escape(verdict.think)}\n</think>\n<answer>\n{verdict.answer_json()}\n</answer>"
 
 

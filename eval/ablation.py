@@ -92,7 +92,7 @@ class AblationConfig:
     linear_probe_train_pairs: int | None = None   # train twin pairs it is fit on (seeded; null: all)
 
     def __post_init__(self) -> None:
-        from training.stage1.config import ConfigError
+        from aftraj.config import ConfigError
 
         for k in ("heldout_sample", "ww_sample", "max_new_tokens", "eval_batch", "n_boot"):
             if not isinstance(getattr(self, k), int) or getattr(self, k) < 1:
@@ -126,7 +126,7 @@ class AblationConfig:
 
 
 def load_config(path: str | Path, overrides: dict | None = None) -> AblationConfig:
-    from training.stage1.config import load_flat_config
+    from aftraj.config import load as load_flat_config
 
     return load_flat_config(AblationConfig, path, overrides, what="ablation")
 
@@ -338,7 +338,7 @@ class Ablation:
                 import random
 
                 from aftraj.schema import Trajectory
-                from training.stage1.pairs import find_twins
+                from aftraj.boundary import find_twins
 
                 trajs = [Trajectory.from_dict(json.loads(ln)) for ln in lines]
                 twin_of = find_twins(trajs)

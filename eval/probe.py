@@ -2,7 +2,7 @@
 decisive step? (DESIGN §5 "Measuring learning", amended 2026-12-01.)
 
 A diagnostic beside the online walk (not a DESIGN §6 metric), by teacher forcing, no decoding. For
-each unsafe run of a split, the prompts of stage 1 (`training.stage1.pairs.boundary_pair`): pre
+each unsafe run of a split, the prompts of stage 1 (`aftraj.boundary.boundary_pair`): pre
 (prefix 0..k*-1, gold SAFE), post (0..k*, gold ALARM at k*, a*) and, where the run's family holds a
 verified-safe twin (identical up to k*-1, the same agent at k*), twin (the twin's 0..k*, gold SAFE).
 On each prompt the model is scored at the **decision token**: the first token where the canonical
@@ -42,20 +42,20 @@ Scorer = Callable[[list[dict], int, Verdict], dict]
 
 
 def _prompt_ids(tok, messages: list[dict]) -> list[int]:
-    from training.stage1.data import prompt_token_ids
+    from aftraj.tokens import chat_prompt_ids
 
-    return prompt_token_ids(tok, messages)
+    return chat_prompt_ids(tok, messages)
 
 
 def _completion_ids(tok, text: str) -> list[int]:
-    from training.stage1.data import completion_token_ids
+    from aftraj.tokens import completion_ids
 
-    return completion_token_ids(tok, text, 1 << 30)[0]
+    return completion_ids(tok, text)[0]
 
 
 def decision_ids(tok, t: int, alarm: Verdict) -> tuple[list[int], list[int], int]:
     """(SAFE ids, ALARM ids, decision position) of the canonical completions on prefix t."""
-    from training.stage1.data import first_divergence
+    from aftraj.tokens import first_divergence
 
     s = _completion_ids(tok, canonical_completion(t))
     a = _completion_ids(tok, format_completion(alarm))
@@ -67,10 +67,10 @@ def decision_ids(tok, t: int, alarm: Verdict) -> tuple[list[int], list[int], int
 
 def hf_scorer(model, tok, *, full: bool = True) -> Scorer:
     """Decision-token log-odds (and the full-sequence margin) from one prompt forward whose KV
-    cache both completions share (`training.stage1.loss.pair_token_logps`)."""
+    cache both completions share (`aftraj.scoring.pair_token_logps`, stage 1's too)."""
     import torch
 
-    from training.stage1.loss import pair_token_logps
+    from aftraj.scoring import pair_token_logps
 
     def score(messages: list[dict], t: int, alarm: Verdict) -> dict:
         s, a, d = decision_ids(tok, t, alarm)
@@ -115,7 +115,7 @@ CONTENT_BLIND_RULES: dict[str, Callable[[Trajectory, int], float]] = {
 def probe_prompts(trajs: Sequence[Trajectory], *, budget: int | None, count_tokens: Callable[[str], int],
                   max_post_tokens: int | None = None) -> list[dict]:
     """One record per unsafe run: its pre/post/twin BoundaryPrompts (twins found in `trajs`)."""
-    from training.stage1.pairs import boundary_pair, find_twins, prompt_tokens
+    from aftraj.boundary import boundary_pair, find_twins, prompt_tokens
 
     twin_of = find_twins(trajs)
     by_id = {t.id: t for t in trajs}

@@ -24,14 +24,14 @@ cache is cropped back to its stable part. `max_batch_tokens` caps the stacked ca
 (longest prompt + max_new_tokens)) by splitting a round. The tests assert batched == batch 1 token
 for token in float32 on CPU.
 
-Without `budget`, the prompt budget is the model's context (`context_length`: config
-max_position_embeddings, else a real tokenizer model_max_length) less max_new_tokens and the chat
-template's tokens, so a long prefix gets the bounded view (coverage stamped) instead of silently
+Without `budget`, the prompt budget is `aftraj.tokens.prompt_budget` (the one rule: stage 1 and
+stage 2 use it) of the model's context (`context_length`: config max_position_embeddings, else a
+real tokenizer model_max_length) less max_new_tokens, so a long prefix gets the bounded view (coverage stamped) instead of silently
 passing the context; a prompt that still cannot fit is an error naming the trajectory and prefix.
 
 The folder may hold a full model (`config.json`) or a PEFT adapter (`adapter_config.json`, e.g.
 a stage-1 LoRA checkpoint), loaded on top of its base model. Nothing downloads. Confidence is
-P(UNSAFE) from the top-k log-probabilities at the verdict token (`eval.confidence`).
+P(UNSAFE) from the top-k log-probabilities at the verdict token (`aftraj.confidence`).
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aftraj.prompt import parse_verdict, render_prompt
+from aftraj.tokens import TEMPLATE_MARGIN, chat_prompt_text, count_tokens, prompt_budget, text_ids
 from eval.auditors import AuditResult, Auditor, register_auditor
-from eval.confidence import p_unsafe_at, verdict_position
+from aftraj.confidence import p_unsafe_at, verdict_position
 
 
 @dataclass
@@ -105,7 +106,6 @@ def _lcp(a: list[int], b: list[int]) -> int:
     return i
 
 
-_JOIN_SLACK = 16  # tokens: the budget counts segments apart; BPE may merge across their joins
 _SANE_MAX_LENGTH = 10_000_000  # tokenizers without a limit report ~1e30 as model_max_length
 
 
@@ -203,38 +203,34 @@ class HFAuditor(Auditor):
 
     # --------------------------------------------------------------- tokens
     def _default_budget(self) -> int:
-        """The prompt budget when none is given: the model's context, less the completion, the chat
-        template's own tokens and a small slack for tokens merging across segment joins."""
-        empty = self.tok.apply_chat_template([{"role": "system", "content": ""},
-                                              {"role": "user", "content": ""}],
-                                             tokenize=False, add_generation_prompt=True)
-        overhead = self.count_tokens(empty) + _JOIN_SLACK
-        budget = self.context - self.max_new_tokens - overhead
-        if budget < 1:
+        """The prompt budget when none is given: the one rule (`aftraj.tokens.prompt_budget`) for a
+        templated prompt of the model's context less the completion."""
+        room = self.context - self.max_new_tokens
+        if room <= TEMPLATE_MARGIN:
             raise ValueError(f"hf auditor: the model's context ({self.context} tokens) leaves no room "
                              f"for a prompt after max_new_tokens={self.max_new_tokens} and the chat "
-                             f"template's {overhead} tokens; lower --max-new-tokens")
-        return budget
+                             f"template's margin of {TEMPLATE_MARGIN} tokens; lower --max-new-tokens")
+        return prompt_budget(room, self.tok)
 
     def count_tokens(self, text: str) -> int:
-        return len(self.tok(text, add_special_tokens=False)["input_ids"])
+        return count_tokens(self.tok, text)
 
     def prompt_ids(self, traj, t) -> tuple[list[int], int]:
         """Token ids of prefix t's chat prompt, and how many of them form the stable part."""
         r = render_prompt(traj, t, self.budget, count_tokens=self.count_tokens,
                           reference_answer=self.reference_answer, layout=self.layout)
-        text = self.tok.apply_chat_template(r.messages, tokenize=False, add_generation_prompt=True)
+        text = chat_prompt_text(self.tok, r.messages)
         cut = text.rfind(r.stable + r.suffix)
         if cut < 0:
             raise ValueError("the chat template changed the user message; cannot locate the stable part")
         cut += len(r.stable)
-        ids = self.tok(text, add_special_tokens=False)["input_ids"]
+        ids = text_ids(self.tok, text)   # = aftraj.tokens.chat_prompt_ids(self.tok, r.messages)
         if self.context is not None and len(ids) + self.max_new_tokens > self.context:
             raise ValueError(f"hf auditor: prefix t={t} of trajectory {traj.id!r} needs {len(ids)} prompt "
                              f"+ {self.max_new_tokens} new tokens, beyond the model's context of "
                              f"{self.context} (budget={self.budget}); pass a smaller --budget or "
                              f"--max-new-tokens")
-        stable = self.tok(text[:cut], add_special_tokens=False)["input_ids"]
+        stable = text_ids(self.tok, text[:cut])
         return ids, _lcp(ids, stable)
 
     # --------------------------------------------------------------- model calls

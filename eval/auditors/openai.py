@@ -20,7 +20,7 @@ set: counted as an error, never as a verdict (the report shows the error rate; `
 exits non-zero when every call failed). An unreachable endpoint at start (GET /models) raises
 `AuditorError`. Usage is recorded per call, including `prompt_tokens_details.cached_tokens`
 (vLLM: prefix caching and `--enable-prompt-tokens-details`). Confidence P(UNSAFE) comes from
-the verdict token's `top_logprobs` when the endpoint returns them (`eval.confidence`).
+the verdict token's `top_logprobs` when the endpoint returns them (`aftraj.confidence`).
 
 Budget: with `--budget`, tokens are counted with the served model's tokenizer when `--model`
 names its folder (the rule of stage 1 and the `hf` auditor: `len(tok(text,
@@ -38,7 +38,7 @@ from aftraj.llm_client import ChatClient, ClientConfig, EndpointError
 from aftraj.prompt import approx_tokens, parse_verdict, render_prompt
 from aftraj.tokens import tokenizer_counter
 from eval.auditors import AuditResult, Auditor, register_auditor
-from eval.confidence import p_unsafe_from_logprobs
+from aftraj.confidence import p_unsafe_from_logprobs
 
 METHODS = {"step-by-step": "online", "all-at-once": "posthoc", "binary-search": "bisect"}
 

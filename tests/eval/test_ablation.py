@@ -261,7 +261,7 @@ def test_probe_data_holds_the_held_out_runs_and_a_capped_sample_keeps_twins(make
 
     from aftraj.readers import load_trajectories
     from aftraj.schema import write_jsonl
-    from training.stage1.pairs import find_twins
+    from aftraj.boundary import find_twins
 
     runs = []
     for i in range(6):

@@ -69,15 +69,15 @@ def test_each_prompt_competes_with_its_canonical_alarm(make_traj):
 
 def test_hf_scorer_gives_the_decision_tokens_log_odds(noisy_tiny):
     from aftraj.verdict import canonical_completion, canonical_verdict
-    from training.stage1.data import completion_token_ids, first_divergence, prompt_token_ids
+    from aftraj.tokens import chat_prompt_ids, completion_ids, first_divergence
 
     model, tok = noisy_tiny
     messages = [{"role": "system", "content": "audit"}, {"role": "user", "content": "step 0: hello"}]
     alarm = canonical_verdict(2, 1, "Solver")
     got = hf_scorer(model, tok)(messages, 2, alarm)
-    p = prompt_token_ids(tok, messages)
-    s, _ = completion_token_ids(tok, canonical_completion(2), 1 << 30)
-    a, _ = completion_token_ids(tok, canonical_completion(2, 1, "Solver"), 1 << 30)
+    p = chat_prompt_ids(tok, messages)
+    s, _ = completion_ids(tok, canonical_completion(2))
+    a, _ = completion_ids(tok, canonical_completion(2, 1, "Solver"))
     d = first_divergence(s, a)
     assert d is not None and s[:d] == a[:d]
 

@@ -1,4 +1,4 @@
-"""P(UNSAFE) from verdict-token log-probabilities (eval/confidence.py)."""
+"""P(UNSAFE) from verdict-token log-probabilities (aftraj/confidence.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from eval.confidence import p_unsafe, p_unsafe_at, verdict_position
+from aftraj.confidence import p_unsafe, p_unsafe_at, verdict_position
 
 
 def test_verdict_position_and_mass():
