@@ -37,10 +37,11 @@ def register(sub) -> None:
 def run_build(args) -> int:
     cfg = load_corpus_config(args.config)
     from aftraj.corpus.policies import EndpointUnreachable
+    from eval.auditors.floors import floor_scores   # stats.json's content-blind floors
 
     t0 = time.perf_counter()
     try:
-        res = build_corpus(cfg, args.out, seed=args.seed, progress=not args.no_progress)
+        res = build_corpus(cfg, args.out, seed=args.seed, progress=not args.no_progress, floors=floor_scores)
     except EndpointUnreachable as e:   # nothing built: say why instead of an empty corpus
         print(f"aftraj corpus build: {args.config}: policy: {e}", file=sys.stderr)
         return 2

@@ -70,7 +70,7 @@ def _split_inputs(args, cfg):
 def run_fit(args) -> int:
     from aftraj.structural.config import ConfigError, load_structural_config
     from aftraj.structural.monitor import StructuralMonitor
-    from aftraj.structural.tune import tune
+    from eval.structural_tune import tune
 
     try:
         cfg = load_structural_config(args.config)

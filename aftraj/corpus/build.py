@@ -18,6 +18,7 @@ import math
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -201,7 +202,12 @@ def _progress(it, enabled: bool, desc: str, total: int | None = None):
 
 
 def build_corpus(cfg: CorpusConfig, out: str | Path | None, *, seed: int | None = None, progress: bool = False,
-                 client=None, judge_client=None) -> BuildResult:
+                 client=None, judge_client=None,
+                 floors: Callable[[list[Trajectory], dict[str, str]], dict] | None = None) -> BuildResult:
+    """Build the corpus of `cfg` (written to `out` unless None). `floors(trajs, split_of)`: the
+    content-blind floors fit on train and scored on test for stats.json's `floors_on_test`
+    (`aftraj corpus build` passes `eval.auditors.floors.floor_scores`; the evaluation package
+    builds on this one, so the builder takes it as an argument). Without it that entry is empty."""
     seed = cfg.seed if seed is None else seed
     sandbox = _sandbox(cfg)
     policy = make_policy(cfg.policy, cfg.slips, client)
@@ -256,7 +262,8 @@ def build_corpus(cfg: CorpusConfig, out: str | Path | None, *, seed: int | None 
     trajs.sort(key=lambda t: t.id)
     split_of = assign_splits(trajs, train=cfg.splits.train, val=cfg.splits.val, test=cfg.splits.test, seed=seed)
     trajs = [_with_split(t, split_of[t.family_id]) for t in trajs]
-    stats = compute_stats(cfg, seed, trajs, split_of, rejections, inj_log, diag_log, roll_log, judge.backend)
+    stats = compute_stats(cfg, seed, trajs, split_of, rejections, inj_log, diag_log, roll_log, judge.backend,
+                          floors_on_test=floors(trajs, split_of) if floors is not None else {})
     pairs = [split_provenance(t) for t in trajs]
     clean = [c for c, _ in pairs]
     res = BuildResult(clean, split_of, stats, records={"rejections": rejections, "injections": inj_log,
@@ -397,27 +404,8 @@ def _lengths(ts: list[Trajectory]) -> dict:
             "ks_safe_vs_unsafe": ks_statistic(safe, unsafe)}
 
 
-def floor_scores(trajs: list[Trajectory], split_of: dict[str, str]) -> dict:
-    """The content-blind floors (eval/auditors/floors.py) fit on train, scored on test."""
-    try:
-        from eval.auditors.floors import FLOORS
-        from eval.metrics import grouped
-        from eval.walker import walk
-    except ImportError:   # the eval package is not installed next to aftraj
-        return {}
-    train = [t for t in trajs if split_of[t.family_id] == "train"]
-    test = [t for t in trajs if split_of[t.family_id] == "test"]
-    if not test or not any(t.label.unsafe for t in train):
-        return {}
-    out = {}
-    for rule, cls in FLOORS.items():
-        with cls(rule, train=train) as floor:
-            g = grouped(walk(floor, test, progress=False), n_boot=0)["overall"]
-        out[f"heuristic:{rule}"] = {k: g.get(k) for k in ("n", "exact_f1", "step_acc", "agent_acc", "far")}
-    return out
-
-
-def compute_stats(cfg, seed, trajs, split_of, rejections, inj_log, diag_log, roll_log, judge: str = "scripted") -> dict:
+def compute_stats(cfg, seed, trajs, split_of, rejections, inj_log, diag_log, roll_log, judge: str = "scripted",
+                  floors_on_test: dict | None = None) -> dict:
     domains = sorted({t.domain for t in trajs} | {r["domain"] for r in roll_log})
     per = {}
     for d in domains:
@@ -465,7 +453,7 @@ def compute_stats(cfg, seed, trajs, split_of, rejections, inj_log, diag_log, rol
                   "judge": judge,
                   "judge_note": ("oracle: the judge read the simulator's slip record; its agreement figures are "
                                  "no claim" if judge == "oracle" else "the judge decided from the trajectory and replay"),
-                  "floors_on_test": floor_scores(trajs, split_of)},
+                  "floors_on_test": floors_on_test or {}},
         "per_domain": per,
     }
 

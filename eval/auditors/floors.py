@@ -264,3 +264,21 @@ def add_floors_to_report(out: str | Path, data: str | Path, trajs: Sequence[Traj
 def parse_rule(spec: str) -> str | None:
     name, _, arg = (spec or "").partition(":")
     return arg.split(",")[0] if name in ("heuristic", "floor") else None
+
+
+def floor_scores(trajs: list[Trajectory], split_of: dict[str, str]) -> dict:
+    """The content-blind floors fit on a built corpus's train split, scored on its test split
+    (stats.json's `floors_on_test`: `build_corpus(..., floors=floor_scores)`, `aftraj corpus build`)."""
+    from eval.metrics import grouped
+    from eval.walker import walk
+
+    train = [t for t in trajs if split_of[t.family_id] == "train"]
+    test = [t for t in trajs if split_of[t.family_id] == "test"]
+    if not test or not any(t.label.unsafe for t in train):
+        return {}
+    out = {}
+    for rule, cls in FLOORS.items():
+        with cls(rule, train=train) as floor:
+            g = grouped(walk(floor, test, progress=False), n_boot=0)["overall"]
+        out[f"heuristic:{rule}"] = {k: g.get(k) for k in ("n", "exact_f1", "step_acc", "agent_acc", "far")}
+    return out

@@ -5,7 +5,7 @@ the thresholds whose FAR stays within the deployable bound (FAR <= 20 %; all thr
 none does); ties: lower FAR, then the higher threshold. Every figure comes from walking the tune split with the
 auditor itself (eval.walker, every prefix scored).
 
-    from aftraj.structural.tune import tune
+    from eval.structural_tune import tune
     monitor.tuned = tune(monitor, tune_trajs)
 """
 
