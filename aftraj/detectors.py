@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
+from aftraj.config import ConfigError, build, is_int, need, read_yaml
 
 FINDING_KINDS = ("repeated_result_loop", "insufficient_loop_evidence",
                  "step_limit_without_answer", "run_cancelled", "terminated_on_tool_error",
@@ -44,19 +44,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_POLICY_PATH = REPO_ROOT / "configs" / "policies" / "default.yaml"
 
 
-class PolicyError(ValueError):
-    """A policy file that does not validate; names the file and the key."""
-
-
 # --------------------------------------------------------------------------- policy
-
-def _need(cond: bool, key: str, msg: str) -> None:
-    if not cond:
-        raise PolicyError(f"{key}: {msg}")
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+# A policy file that does not validate is a ConfigError (aftraj.config) naming the file and key.
+PolicyError = ConfigError   # the old name, until tests/aftraj/test_detectors.py imports ConfigError
 
 
 @dataclass(frozen=True)
@@ -65,10 +55,10 @@ class LoopPolicy:
     overlap_threshold: float = 0.8
 
     def __post_init__(self):
-        _need(_is_int(self.min_calls) and self.min_calls >= 2, "loop.min_calls",
+        need(is_int(self.min_calls) and self.min_calls >= 2, "min_calls",
               f"must be an integer >= 2, got {self.min_calls!r}")
-        _need(isinstance(self.overlap_threshold, (int, float)) and not isinstance(self.overlap_threshold, bool)
-              and 0 < self.overlap_threshold <= 1, "loop.overlap_threshold",
+        need(isinstance(self.overlap_threshold, (int, float)) and not isinstance(self.overlap_threshold, bool)
+              and 0 < self.overlap_threshold <= 1, "overlap_threshold",
               f"must be a number in (0, 1], got {self.overlap_threshold!r}")
 
 
@@ -77,8 +67,8 @@ class ErrorStreakPolicy:
     max_consecutive: int = 3
 
     def __post_init__(self):
-        _need(_is_int(self.max_consecutive) and self.max_consecutive >= 1,
-              "error_streak.max_consecutive", f"must be an integer >= 1, got {self.max_consecutive!r}")
+        need(is_int(self.max_consecutive) and self.max_consecutive >= 1,
+              "max_consecutive", f"must be an integer >= 1, got {self.max_consecutive!r}")
 
 
 @dataclass(frozen=True)
@@ -87,9 +77,9 @@ class CyclePolicy:
     repeats: int = 2
 
     def __post_init__(self):
-        _need(_is_int(self.max_period) and 2 <= self.max_period <= 8, "cycle.max_period",
+        need(is_int(self.max_period) and 2 <= self.max_period <= 8, "max_period",
               f"must be an integer in 2..8, got {self.max_period!r}")
-        _need(_is_int(self.repeats) and 2 <= self.repeats <= 8, "cycle.repeats",
+        need(is_int(self.repeats) and 2 <= self.repeats <= 8, "repeats",
               f"must be an integer in 2..8, got {self.repeats!r}")
 
 
@@ -98,8 +88,8 @@ class StallPolicy:
     max_results_without_new: int = 8
 
     def __post_init__(self):
-        _need(_is_int(self.max_results_without_new) and self.max_results_without_new >= 2,
-              "stall.max_results_without_new",
+        need(is_int(self.max_results_without_new) and self.max_results_without_new >= 2,
+              "max_results_without_new",
               f"must be an integer >= 2, got {self.max_results_without_new!r}")
 
 
@@ -112,11 +102,11 @@ class BudgetPolicy:
     def __post_init__(self):
         for name in ("max_tokens", "max_events"):
             v = getattr(self, name)
-            _need(v is None or (_is_int(v) and v > 0), f"budget.{name}",
+            need(v is None or (is_int(v) and v > 0), name,
                   f"must be a positive integer or null, got {v!r}")
         v = self.max_cost_usd
-        _need(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0),
-              "budget.max_cost_usd", f"must be a positive number or null, got {v!r}")
+        need(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0),
+              "max_cost_usd", f"must be a positive number or null, got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -142,32 +132,32 @@ class Policy:
                                  "state_cycle", "stall", "budget_exceeded")
 
     def __post_init__(self):
-        _need(_is_int(self.revision) and self.revision >= 1, "revision",
+        need(is_int(self.revision) and self.revision >= 1, "revision",
               f"must be an integer >= 1, got {self.revision!r}")
-        _need(isinstance(self.name, str) and bool(self.name.strip()), "name", "must be a non-empty string")
+        need(isinstance(self.name, str) and bool(self.name.strip()), "name", "must be a non-empty string")
         for key, cls in (("loop", LoopPolicy), ("error_streak", ErrorStreakPolicy),
                          ("cycle", CyclePolicy), ("stall", StallPolicy), ("budget", BudgetPolicy)):
-            _need(isinstance(getattr(self, key), cls), key, f"must be a {cls.__name__}")
+            need(isinstance(getattr(self, key), cls), key, f"must be a {cls.__name__}")
         if isinstance(self.retryable_errors, list):
             object.__setattr__(self, "retryable_errors", tuple(self.retryable_errors))
-        _need(isinstance(self.retryable_errors, tuple)
+        need(isinstance(self.retryable_errors, tuple)
               and all(isinstance(s, str) and s.strip() for s in self.retryable_errors),
               "retryable_errors", "must be a list of non-empty strings")
         object.__setattr__(self, "retryable_errors", tuple(s.lower() for s in self.retryable_errors))
-        _need(isinstance(self.permitted_tools, dict), "permitted_tools",
+        need(isinstance(self.permitted_tools, dict), "permitted_tools",
               "must map a task category to a list of tool names")
         norm = {}
         for cat, tools in self.permitted_tools.items():
-            _need(isinstance(cat, str) and cat.strip(), "permitted_tools", f"bad category {cat!r}")
-            _need(isinstance(tools, (list, tuple)) and all(isinstance(t, str) and t.strip() for t in tools),
+            need(isinstance(cat, str) and cat.strip(), "permitted_tools", f"bad category {cat!r}")
+            need(isinstance(tools, (list, tuple)) and all(isinstance(t, str) and t.strip() for t in tools),
                   f"permitted_tools.{cat}", "must be a list of tool names")
             norm[cat] = frozenset(tools)
         object.__setattr__(self, "permitted_tools", norm)
         if isinstance(self.alarm_on, list):
             object.__setattr__(self, "alarm_on", tuple(self.alarm_on))
-        _need(isinstance(self.alarm_on, tuple), "alarm_on", "must be a list of finding kinds")
+        need(isinstance(self.alarm_on, tuple), "alarm_on", "must be a list of finding kinds")
         for k in self.alarm_on:
-            _need(k in FINDING_KINDS, "alarm_on", f"unknown finding kind {k!r} "
+            need(k in FINDING_KINDS, "alarm_on", f"unknown finding kind {k!r} "
                                                   f"(known: {', '.join(FINDING_KINDS)})")
 
     def to_dict(self) -> dict:
@@ -178,38 +168,19 @@ class Policy:
         return d
 
     @classmethod
-    def from_dict(cls, d: Any) -> Policy:
-        _need(isinstance(d, dict), "<file>", "a policy must be a YAML mapping")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        _need(not unknown, unknown[0] if unknown else "", f"is not a policy key (known: {', '.join(sorted(known))})")
-        _need("revision" in d, "revision", "is required (policies are versioned)")
-        kw = dict(d)
-        for key, sub in (("loop", LoopPolicy), ("error_streak", ErrorStreakPolicy),
-                         ("cycle", CyclePolicy), ("stall", StallPolicy), ("budget", BudgetPolicy)):
-            if key in kw:
-                v = kw[key]
-                _need(isinstance(v, dict), key, "must be a mapping")
-                sub_known = {f.name for f in fields(sub)}
-                bad = sorted(set(v) - sub_known)
-                _need(not bad, f"{key}.{bad[0]}" if bad else key,
-                      f"is not a key of {key} (known: {', '.join(sorted(sub_known))})")
-                kw[key] = sub(**v)
-        if kw.get("permitted_tools") is None:
-            kw["permitted_tools"] = {}
-        return cls(**kw)
+    def from_dict(cls, d: Any, source: str | Path | None = None) -> Policy:
+        """From a mapping (a policy file, a fold snapshot's `policy`), by the one config layer;
+        `revision` must be given (policies are versioned)."""
+        if isinstance(d, dict) and "revision" not in d and not (set(d) - {f.name for f in fields(cls)}):
+            raise ConfigError("is required (policies are versioned)", key="revision", source=source)
+        if isinstance(d, dict) and d.get("permitted_tools", {}) is None:
+            d = {**d, "permitted_tools": {}}
+        return build(cls, d, source=source, what="policy")
 
 
 def load_policy(path: str | Path) -> Policy:
     """Read and validate a policy YAML; errors name the file and the key."""
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-        return Policy.from_dict(raw)
-    except (PolicyError, TypeError) as e:
-        raise PolicyError(f"{path}: {e}") from None
-    except yaml.YAMLError as e:
-        raise PolicyError(f"{path}: not valid YAML: {e}") from None
+    return Policy.from_dict(read_yaml(path), path)
 
 
 def default_policy() -> Policy:

@@ -5,8 +5,9 @@
     aftraj serve gateway --config configs/serve/gateway-local.yaml
     aftraj serve vllm --config configs/serve/vllm-qwen2.5-7b-h200.yaml
 
-Every section is a frozen dataclass validated in `__post_init__`; an unknown or mistyped key is
-a `ConfigError` naming the file and the dotted key (`auditor.deadline_s`).
+Every section is a frozen dataclass validated in `__post_init__`, read by the one config layer
+(`aftraj.config`), the class chosen by `kind`; an unknown or mistyped key is a `ConfigError`
+naming the file and the dotted key (`auditor.deadline_s`).
 """
 
 from __future__ import annotations
@@ -15,33 +16,15 @@ import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
+from aftraj.config import ConfigError, build, need, need_int, need_number, read_yaml
 
 ACTIONS = ("none", "warn", "pause", "halt")
 DEFAULT_BUDGET = 8160      # prompt tokens: stage 1's 8192 - 32
 AUDITOR_BACKENDS = ("none", "openai")
-
-
-class ConfigError(ValueError):
-    """A bad serving config value; names the file and the dotted key."""
-
-
-def _need(cond: bool, key: str, msg: str) -> None:
-    if not cond:
-        raise ConfigError(f"{key}: {msg}")
-
-
-def _num(v: Any, key: str, lo: float, hi: float | None = None) -> None:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v >= lo and (hi is None or v <= hi)
-    _need(ok, key, f"must be a number in [{lo}, {hi if hi is not None else '∞'}], got {v!r}")
-
-
-def _int(v: Any, key: str, lo: int) -> None:
-    _need(isinstance(v, int) and not isinstance(v, bool) and v >= lo, key,
-          f"must be an integer >= {lo}, got {v!r}")
 
 
 def hash_key(key: str) -> str:
@@ -56,9 +39,9 @@ class ApiKey:
     sha256: str
 
     def __post_init__(self) -> None:
-        _need(isinstance(self.name, str) and re.fullmatch(r"[\w.-]{1,64}", self.name or "", flags=re.ASCII) is not None,
+        need(isinstance(self.name, str) and re.fullmatch(r"[\w.-]{1,64}", self.name or "", flags=re.ASCII) is not None,
               "name", f"must be 1-64 word characters, got {self.name!r}")
-        _need(isinstance(self.sha256, str) and re.fullmatch(r"[0-9a-f]{64}", self.sha256) is not None,
+        need(isinstance(self.sha256, str) and re.fullmatch(r"[0-9a-f]{64}", self.sha256) is not None,
               "sha256", "must be the 64-hex sha256 of the key (`aftraj serve key` prints one)")
 
 
@@ -81,25 +64,25 @@ class AuditorConfig:
     max_response_bytes: int = 4 * 1024 * 1024
 
     def __post_init__(self) -> None:
-        _need(self.backend in AUDITOR_BACKENDS, "backend", f"must be one of {AUDITOR_BACKENDS}, got {self.backend!r}")
+        need(self.backend in AUDITOR_BACKENDS, "backend", f"must be one of {AUDITOR_BACKENDS}, got {self.backend!r}")
         if self.backend == "openai":
-            _need(isinstance(self.base_url, str) and self.base_url.startswith(("http://", "https://")),
+            need(isinstance(self.base_url, str) and self.base_url.startswith(("http://", "https://")),
                   "base_url", f"must be an http(s) URL, got {self.base_url!r}")
-            _need(isinstance(self.model, str) and bool(self.model), "model", "must name the served model")
-        _num(self.deadline_s, "deadline_s", 0.01)
-        _int(self.max_tokens, "max_tokens", 1)
-        _num(self.temperature, "temperature", 0, 2)
-        _int(self.top_logprobs, "top_logprobs", 0)
-        _int(self.max_response_bytes, "max_response_bytes", 1024)
+            need(isinstance(self.model, str) and bool(self.model), "model", "must name the served model")
+        need_number(self.deadline_s, "deadline_s", 0.01)
+        need_int(self.max_tokens, "max_tokens", 1)
+        need_number(self.temperature, "temperature", 0, 2)
+        need_int(self.top_logprobs, "top_logprobs", 0)
+        need_int(self.max_response_bytes, "max_response_bytes", 1024)
         if self.budget is not None:
-            _int(self.budget, "budget", 64)
-            _need(isinstance(self.tokenizer, str) and bool(self.tokenizer), "tokenizer",
+            need_int(self.budget, "budget", 64)
+            need(isinstance(self.tokenizer, str) and bool(self.tokenizer), "tokenizer",
                   "the budget is counted with the served model's tokenizer: give its folder "
                   "(or `approx` for a rough count)")
         elif self.backend == "openai":     # never unbounded: the default budget, counted as below
             object.__setattr__(self, "budget", DEFAULT_BUDGET)
         if self.tokenizer is not None:
-            _need(isinstance(self.tokenizer, str) and bool(self.tokenizer), "tokenizer", "must be a folder or `approx`")
+            need(isinstance(self.tokenizer, str) and bool(self.tokenizer), "tokenizer", "must be a folder or `approx`")
 
 
 @dataclass(frozen=True)
@@ -118,10 +101,10 @@ class InterventionConfig:
 
     def __post_init__(self) -> None:
         for k in ("warn", "pause", "halt"):
-            _num(getattr(self, k), k, 0, 1)
-        _need(self.warn <= self.pause <= self.halt, "warn", "thresholds must satisfy warn <= pause <= halt")
-        _need(self.fold_alarm in ACTIONS, "fold_alarm", f"must be one of {ACTIONS}")
-        _need(self.auditor_unavailable in ACTIONS[1:], "auditor_unavailable", f"must be one of {ACTIONS[1:]}")
+            need_number(getattr(self, k), k, 0, 1)
+        need(self.warn <= self.pause <= self.halt, "warn", "thresholds must satisfy warn <= pause <= halt")
+        need(self.fold_alarm in ACTIONS, "fold_alarm", f"must be one of {ACTIONS}")
+        need(self.auditor_unavailable in ACTIONS[1:], "auditor_unavailable", f"must be one of {ACTIONS[1:]}")
 
     def action(self, score: float, fold_alarm: bool, auditor_unavailable: bool = False) -> str:
         act = "halt" if score >= self.halt else "pause" if score >= self.pause else \
@@ -160,17 +143,17 @@ class LimitsConfig:
     worker_threads: int = 16
 
     def __post_init__(self) -> None:
-        _int(self.max_body_bytes, "max_body_bytes", 1024)
-        _int(self.max_events_per_batch, "max_events_per_batch", 1)
-        _num(self.rate_per_s, "rate_per_s", 0.001)
-        _int(self.burst, "burst", 1)
+        need_int(self.max_body_bytes, "max_body_bytes", 1024)
+        need_int(self.max_events_per_batch, "max_events_per_batch", 1)
+        need_number(self.rate_per_s, "rate_per_s", 0.001)
+        need_int(self.burst, "burst", 1)
         for k in ("max_inflight_per_key", "max_streams_per_key", "max_streams", "auth_failure_burst",
                   "max_cached_runs", "worker_threads"):
-            _int(getattr(self, k), k, 1)
-        _int(self.max_cached_bytes, "max_cached_bytes", 1 << 20)
+            need_int(getattr(self, k), k, 1)
+        need_int(self.max_cached_bytes, "max_cached_bytes", 1 << 20)
         for k in ("header_timeout_s", "body_timeout_s", "ledger_timeout_s", "run_idle_s"):
-            _num(getattr(self, k), k, 0.05)
-        _num(self.auth_failures_per_s, "auth_failures_per_s", 0.001)
+            need_number(getattr(self, k), k, 0.05)
+        need_number(self.auth_failures_per_s, "auth_failures_per_s", 0.001)
 
 
 @dataclass(frozen=True)
@@ -187,16 +170,16 @@ class GatewayConfig:
     metrics_public: bool = False        # /metrics without a key (counters of every tenant)
 
     def __post_init__(self) -> None:
-        _need(self.kind == "gateway", "kind", "must be 'gateway'")
-        _int(self.port, "port", 0)
-        _need(self.port <= 65535, "port", f"must be a TCP port (0-65535), got {self.port!r}")
-        _need(isinstance(self.metrics_public, bool), "metrics_public", "must be true or false")
-        _need(isinstance(self.ledger_url, str) and "://" in self.ledger_url, "ledger_url",
+        need(self.kind == "gateway", "kind", "must be 'gateway'")
+        need_int(self.port, "port", 0)
+        need(self.port <= 65535, "port", f"must be a TCP port (0-65535), got {self.port!r}")
+        need(isinstance(self.metrics_public, bool), "metrics_public", "must be true or false")
+        need(isinstance(self.ledger_url, str) and "://" in self.ledger_url, "ledger_url",
               f"must be an SQLAlchemy URL (sqlite:///path.db, postgresql+psycopg://…), got {self.ledger_url!r}")
-        _need(len({k.name for k in self.api_keys}) == len(self.api_keys), "api_keys", "names must be unique")
+        need(len({k.name for k in self.api_keys}) == len(self.api_keys), "api_keys", "names must be unique")
         seen: dict[str, str] = {}
         for k in self.api_keys:
-            _need(k.sha256 not in seen, "api_keys",
+            need(k.sha256 not in seen, "api_keys",
                   f"{seen.get(k.sha256)!r} and {k.name!r} share one sha256 (one key, two names): make a key each")
             seen[k.sha256] = k.name
 
@@ -228,73 +211,34 @@ class VllmConfig:
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        _need(self.kind == "vllm", "kind", "must be 'vllm'")
-        _need(self.profile in PROFILES, "profile", f"must be one of {PROFILES}")
-        _need(isinstance(self.model, str) and bool(self.model) and not self.model.startswith(("http:", "https:")),
+        need(self.kind == "vllm", "kind", "must be 'vllm'")
+        need(self.profile in PROFILES, "profile", f"must be one of {PROFILES}")
+        need(isinstance(self.model, str) and bool(self.model) and not self.model.startswith(("http:", "https:")),
               "model", "must be a local model folder")
-        _int(self.port, "port", 1)
-        _int(self.tensor_parallel_size, "tensor_parallel_size", 1)
-        _int(self.max_model_len, "max_model_len", 128)
-        _need(self.dtype in ("bfloat16", "float16", "float32", "auto"), "dtype", f"unknown dtype {self.dtype!r}")
+        need_int(self.port, "port", 1)
+        need_int(self.tensor_parallel_size, "tensor_parallel_size", 1)
+        need_int(self.max_model_len, "max_model_len", 128)
+        need(self.dtype in ("bfloat16", "float16", "float32", "auto"), "dtype", f"unknown dtype {self.dtype!r}")
         if self.block_size is not None:
-            _need(self.block_size in (16, 32, 64, 128), "block_size", "must be 16, 32, 64 or 128")
+            need(self.block_size in (16, 32, 64, 128), "block_size", "must be 16, 32, 64 or 128")
         if self.gpu_memory_utilization is not None:
-            _num(self.gpu_memory_utilization, "gpu_memory_utilization", 0.05, 1.0)
+            need_number(self.gpu_memory_utilization, "gpu_memory_utilization", 0.05, 1.0)
         if self.kv_cache_space_gib is not None:
-            _int(self.kv_cache_space_gib, "kv_cache_space_gib", 1)
-        _num(self.health_timeout_s, "health_timeout_s", 1)
-        _need(all(isinstance(a, str) for a in self.extra_args), "extra_args", "must be strings")
+            need_int(self.kv_cache_space_gib, "kv_cache_space_gib", 1)
+        need_number(self.health_timeout_s, "health_timeout_s", 1)
+        need(all(isinstance(a, str) for a in self.extra_args), "extra_args", "must be strings")
 
 
-def _build(cls, raw: Any, prefix: str = ""):
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{prefix or '<top>'}: must be a mapping, got {type(raw).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise ConfigError(f"{prefix}{unknown[0]}: unknown key (known: {', '.join(fields)})")
-    kw = {}
-    for k, v in raw.items():
-        sub = {"auditor": AuditorConfig, "intervention": InterventionConfig, "limits": LimitsConfig}
-        if cls is GatewayConfig and k in sub:
-            kw[k] = _build(sub[k], {} if v is None else v, f"{prefix}{k}.")
-        elif cls is GatewayConfig and k == "api_keys":
-            if not isinstance(v, list):
-                raise ConfigError(f"{prefix}api_keys: must be a list of {{name, sha256}}")
-            keys = []
-            for i, item in enumerate(v):
-                keys.append(_build(ApiKey, item, f"{prefix}api_keys[{i}]."))
-            kw[k] = tuple(keys)
-        elif k == "extra_args":
-            kw[k] = tuple(v or ())
-        else:
-            kw[k] = v
-    try:
-        return cls(**kw)
-    except ConfigError as e:
-        raise ConfigError(f"{prefix}{e}") from None
-    except TypeError as e:
-        raise ConfigError(f"{prefix.rstrip('.') or '<top>'}: {e}") from None
+KINDS = {"gateway": GatewayConfig, "vllm": VllmConfig}
 
 
-def config_from_dict(raw: dict) -> GatewayConfig | VllmConfig:
-    kind = raw.get("kind") if isinstance(raw, dict) else None
-    if kind == "gateway":
-        return _build(GatewayConfig, raw)
-    if kind == "vllm":
-        return _build(VllmConfig, raw)
-    raise ConfigError(f"kind: must be 'gateway' or 'vllm', got {kind!r}")
+def config_from_dict(raw: Any, source: str | Path | None = None) -> GatewayConfig | VllmConfig:
+    """The config class `raw["kind"]` names, built by the one config layer."""
+    kind = raw.get("kind") if isinstance(raw, Mapping) else None
+    if kind not in KINDS:
+        raise ConfigError(f"must be 'gateway' or 'vllm', got {kind!r}", key="kind", source=source)
+    return build(KINDS[kind], raw, source=source)
 
 
 def load_serve_config(path: str | Path) -> GatewayConfig | VllmConfig:
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError(f"{path}: {e.strerror or e}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    try:
-        return config_from_dict(raw)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
+    return config_from_dict(read_yaml(path), path)

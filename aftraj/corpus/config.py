@@ -4,18 +4,20 @@
     cfg = load_corpus_config("configs/corpus/aftraj-2k-scripted.yaml")
     aftraj corpus build --config configs/corpus/demo-small.yaml --out out/demo
 
-Every section is a frozen dataclass validated in `__post_init__`; an unknown or mistyped key is
-a `ConfigError` naming the file and the key (`policy.backend`).
+Every section is a frozen dataclass validated in `__post_init__`, read by the one config layer
+(`aftraj.config`); an unknown or mistyped key is a `ConfigError` naming the file and the dotted
+key (`policy.backend`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from aftraj.config import ConfigError, build, load, need, need_int  # noqa: F401 (ConfigError: importers' name)
 
 ERROR_TYPES = ("computation_slip", "verdict_misread", "wrong_entity", "fabricated_tool_result",
                "wrong_tool_argument", "premature_termination")
@@ -23,23 +25,13 @@ BACKENDS = ("scripted", "openai", "oracle")   # oracle: a judge reading the simu
 POOL_KINDS = ("math500", "humaneval_plus", "mbpp_plus", "hotpotqa", "gaia")
 
 
-class ConfigError(ValueError):
-    """A bad config value; names the file and the dotted key."""
-
-
-def _need(cond: bool, key: str, msg: str) -> None:
-    if not cond:
-        raise ConfigError(f"{key}: {msg}")
-
-
 def _rate(v: Any, key: str) -> None:
-    _need(isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0,
-          key, f"must be a number in [0, 1], got {v!r}")
+    need(isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 <= v <= 1.0,
+         key, f"must be a number in [0, 1], got {v!r}")
 
 
 def _posint(v: Any, key: str, minimum: int = 1) -> None:
-    _need(isinstance(v, int) and not isinstance(v, bool) and v >= minimum,
-          key, f"must be an integer >= {minimum}, got {v!r}")
+    need_int(v, key, minimum)
 
 
 @dataclass(frozen=True)
@@ -54,8 +46,8 @@ class DomainCounts:
 
     def __post_init__(self) -> None:
         for k in ("math", "coding", "agentic"):
-            _posint(getattr(self, k), f"tasks.{k}", 0)
-        _need(isinstance(self.humaneval, bool), "tasks.humaneval", f"must be true or false, got {self.humaneval!r}")
+            _posint(getattr(self, k), k, 0)
+        need(isinstance(self.humaneval, bool), "humaneval", f"must be true or false, got {self.humaneval!r}")
 
 
 @dataclass(frozen=True)
@@ -67,10 +59,10 @@ class PublicPool:
     limit: int | None = None
 
     def __post_init__(self) -> None:
-        _need(self.kind in POOL_KINDS, "public_pools[].kind", f"must be one of {', '.join(POOL_KINDS)}, got {self.kind!r}")
-        _need(isinstance(self.path, str) and bool(self.path), "public_pools[].path", "must be a path")
+        need(self.kind in POOL_KINDS, "kind", f"must be one of {', '.join(POOL_KINDS)}, got {self.kind!r}")
+        need(isinstance(self.path, str) and bool(self.path), "path", "must be a path")
         if self.limit is not None:
-            _posint(self.limit, "public_pools[].limit")
+            _posint(self.limit, "limit")
 
 
 @dataclass(frozen=True)
@@ -87,14 +79,14 @@ class EndpointConfig:
     retries: int = 1
 
     def __post_init__(self) -> None:
-        _need(self.backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        _need(isinstance(self.model, str) and bool(self.model), "model", "must be a non-empty string")
+        need(self.backend in BACKENDS, "backend", f"must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        need(isinstance(self.model, str) and bool(self.model), "model", "must be a non-empty string")
         if self.backend == "openai":
-            _need(isinstance(self.base_url, str) and self.base_url.startswith(("http://", "https://")),
+            need(isinstance(self.base_url, str) and self.base_url.startswith(("http://", "https://")),
                   "base_url", f"must be an http(s) URL for the openai backend, got {self.base_url!r}")
-        _need(isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 2, "temperature", "must be in [0, 2]")
+        need(isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 2, "temperature", "must be in [0, 2]")
         _posint(self.max_tokens, "max_tokens")
-        _need(isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0, "timeout_s", "must be > 0")
+        need(isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0, "timeout_s", "must be > 0")
         _posint(self.retries, "retries", 0)
 
 
@@ -114,7 +106,7 @@ class SlipConfig:
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
-            _rate(getattr(self, f.name), f"slips.{f.name}")
+            _rate(getattr(self, f.name), f.name)
 
     def rate(self, kind: str) -> float:
         return float(getattr(self, kind))
@@ -130,11 +122,11 @@ class InjectionConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "types", tuple(self.types))
-        _need(len(self.types) > 0, "injection.types", "must list at least one error type")
+        need(len(self.types) > 0, "types", "must list at least one error type")
         for t in self.types:
-            _need(t in ERROR_TYPES, "injection.types", f"unknown error type {t!r} (known: {', '.join(ERROR_TYPES)})")
-        _rate(self.fraction, "injection.fraction")
-        _posint(self.max_attempts, "injection.max_attempts")
+            need(t in ERROR_TYPES, "types", f"unknown error type {t!r} (known: {', '.join(ERROR_TYPES)})")
+        _rate(self.fraction, "fraction")
+        _posint(self.max_attempts, "max_attempts")
 
 
 @dataclass(frozen=True)
@@ -147,9 +139,9 @@ class CurationConfig:
     length_ratio: float = 0.0
 
     def __post_init__(self) -> None:
-        _need(self.coherence in ("rules", "judge"), "curation.coherence", f"must be rules or judge, got {self.coherence!r}")
-        _need(isinstance(self.length_ratio, (int, float)) and not isinstance(self.length_ratio, bool)
-              and (self.length_ratio == 0 or self.length_ratio >= 1), "curation.length_ratio",
+        need(self.coherence in ("rules", "judge"), "coherence", f"must be rules or judge, got {self.coherence!r}")
+        need(isinstance(self.length_ratio, (int, float)) and not isinstance(self.length_ratio, bool)
+              and (self.length_ratio == 0 or self.length_ratio >= 1), "length_ratio",
               f"must be 0 (off) or a number >= 1, got {self.length_ratio!r}")
 
 
@@ -161,8 +153,8 @@ class SplitConfig:
 
     def __post_init__(self) -> None:
         for k in ("train", "val", "test"):
-            _rate(getattr(self, k), f"splits.{k}")
-        _need(abs(self.train + self.val + self.test - 1.0) < 1e-9, "splits", "train + val + test must be 1")
+            _rate(getattr(self, k), k)
+        need(abs(self.train + self.val + self.test - 1.0) < 1e-9, None, "train + val + test must be 1")
 
 
 @dataclass(frozen=True)
@@ -174,10 +166,10 @@ class SandboxConfig:
     workers: int = 2
 
     def __post_init__(self) -> None:
-        _need(isinstance(self.timeout_s, (int, float)) and not isinstance(self.timeout_s, bool) and self.timeout_s > 0,
-              "sandbox.timeout_s", f"must be a number > 0, got {self.timeout_s!r}")
-        _posint(self.memory_mb, "sandbox.memory_mb", 64)
-        _posint(self.workers, "sandbox.workers")
+        need(isinstance(self.timeout_s, (int, float)) and not isinstance(self.timeout_s, bool) and self.timeout_s > 0,
+              "timeout_s", f"must be a number > 0, got {self.timeout_s!r}")
+        _posint(self.memory_mb, "memory_mb", 64)
+        _posint(self.workers, "workers")
 
 
 @dataclass(frozen=True)
@@ -188,7 +180,7 @@ class ExportConfig:
 
     def __post_init__(self) -> None:
         for k in ("jsonl", "hf", "parquet"):   # `hf: no` in quotes is a string, and truthy
-            _need(isinstance(getattr(self, k), bool), f"export.{k}", f"must be true or false, got {getattr(self, k)!r}")
+            need(isinstance(getattr(self, k), bool), k, f"must be true or false, got {getattr(self, k)!r}")
 
 
 @dataclass(frozen=True)
@@ -208,76 +200,29 @@ class CorpusConfig:
     export: ExportConfig = field(default_factory=ExportConfig)
 
     def __post_init__(self) -> None:
-        _need(isinstance(self.name, str) and bool(self.name.strip()), "name", "must be a non-empty string")
-        _need(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", f"must be an integer, got {self.seed!r}")
+        need(isinstance(self.name, str) and bool(self.name.strip()), "name", "must be a non-empty string")
+        need(isinstance(self.seed, int) and not isinstance(self.seed, bool), "seed", f"must be an integer, got {self.seed!r}")
         _posint(self.max_steps, "max_steps", 4)
-        _need(self.max_steps <= 40, "max_steps", "the step cap is 40 (DESIGN §4)")
+        need(self.max_steps <= 40, "max_steps", "the step cap is 40 (DESIGN §4)")
         object.__setattr__(self, "public_pools", tuple(self.public_pools))
-        _need(self.policy.backend != "oracle", "policy.backend", "oracle is a judge backend, not a policy")
+        need(self.policy.backend != "oracle", "policy.backend", "oracle is a judge backend, not a policy")
         if self.policy.backend == "scripted":
-            _need(not self.public_pools, "public_pools",
+            need(not self.public_pools, "public_pools",
                   "public pools have no scripted solutions; use policy.backend: openai with them")
         if self.curation.coherence == "judge":
-            _need(self.judge.backend == "openai", "curation.coherence",
+            need(self.judge.backend == "openai", "curation.coherence",
                   "judge coherence needs judge.backend: openai")
 
 
-_SECTIONS = {"tasks": DomainCounts, "policy": EndpointConfig, "judge": EndpointConfig,
-             "slips": SlipConfig, "injection": InjectionConfig, "curation": CurationConfig,
-             "splits": SplitConfig, "sandbox": SandboxConfig, "export": ExportConfig}
-
-
-def _build(cls, raw: Any, key: str):
-    if raw is None:
-        return cls()
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{key}: must be a mapping, got {type(raw).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(raw) - names)
-    if unknown:
-        raise ConfigError(f"{key}.{unknown[0]}: unknown key (allowed: {', '.join(sorted(names))})")
-    try:
-        return cls(**raw)
-    except ConfigError as e:
-        msg = str(e)
-        raise ConfigError(msg if msg.startswith(key) else f"{key}.{msg}") from None
-    except TypeError as e:
-        raise ConfigError(f"{key}: {e}") from None
-
-
 def config_from_dict(raw: Any) -> CorpusConfig:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"<top>: must be a mapping, got {type(raw).__name__}")
-    top = {f.name for f in dataclasses.fields(CorpusConfig)}
-    unknown = sorted(set(raw) - top)
-    if unknown:
-        raise ConfigError(f"{unknown[0]}: unknown key (allowed: {', '.join(sorted(top))})")
-    kw = dict(raw)
-    for name, cls in _SECTIONS.items():
-        if name in kw:
-            kw[name] = _build(cls, kw[name], name)
-    if "public_pools" in kw:
-        pools = kw["public_pools"] or []
-        if not isinstance(pools, list):
-            raise ConfigError("public_pools: must be a list")
-        kw["public_pools"] = tuple(_build(PublicPool, p, f"public_pools[{i}]") for i, p in enumerate(pools))
-    if "name" not in kw:
-        raise ConfigError("name: is required")
-    return CorpusConfig(**kw)
+    """A CorpusConfig from a mapping (errors name the dotted key)."""
+    return build(CorpusConfig, raw)
 
 
-def load_corpus_config(path: str | Path, **overrides: Any) -> CorpusConfig:
-    """Read and validate a corpus YAML; errors name the file and the key."""
-    path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: cannot read YAML: {e}") from None
-    try:
-        cfg = config_from_dict(raw)
-        return dataclasses.replace(cfg, **overrides) if overrides else cfg
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
+def load_corpus_config(path: str | Path, overrides: Mapping[str, Any] | None = None) -> CorpusConfig:
+    """Read and validate a corpus YAML, with `overrides` (dotted keys: `policy.base_url`) applied
+    first; errors name the file and the key."""
+    return load(CorpusConfig, path, overrides)
 
 
 def config_to_dict(cfg: CorpusConfig) -> dict:

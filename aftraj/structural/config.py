@@ -4,7 +4,8 @@
     cfg = load_structural_config("configs/structural/default.yaml")
     aftraj structural fit --data runs/aftraj-2k --out runs/structural --config configs/structural/default.yaml
 
-An unknown or mistyped key is a `ConfigError` naming the file and the key.
+Read by the one config layer (`aftraj.config`); an unknown or mistyped key is a `ConfigError`
+naming the file and the key.
 """
 
 from __future__ import annotations
@@ -14,28 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from aftraj.corpus.config import ConfigError
+from aftraj.config import ConfigError, build, load, need, need_int, need_number  # noqa: F401 (ConfigError: importers' name)
 
 EMBEDDERS = ("minilm", "hashing")
 AGGREGATIONS = ("raw", "cummean", "cummax")
 NEIGHBOUR_LABELS = ("outcome", "verdict")
 
 
-def _need(cond: bool, key: str, msg: str) -> None:
-    if not cond:
-        raise ConfigError(f"{key}: {msg}")
-
-
-def _int(v: Any, key: str, minimum: int) -> None:
-    _need(isinstance(v, int) and not isinstance(v, bool) and v >= minimum, key,
-          f"must be an integer >= {minimum}, got {v!r}")
-
-
 def _unit(v: Any, key: str, *, open_low: bool = False) -> None:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (0.0 < v if open_low else 0.0 <= v) and v <= 1.0
-    _need(ok, key, f"must be a number in {'(0' if open_low else '[0'}, 1], got {v!r}")
+    need_number(v, key, 0, 1, open_low=open_low)
 
 
 @dataclass(frozen=True)
@@ -73,57 +61,44 @@ class StructuralConfig:
     baseline_last_n: int = 3          # mean of the last N step embeddings
 
     def __post_init__(self) -> None:
-        _need(self.embedder in EMBEDDERS, "embedder", f"must be one of {', '.join(EMBEDDERS)}, got {self.embedder!r}")
+        need(self.embedder in EMBEDDERS, "embedder", f"must be one of {', '.join(EMBEDDERS)}, got {self.embedder!r}")
         for key, lo in (("embed_threads", 1), ("embed_batch", 1), ("embed_max_tokens", 8), ("k_action", 2),
                         ("k_observation", 2), ("n_tokens", 2), ("kmeans_iters", 1), ("seed", 0),
                         ("shingle", 1), ("num_perm", 16), ("max_candidates", 1), ("edit_window", 1),
                         ("edit_shift", 0), ("auc_start", 0), ("baseline_last_n", 1)):
-            _int(getattr(self, key), key, lo)
+            need_int(getattr(self, key), key, lo)
         _unit(self.lsh_threshold, "lsh_threshold", open_low=True)
         _unit(self.min_similarity, "min_similarity")
         _unit(self.edit_weight, "edit_weight")
         _unit(self.tune_fraction, "tune_fraction", open_low=True)
-        _need(self.tune_fraction < 1.0, "tune_fraction", "must be < 1")
-        _need(isinstance(self.edit_rerank, bool), "edit_rerank", f"must be true or false, got {self.edit_rerank!r}")
-        _need(self.neighbour_label in NEIGHBOUR_LABELS, "neighbour_label",
+        need(self.tune_fraction < 1.0, "tune_fraction", "must be < 1")
+        need(isinstance(self.edit_rerank, bool), "edit_rerank", f"must be true or false, got {self.edit_rerank!r}")
+        need(self.neighbour_label in NEIGHBOUR_LABELS, "neighbour_label",
               f"must be one of {', '.join(NEIGHBOUR_LABELS)}, got {self.neighbour_label!r}")
-        _need(isinstance(self.top_k, tuple) and len(self.top_k) > 0, "top_k", "must be a non-empty list")
+        need(isinstance(self.top_k, tuple) and len(self.top_k) > 0, "top_k", "must be a non-empty list")
         for k in self.top_k:
-            _int(k, "top_k[]", 1)
-        _need(isinstance(self.aggregations, tuple) and len(self.aggregations) > 0, "aggregations",
+            need_int(k, "top_k[]", 1)
+        need(isinstance(self.aggregations, tuple) and len(self.aggregations) > 0, "aggregations",
               "must be a non-empty list")
         for a in self.aggregations:
-            _need(a in AGGREGATIONS, "aggregations[]", f"must be one of {', '.join(AGGREGATIONS)}, got {a!r}")
+            need(a in AGGREGATIONS, "aggregations[]", f"must be one of {', '.join(AGGREGATIONS)}, got {a!r}")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
     @classmethod
-    def from_dict(cls, d: dict, source: str = "<dict>") -> StructuralConfig:
-        if not isinstance(d, dict):
-            raise ConfigError(f"{source}: must be a mapping, got {type(d).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"{source}: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-        try:
-            return cls(**kw)
-        except ConfigError as e:
-            raise ConfigError(f"{source}: {e}") from None
+    def from_dict(cls, d: dict, source: str | None = None) -> StructuralConfig:
+        """From a mapping (a monitor.json's `config`), by the one config layer."""
+        return build(cls, d, source=source)
 
     def replace(self, **kw) -> StructuralConfig:
         return dataclasses.replace(self, **kw)
 
 
-def load_structural_config(path: str | Path) -> StructuralConfig:
-    path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    return StructuralConfig.from_dict(data or {}, str(path))
+def load_structural_config(path: str | Path, overrides: dict | None = None) -> StructuralConfig:
+    """Read and validate a structural YAML, `overrides` (key: value) applied first."""
+    return load(StructuralConfig, path, overrides)
 
 
 __all__ = ["AGGREGATIONS", "ConfigError", "EMBEDDERS", "NEIGHBOUR_LABELS", "StructuralConfig",
