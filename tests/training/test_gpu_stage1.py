@@ -41,12 +41,12 @@ def test_prepared_prompts_are_exactly_the_budget(tiny_check):
     from transformers import AutoTokenizer
 
     from training.stage1 import gpu_check
-    from training.stage1.data import prompt_token_ids
+    from aftraj.tokens import chat_prompt_ids
 
     root, cfg = tiny_check
     tok = AutoTokenizer.from_pretrained(root / "model")
     records = [json.loads(x) for x in (root / "run" / "preferences.jsonl").read_text().splitlines()]
-    assert [len(prompt_token_ids(tok, r["messages"])) for r in records] == [gpu_check.TINY_PROMPT_TOKENS] * 8
+    assert [len(chat_prompt_ids(tok, r["messages"])) for r in records] == [gpu_check.TINY_PROMPT_TOKENS] * 8
     assert (cfg.max_steps, cfg.num_epochs, cfg.sdpa_math_kernel, cfg.export_dtype) == (4, None, False, "bfloat16")
     assert cfg.optimizer == "adamw_bnb_8bit" and cfg.mixed_precision == "bf16"   # production's, kept
 

@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 import torch
 
+from aftraj.boundary import (POST, PRE, TWIN, boundary_pair, boundary_prompts, find_twins, is_twin,
+                             latest_agent_step)
 from aftraj.schema import Label, Step, Trajectory
 from aftraj.verdict import canonical_completion, format_completion
-from training.stage1.pairs import (POST, PRE, TWIN, boundary_pair, boundary_prompts, find_twins, is_twin,
-                                   latest_agent_step)
 
 
 def _run(i: int, k: int | None, *, family: str = "fam", bad: bool = True, env_before: bool = True) -> Trajectory:
@@ -81,7 +81,7 @@ def test_max_post_tokens_skips_long_runs_and_counts_them():
     runs = [_run(0, 5), _run(1, 1, family="f2")]
     _, stats = boundary_prompts(runs, max_post_tokens=10 ** 6)
     assert stats.over_budget_skipped == 0
-    from training.stage1.pairs import prompt_tokens
+    from aftraj.boundary import prompt_tokens
 
     short = prompt_tokens(runs[1], 1)
     prompts, stats = boundary_prompts(runs, max_post_tokens=short)
@@ -100,7 +100,7 @@ def _tiny(tiny_model_dir):
 
 
 def test_pair_token_logps_equals_scoring_each_sequence_alone(tiny_model_dir):
-    from training.stage1.loss import pair_token_logps
+    from aftraj.scoring import pair_token_logps
 
     model, _ = _tiny(tiny_model_dir)
     model.eval()

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from aftraj.prompt import Verdict, format_completion, parse_verdict, render_step, split_rendered
-from aftraj.verdict import ParseFailure, verdict_outcome
-from training.stage1.pairs import boundary_pair, boundary_prompts
+from aftraj.boundary import boundary_pair, boundary_prompts
+from aftraj.prompt import render_step, split_rendered
+from aftraj.verdict import ParseFailure, Verdict, format_completion, parse_verdict, verdict_outcome
 from training.stage1.preferences import (HFSampler, OpenAISampler, build_preferences, canonical_wrong,
                                          classify)
 
@@ -141,7 +141,7 @@ def test_training_data_never_holds_val_or_test_families(handmade, tmp_path):
     from dataclasses import replace
 
     from aftraj.schema import write_jsonl
-    from training.stage1.data import load_training_trajectories
+    from training.common import load_training_trajectories
 
     splits = ["train", "test", "train", "val", "train", "train"]
     write_jsonl([replace(t, meta={**t.meta, "split": s}) for t, s in zip(handmade, splits)], tmp_path / "corpus.jsonl")

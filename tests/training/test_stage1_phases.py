@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import training.stage1.preferences as preferences
 import training.stage1.trainer as trainer
 from aftraj.errors import UsageError
 from training.stage1.config import load_stage1_config
@@ -30,8 +31,8 @@ def _cfg(tiny_model_dir, corpus, out, **over):
 def _no_sampling(monkeypatch):
     def boom(*a, **kw):
         raise AssertionError("the training launch sampled")
-    monkeypatch.setattr(trainer, "make_sampler", boom)
-    monkeypatch.setattr(trainer, "build_preferences", boom)
+    monkeypatch.setattr(preferences, "make_sampler", boom)
+    monkeypatch.setattr(preferences, "build_preferences", boom)
 
 
 # --------------------------------------------------------------------------- phases
@@ -46,7 +47,7 @@ def test_training_launch_never_samples(tiny_model_dir, handmade_corpus, tmp_path
         trainer.train(cfg, phase="all", progress=False)
     monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.undo()
-    trainer.sample_preferences(cfg)                # phase 1 ...
+    preferences.sample_preferences(cfg)                # phase 1 ...
     _no_sampling(monkeypatch)
     res = trainer.train(cfg, phase="train", progress=False)   # ... phase 2 reads the cache only
     assert res.last_step == 1 and res.final_dir.is_dir()
@@ -74,7 +75,7 @@ def test_preferences_phase_never_forms_a_process_group(tiny_model_dir, handmade_
     assert not list(out.glob("checkpoint-*")) and not (out / "run.json").exists()
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(UsageError, match="one process"):   # a user error: one line, exit 2
-        trainer.sample_preferences(_cfg(tiny_model_dir, handmade_corpus, tmp_path / "other"))
+        preferences.sample_preferences(_cfg(tiny_model_dir, handmade_corpus, tmp_path / "other"))
 
 
 class _FakeModel:
@@ -95,13 +96,13 @@ class _FakeSampler:
 def test_model_is_loaded_and_moved_to_the_gpu_only_for_in_process_sampling(
         sampler, loads, moves, tiny_model_dir, handmade_corpus, tmp_path, monkeypatch):
     loaded, moved, given = [], [], []
-    monkeypatch.setattr(trainer, "_load_model", lambda cfg, path: loaded.append(path) or _FakeModel(moved))
-    monkeypatch.setattr(trainer, "make_sampler", lambda cfg, model, tok: given.append(model) or _FakeSampler())
+    monkeypatch.setattr(preferences, "load_model", lambda cfg, path: loaded.append(path) or _FakeModel(moved))
+    monkeypatch.setattr(preferences, "make_sampler", lambda cfg, model, tok: given.append(model) or _FakeSampler())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     cfg = _cfg(tiny_model_dir, handmade_corpus, tmp_path / sampler, samples_per_prompt=2, sampler=sampler,
                openai_base_url="http://127.0.0.1:9/v1", openai_model="m")
-    stats = trainer.sample_preferences(cfg)
+    stats = preferences.sample_preferences(cfg)
     assert stats["n_samples"] == 2 * 9 and stats["sample_outcomes"]
     assert len(loaded) == loads and moved == moves
     assert (given[0] is None) == (sampler == "openai")

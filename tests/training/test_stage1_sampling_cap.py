@@ -3,7 +3,7 @@ with a progress bar counting sampled prompts."""
 
 from __future__ import annotations
 
-from training.stage1.pairs import boundary_prompts
+from aftraj.boundary import boundary_prompts
 from training.stage1.preferences import build_preferences, cap_pairs
 
 

@@ -84,7 +84,7 @@ def test_loader_drops_val_and_test_by_meta_split(handmade, tmp_path):
     import dataclasses
 
     from aftraj.schema import write_jsonl
-    from training.stage1.data import load_training_trajectories
+    from training.common import load_training_trajectories
 
     trajs = [dataclasses.replace(t, meta={"split": s}) for t, s in zip(handmade, ["train", "val", "test", "train", "train", "train"])]
     write_jsonl(trajs, tmp_path / "corpus.jsonl")
@@ -104,7 +104,7 @@ def _imported(traj):
 
 def test_unlabeled_imported_runs_are_refused_by_name(handmade, tmp_path):
     from aftraj.schema import write_jsonl
-    from training.stage1.data import load_training_trajectories
+    from training.common import load_training_trajectories
 
     imported = _imported(handmade[1])
     with pytest.raises(ValueError, match="'hand-1'.*no gold label"):

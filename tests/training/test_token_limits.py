@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from aftraj.boundary import boundary_prompts
 from aftraj.verdict import format_completion, gold_completion
+from training.common import synthetic_trajectories
 from training.stage1.config import load_stage1_config
-from training.stage1.data import synthetic_trajectories
-from training.stage1.pairs import boundary_prompts
 from training.stage1.preferences import canonical_wrong
 from training.stage2.config import load_stage2_config
 

@@ -16,7 +16,7 @@ import pytest
 
 from aftraj.verdict import ParseFailure, parse_verdict
 from training.stage1.config import ConfigError
-from training.stage1.data import synthetic_trajectories
+from training.common import synthetic_trajectories
 from training.warmup.config import WarmupConfig, load_warmup_config
 from training.warmup.data import warmup_examples
 

@@ -80,18 +80,18 @@ def build_random_qwen2(out: Path, shape: dict) -> Path:
 
 def exact_prompt(tok, n_tokens: int, seed: int) -> list[dict]:
     """Chat messages whose chat-template prompt (with the generation prompt) is exactly n_tokens."""
-    from training.stage1.data import prompt_token_ids
+    from aftraj.tokens import chat_prompt_ids
 
     rng = random.Random(seed)
     words = [rng.choice(_WORDS) for _ in range(n_tokens)]
     lo, hi = 1, len(words)                  # the most words that still fit
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        n = len(prompt_token_ids(tok, [{"role": "user", "content": " ".join(words[:mid])}]))
+        n = len(chat_prompt_ids(tok, [{"role": "user", "content": " ".join(words[:mid])}]))
         lo, hi = (mid, hi) if n <= n_tokens else (lo, mid - 1)
     text = " ".join(words[:lo])
     for _ in range(256):                    # top up with " ." (one token each) to the exact length
-        n = len(prompt_token_ids(tok, [{"role": "user", "content": text}]))
+        n = len(chat_prompt_ids(tok, [{"role": "user", "content": text}]))
         if n == n_tokens:
             return [{"role": "user", "content": text}]
         if n > n_tokens:

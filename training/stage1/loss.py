@@ -11,7 +11,7 @@ log-likelihood per chosen-completion token (TRL's `sft` term).
 
 Two optional terms for small models whose summed margins hide the decision (DESIGN §5 amended,
 not in the paper): `decision_coef` · CE on the decision token, the first completion token where
-the chosen and rejected completions diverge (found by the tokenizer: `data.first_divergence`),
+the chosen and rejected completions diverge (found by the tokenizer: `aftraj.tokens.first_divergence`),
 averaged over the pairs that have one (`decision_balance`: averaged per class first, the SAFE-chosen
 pairs (pre, twin) and the ALARM-chosen ones (post) weighing one half each, so a batch of pre + post
 + twin does not teach SAFE 2:1); and `margin_tokens`: the DPO log-probabilities summed
@@ -55,31 +55,6 @@ def sequence_logps(per_token: torch.Tensor, mask: torch.Tensor, margin_tokens: i
     if margin_tokens is not None:
         m = m * (torch.arange(per_token.shape[1], device=per_token.device) < margin_tokens).to(m.dtype)
     return (per_token * m).sum(dim=1)
-
-
-def pair_token_logps(model, prompt_ids: list[int], completions: list[list[int]]) -> list[torch.Tensor]:
-    """Per-token log-probs of each completion after one prompt, with no padding mask: the prompt
-    runs once (one row, the causal kernel) and its KV cache is shared by the completions, which run
-    together right-padded (a padded tail is never attended by the real tokens before it, so no mask
-    is needed). Gradients flow through the cache into the prompt's forward. Equal to scoring each
-    prompt + completion on its own (tests/training/test_stage1_loss.py), at about a third of the
-    cost for ~700-token prompts and ~60-token completions."""
-    device = next(model.parameters()).device
-    p = torch.tensor([prompt_ids], device=device)
-    out = model(input_ids=p, use_cache=True, logits_to_keep=1)
-    first = out.logits[:, -1:]                                   # predicts completion token 0
-    cache = out.past_key_values
-    n, width = len(completions), max(map(len, completions))
-    ids = torch.tensor([c + [c[-1]] * (width - len(c)) for c in completions], device=device)
-    if width > 1:
-        cache.batch_repeat_interleave(n)
-        pos = torch.arange(len(prompt_ids), len(prompt_ids) + width - 1, device=device).expand(n, -1)
-        rest = model(input_ids=ids[:, :-1], past_key_values=cache, position_ids=pos, use_cache=True).logits
-        logits = torch.cat([first.expand(n, -1, -1), rest], dim=1)
-    else:
-        logits = first.expand(n, -1, -1)
-    lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[..., None])[..., 0]
-    return [lp[i, : len(c)] for i, c in enumerate(completions)]
 
 
 def dpo_losses(policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor,

@@ -26,20 +26,31 @@ OpenAI-compatible endpoint, e.g. vLLM, through the one client `aftraj.llm_client
 deadline per call, a size cap, retries; a choice with no content or a failed finish reason is
 an error, never an empty sample; fast for large K).
 
+`sample_preferences(cfg)` is the phase itself (one process, never a process group): boundary
+prompts of the training runs -> samples -> the run folder's preference cache
+(`training.stage1.run_folder`), which the training phase only reads.
+
     python -m training.stage1 --config configs/stage1/smollm2-135m-cpu.yaml   # samples, then trains
+    aftraj train stage1 --phase preferences --config CFG --out DIR           # this phase alone
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Protocol
 
+from aftraj.boundary import SUBSETS, BoundaryPrompt, boundary_prompts
+from aftraj.errors import UsageError
+from aftraj.tokens import chat_prompt_ids, prompt_budget, tokenizer_counter
 from aftraj.verdict import ParseFailure, Verdict, format_completion, parse_verdict, verdict_outcome
-from training.stage1.pairs import SUBSETS, BoundaryPrompt
+from training.common import launched_distributed, load_model, load_tokenizer, load_training_trajectories
+from training.stage1.run_folder import cache_paths, check_run_folder, write_preferences
 
 
 def classify(text: str, gold: Verdict, t: int) -> str:
@@ -81,8 +92,7 @@ class HFSampler:
         self.model.eval()
         for start in range(0, len(prompts), self.batch_size):
             chunk = prompts[start: start + self.batch_size]
-            ids = [tok.apply_chat_template(m, tokenize=True, add_generation_prompt=True,
-                                           return_dict=True)["input_ids"] for m in chunk]
+            ids = [chat_prompt_ids(tok, m) for m in chunk]
             width = max(map(len, ids))
             input_ids = torch.tensor([[pad_id] * (width - len(x)) + list(x) for x in ids])
             mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
@@ -276,3 +286,64 @@ def build_preferences(prompts: Sequence[BoundaryPrompt], sampler: Sampler | None
                   stats.rejected_by_class):
             d.pop("twin")
     return records, stats
+
+
+# --------------------------------------------------------------------------- the phase
+
+def sample_preferences(cfg, progress: bool = True) -> dict:
+    """Phase 1, one process and never a process group: sample the base policy on every boundary
+    prompt and cache `preferences.jsonl` + `preference_stats.json` in the run folder (kept if
+    there). The model is loaded (and moved to the GPU) only for in-process `hf` sampling; an
+    `openai` endpoint (vLLM) needs the tokenizer alone. Returns the stats.
+
+        aftraj train stage1 --phase preferences --config CFG --out DIR
+    """
+    import time
+
+    import torch
+    import torch.distributed as dist
+    import yaml
+
+    from training.models import resolve_model_spec
+
+    if launched_distributed() or dist.is_initialized():
+        raise UsageError(f"the preferences phase runs in one process (WORLD_SIZE="
+                         f"{os.environ.get('WORLD_SIZE')}): run `aftraj train stage1 --phase preferences` "
+                         f"without accelerate launch / torchrun, then launch --phase train")
+    out = Path(cfg.output_dir)
+    rec_path, stats_path = cache_paths(out)
+    if rec_path.exists() and stats_path.exists():
+        return json.loads(stats_path.read_text())
+    check_run_folder(cfg, out, resume=False, latest=None)
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / "config.yaml").exists():
+        (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    model_path = resolve_model_spec(cfg.model)
+    tok = load_tokenizer(model_path)
+    trajs, src = load_training_trajectories(cfg.data, max_trajectories=cfg.max_trajectories,
+                                            synthetic_n=cfg.synthetic_trajectories, seed=cfg.seed)
+    prompts, bstats = boundary_prompts(trajs, budget=prompt_budget(cfg.max_prompt_tokens, tok),
+                                       count_tokens=tokenizer_counter(tok), twins=cfg.weight_twin > 0,
+                                       max_post_tokens=cfg.max_post_tokens)
+    if not prompts:
+        raise UsageError(f"{src}: no unsafe trajectory, so no boundary pair to train on")
+    n_all = len({p.traj_id for p in prompts})
+    prompts = cap_pairs(prompts, cfg.max_pairs, cfg.seed)   # sample only what is trained on
+    model = None
+    if cfg.samples_per_prompt > 0 and cfg.sampler == "hf":
+        model = load_model(cfg, model_path)
+        if torch.cuda.is_available():          # only in-process generation needs the weights on a GPU
+            model = model.to("cuda")
+    sampler = make_sampler(cfg, model, tok)
+    t0 = time.perf_counter()
+    records, pstats = build_preferences(prompts, sampler, cfg.samples_per_prompt, progress=progress,
+                                        rejected_parse_failures=cfg.rejected_parse_failures)
+    stats = {"data": src, "boundary": vars(bstats), **pstats.to_dict(),
+             "pairs": {"available": n_all, "used": len({p.traj_id for p in prompts}),
+                       "max_pairs": cfg.max_pairs},
+             "sampling_seconds": round(time.perf_counter() - t0, 2)}
+    write_preferences(out, records, stats)
+    del model, sampler
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return stats

@@ -1,8 +1,11 @@
-"""The BPPO trainer in two phases. Phase 1, `sample_preferences` (one process, never a process
-group): boundary prompts → base-policy samples (in-process `generate` on a GPU, or an
-OpenAI-compatible endpoint such as vLLM) → the preference cache. Phase 2, `train` (one process,
-or `accelerate launch` with FSDP, which only reads the cache): reference log-probs → optimise →
-checkpoint → final Hugging Face folder.
+"""The BPPO trainer in two phases. Phase 1, `sample_preferences` (training/stage1/preferences.py;
+one process, never a process group): boundary prompts → base-policy samples (in-process
+`generate` on a GPU, or an OpenAI-compatible endpoint such as vLLM) → the preference cache.
+Phase 2, `train` (one process, or `accelerate launch` with FSDP, which only reads the cache),
+written as its steps, torchtune style: `_check_launch` → `_setup_accelerator` →
+`_write_run_record` → `_setup_data` → `_setup_model` → `_reference_logps` → `_restore` (a resume)
+→ `_train_step` per step, with checkpoints → `_finish` (final Hugging Face folder, model cards).
+Model loading, LoRA, the Accelerator and the export are every stage's (training/common.py).
 
 Why not a TRL `DPOTrainer` subclass: BPPO differs from DPO in three places that TRL 1.16 has no
 hook for. (1) The loss weights two subsets per batch; `DPOTrainer._compute_loss` is a ~330-line
@@ -41,32 +44,24 @@ import copy
 import json
 import math
 import os
-import platform
-import re
 import shutil
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import yaml
 
-from aftraj.errors import UsageError
-from aftraj.tokens import prompt_budget
-from training.stage1.config import Stage1Config, resolve_mixed_precision
-from training.stage1.data import (TokenizedPair, collate, load_training_trajectories, micro_batch_indices,
-                                  tokenize_records)
-from training.stage1.loss import bppo_loss, completion_logps, pair_token_logps, sequence_logps
-from training.stage1.pairs import boundary_prompts
-from training.stage1.preferences import build_preferences, cap_pairs, make_sampler
-
-_CKPT = re.compile(r"^checkpoint-(\d+)$")
-# settings a resumed run may change: they do not touch the data, the model or the optimisation
-_RESUMABLE = frozenset({"output_dir", "logging_steps", "save_steps", "save_total_limit", "report_to",
-                        "wandb_project", "process_group_timeout_minutes", "sdpa_math_kernel", "export_dtype"})
+from aftraj.scoring import pair_token_logps
+from training.common import (fsdp_mixed_precision, launched_distributed, library_versions, load_model,  # noqa: F401
+                             load_tokenizer, make_accelerator, save_final, wrap_trainable)
+from training.stage1.config import Stage1Config
+from training.stage1.data import TokenizedPair, collate, micro_batch_indices, tokenize_records
+from training.stage1.loss import bppo_loss, completion_logps, sequence_logps
+from training.stage1.preferences import sample_preferences
+from training.stage1.run_folder import CKPT, cache_paths, check_run_folder, latest_checkpoint, read_preferences, record
 
 
 @dataclass
@@ -77,159 +72,7 @@ class RunResult:
     history: list[dict] = field(default_factory=list)   # metrics logged by this invocation
 
 
-# --------------------------------------------------------------------------- phase 1: preferences
-
-def _load_model(cfg: Stage1Config, path: Path):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.dtype),
-                                                 attn_implementation=cfg.attn_implementation)
-    model.config.use_cache = False
-    return model
-
-
-def _load_tokenizer(path: Path):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(path)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
-    return tok
-
-
-def _cache_paths(out: Path) -> tuple[Path, Path]:
-    return out / "preferences.jsonl", out / "preference_stats.json"
-
-
-def _launched_distributed() -> bool:
-    """True inside `accelerate launch` / `torchrun` with more than one process."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
-def sample_preferences(cfg: Stage1Config, progress: bool = True) -> dict:
-    """Phase 1, one process and never a process group: sample the base policy on every boundary
-    prompt and cache `preferences.jsonl` + `preference_stats.json` in the run folder (kept if
-    there). The model is loaded (and moved to the GPU) only for in-process `hf` sampling; an
-    `openai` endpoint (vLLM) needs the tokenizer alone. Returns the stats.
-
-        aftraj train stage1 --phase preferences --config CFG --out DIR
-    """
-    import torch.distributed as dist
-
-    from training.models import resolve_model_spec
-
-    if _launched_distributed() or dist.is_initialized():
-        raise UsageError(f"the preferences phase runs in one process (WORLD_SIZE="
-                           f"{os.environ.get('WORLD_SIZE')}): run `aftraj train stage1 --phase preferences` "
-                           f"without accelerate launch / torchrun, then launch --phase train")
-    out = Path(cfg.output_dir)
-    rec_path, stats_path = _cache_paths(out)
-    if rec_path.exists() and stats_path.exists():
-        return json.loads(stats_path.read_text())
-    _check_run_folder(cfg, out, resume=False, latest=None)
-    out.mkdir(parents=True, exist_ok=True)
-    if not (out / "config.yaml").exists():
-        (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    model_path = resolve_model_spec(cfg.model)
-    tok = _load_tokenizer(model_path)
-    trajs, src = load_training_trajectories(cfg.data, max_trajectories=cfg.max_trajectories,
-                                            synthetic_n=cfg.synthetic_trajectories, seed=cfg.seed)
-    count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
-    prompts, bstats = boundary_prompts(trajs, budget=prompt_budget(cfg.max_prompt_tokens), count_tokens=count,
-                                       twins=cfg.weight_twin > 0, max_post_tokens=cfg.max_post_tokens)
-    if not prompts:
-        raise UsageError(f"{src}: no unsafe trajectory, so no boundary pair to train on")
-    n_all = len({p.traj_id for p in prompts})
-    prompts = cap_pairs(prompts, cfg.max_pairs, cfg.seed)   # sample only what is trained on
-    model = None
-    if cfg.samples_per_prompt > 0 and cfg.sampler == "hf":
-        model = _load_model(cfg, model_path)
-        if torch.cuda.is_available():          # only in-process generation needs the weights on a GPU
-            model = model.to("cuda")
-    sampler = make_sampler(cfg, model, tok)
-    t0 = time.perf_counter()
-    records, pstats = build_preferences(prompts, sampler, cfg.samples_per_prompt, progress=progress,
-                                       rejected_parse_failures=cfg.rejected_parse_failures)
-    stats = {"data": src, "boundary": vars(bstats), **pstats.to_dict(),
-             "pairs": {"available": n_all, "used": len({p.traj_id for p in prompts}),
-                       "max_pairs": cfg.max_pairs},
-             "sampling_seconds": round(time.perf_counter() - t0, 2)}
-    tmp = rec_path.with_suffix(".partial")
-    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
-    tmp.rename(rec_path)
-    stats_path.write_text(json.dumps(stats, indent=2) + "\n")
-    del model, sampler
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    return stats
-
-
-def _read_preferences(out: Path) -> tuple[list[dict], dict]:
-    rec_path, stats_path = _cache_paths(out)
-    records = [json.loads(line) for line in rec_path.read_text(encoding="utf-8").splitlines()]
-    stats = json.loads(stats_path.read_text()) if stats_path.exists() else {}
-    return records, stats
-
-
-def _check_run_folder(cfg: Stage1Config, out: Path, *, resume: bool, latest) -> None:
-    """The run folder holds this config's run (or nothing); --resume needs a checkpoint."""
-    if resume and latest is None:
-        raise FileNotFoundError(f"--resume: {out} holds no complete checkpoint-*; a resume that restores "
-                                f"nothing would silently restart the run")
-    if out.exists() and any(out.glob("checkpoint-*")) and not resume:
-        raise FileExistsError(f"{out} already holds checkpoints; pass --resume to continue the run, "
-                              f"or choose another --out")
-    if not (out / "config.yaml").exists():
-        return
-    was, now = yaml.safe_load((out / "config.yaml").read_text()), cfg.to_dict()
-    if not resume and was != now and not (latest is None and _same_but_resumable(was, now)):
-        raise FileExistsError(f"{out} holds a run with another config (see {out / 'config.yaml'}); "
-                              f"choose another --out, or delete it")
-    if resume:
-        changed = sorted(k for k in set(was) | set(now) if was.get(k) != now.get(k) and k not in _RESUMABLE)
-        if changed:   # the cached preferences, reference log-probs and schedule belong to the old config
-            raise UsageError(f"{out}: --resume with settings that differ from the run's "
-                             f"{out / 'config.yaml'}: {', '.join(changed)}; resume with the same config")
-
-
-def _same_but_resumable(was: dict, now: dict) -> bool:
-    return all(was.get(k) == now.get(k) or k in _RESUMABLE for k in set(was) | set(now))
-
-
-# --------------------------------------------------------------------------- phase 2: FSDP / precision
-
-def fsdp_mixed_precision(cfg: Stage1Config):
-    """FSDP1's policy, explicit: parameters in the compute dtype, gradient reductions and buffers
-    in float32. accelerate's own bf16 policy casts buffers too, and Qwen2's rotary `inv_freq` in
-    bf16 puts RoPE phases off by up to 9.5 rad at position 8,192 (issue 12)."""
-    from torch.distributed.fsdp import MixedPrecision
-
-    compute = torch.bfloat16 if resolve_mixed_precision(cfg.mixed_precision) == "bf16" else torch.float32
-    return MixedPrecision(param_dtype=compute, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
-
-
-def make_accelerator(cfg: Stage1Config, out: Path):
-    """The Accelerator: explicit process-group timeout, and under `accelerate launch` with FSDP the
-    launch config's plugin (read from the environment) with `fsdp_mixed_precision`."""
-    from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs
-
-    from training.accelerate_config import fsdp_plugin
-
-    kw = {}
-    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":   # the rank's device first
-        kw["fsdp_plugin"] = fsdp_plugin(mixed_precision_policy=fsdp_mixed_precision(cfg))
-    pg = InitProcessGroupKwargs(timeout=timedelta(minutes=cfg.process_group_timeout_minutes))
-    if not _launched_distributed():
-        # accelerate keeps one AcceleratorState per process and refuses a second Accelerator with
-        # another precision: a second run in the same process (warm-up then stage 1, a notebook,
-        # the tests) would fail. One process, no process group: nothing to lose by starting anew.
-        from accelerate.state import AcceleratorState
-
-        AcceleratorState._reset_state()
-    return Accelerator(mixed_precision=resolve_mixed_precision(cfg.mixed_precision), log_with=cfg.report_to or None,
-                       project_dir=str(out / "tb"), kwargs_handlers=[pg], **kw)
-
+# --------------------------------------------------------------------------- FSDP, precision, optimizer state
 
 def rotary_buffer_dtypes(model) -> dict[str, str]:
     """{buffer name: dtype} of every rotary-frequency buffer (`...inv_freq`)."""
@@ -270,38 +113,6 @@ def _grad_sync(acc, model, last_micro: bool):
     if last_micro or acc.distributed_type == DistributedType.FSDP:
         return nullcontext()
     return acc.no_sync(model)
-
-
-def freeze_below(model, n_layers: int) -> int:
-    """Train only the top `n_layers` decoder layers and the final norm; returns the trainable
-    parameter count. Frozen lower layers run forward without autograd, so their backward (most of
-    a step's cost on a CPU) is never computed."""
-    inner = getattr(model, "model", None)
-    layers, norm = getattr(inner, "layers", None), getattr(inner, "norm", None)
-    if layers is None or norm is None:
-        raise ValueError(f"trainable_layers needs a decoder with model.layers and model.norm; "
-                         f"{type(model).__name__} has none")
-    if n_layers > len(layers):
-        raise ValueError(f"trainable_layers={n_layers}, but the model has {len(layers)} decoder layers")
-    model.requires_grad_(False)
-    for mod in (*layers[len(layers) - n_layers:], norm):
-        mod.requires_grad_(True)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def _wrap_trainable(cfg: Stage1Config, model):
-    if cfg.finetune == "full" and getattr(cfg, "trainable_layers", None):
-        freeze_below(model, cfg.trainable_layers)
-    if cfg.finetune == "lora":
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
-                                                 lora_dropout=cfg.lora_dropout,
-                                                 target_modules=cfg.lora_target_modules,
-                                                 task_type="CAUSAL_LM"))
-    if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    return model
 
 
 def _optimizer(cfg: Stage1Config, model):
@@ -353,12 +164,6 @@ def precompute_reference(model, pairs: list[TokenizedPair], pad_id: int, batch_s
     ref = torch.empty(n, 2)
     ref[torch.tensor(order[:n])] = gathered[:n]
     return ref
-
-
-def _latest_checkpoint(out: Path) -> tuple[int, Path] | None:
-    found = [(int(m.group(1)), p) for p in out.glob("checkpoint-*") if (m := _CKPT.match(p.name))
-             and (p / "trainer_state.json").exists()]
-    return max(found) if found else None
 
 
 def optimizer_checksum(optimizer) -> list[float]:
@@ -417,63 +222,65 @@ def _load_optimizer(acc, optimizer, state_dir: Path) -> list[float]:
     return got
 
 
-def _record(acc, out: Path, **fields) -> None:
-    """Add fields to this invocation's entry in run.json (main process)."""
-    if acc.is_main_process:
-        info = json.loads((out / "run.json").read_text())
-        info["invocations"][-1].update(fields)
-        (out / "run.json").write_text(json.dumps(info, indent=2) + "\n")
-
-
 def _flat_hparams(cfg: Stage1Config) -> dict:
     return {k: (v if isinstance(v, (int, float, str, bool)) else json.dumps(v)) for k, v in cfg.to_dict().items()}
 
 
 def _versions() -> dict:
-    import accelerate
-    import transformers
-
-    v = {"python": platform.python_version(), "torch": torch.__version__,
-         "transformers": transformers.__version__, "accelerate": accelerate.__version__}
-    try:
-        import peft
-        v["peft"] = peft.__version__
-    except ImportError:
-        pass
-    return v
+    return library_versions("accelerate", "peft")
 
 
-# --------------------------------------------------------------------------- the loop
+# --------------------------------------------------------------------------- the phases of train()
 
-def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None = None,
-          progress: bool = True, on_step_end: Callable[[dict], None] | None = None,
-          phase: str = "all") -> RunResult:
-    """Run (or resume) stage 1 as configured. Phase "train" (and any multi-process launch) only
-    reads the run folder's preference cache, and fails without it; phase "all" in one process
-    runs `sample_preferences` first when the cache is missing. `stop_at_step` saves a checkpoint
-    at that step and returns, as an interrupted run would (the schedule is unchanged).
-    `on_step_end` gets each step's metrics row (the benchmark times steps with it)."""
-    from accelerate.utils import DistributedType, set_seed
-    from tqdm.auto import tqdm
-    from transformers import get_scheduler
+@dataclass
+class _Data:
+    """The training phase's data: the tokenised cached pairs and their schedule."""
 
-    from training.models import resolve_model_spec
+    pairs: list[TokenizedPair]
+    pre: list[int]
+    post: list[int]
+    twin: list[int]
+    sched: object            # Stage1Config.schedule(...)
+    tok_stats: dict
+    pref_stats: dict
 
-    out = Path(cfg.output_dir)
+
+@dataclass
+class _Model:
+    """The prepared policy, its reference (a frozen copy for a live full fine-tune, else None),
+    optimizer and schedule."""
+
+    model: object
+    ref_model: object | None
+    optimizer: object
+    scheduler: object
+    rotary: dict
+
+
+def _check_launch(cfg: Stage1Config, out: Path, *, resume: bool, phase: str, progress: bool):
+    """The run folder fits this run; the preference cache is there (phase "all" in one process
+    samples it first). Returns the latest complete checkpoint (or None)."""
     if "wandb" in cfg.report_to:
         try:
             import wandb  # noqa: F401
         except ImportError:
             raise ImportError("report_to holds 'wandb' but wandb is not installed (pip install wandb)") from None
-    latest = _latest_checkpoint(out) if out.exists() else None
-    _check_run_folder(cfg, out, resume=resume, latest=latest)
-    rec_path, _ = _cache_paths(out)
+    latest = latest_checkpoint(out) if out.exists() else None
+    check_run_folder(cfg, out, resume=resume, latest=latest)
+    rec_path, _ = cache_paths(out)
     if not rec_path.exists():
-        if phase == "train" or _launched_distributed():
+        if phase == "train" or launched_distributed():
             raise FileNotFoundError(f"{rec_path}: no cached preferences, and the training launch never samples; "
                                     f"run the preferences phase first, in one process: aftraj train stage1 "
                                     f"--phase preferences --config CFG --out {out}")
         sample_preferences(cfg, progress)
+    return latest
+
+
+def _setup_accelerator(cfg: Stage1Config, out: Path):
+    """The Accelerator (`training.common.make_accelerator`) and whether it runs FSDP; seeds set."""
+    from accelerate.utils import DistributedType, set_seed
+
     if not cfg.sdpa_math_kernel and torch.cuda.is_available():
         torch.backends.cuda.enable_math_sdp(False)   # a fallback to the O(n²)-memory kernel fails loudly
     acc = make_accelerator(cfg, out)
@@ -487,8 +294,11 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
                          "FSDP, or LoRA on one device / DDP")
     out.mkdir(parents=True, exist_ok=True)
     set_seed(cfg.seed)
+    return acc, fsdp
 
-    # --- run record
+
+def _write_run_record(cfg: Stage1Config, acc, out: Path, latest) -> None:
+    """config.yaml (a new run) and run.json: seeds, versions, world size, this invocation."""
     if acc.is_main_process:
         if latest is None:
             (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
@@ -506,26 +316,30 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
         (out / "run.json").write_text(json.dumps(run_info, indent=2) + "\n")
     acc.wait_for_everyone()
 
-    # --- model and data (the preference cache only: this phase never samples)
-    model_path = resolve_model_spec(cfg.model)
-    tok = _load_tokenizer(model_path)
-    model = _load_model(cfg, model_path)
-    records, pref_stats = _read_preferences(out)
+
+def _setup_data(cfg: Stage1Config, acc, out: Path, tok) -> _Data:
+    """The preference cache tokenised (this phase never samples) and the schedule sized from it."""
+    records, pref_stats = read_preferences(out)
     pairs, tok_stats = tokenize_records(records, tok, max_prompt_tokens=cfg.max_prompt_tokens,
                                         max_completion_tokens=cfg.max_completion_tokens)
     sched = cfg.schedule(len(pairs), acc.num_processes)
-    total = sched.steps
     if acc.is_main_process:
         print(sched.describe(), flush=True)
-    _record(acc, out, schedule=vars(sched))
-    pre = [p.index for p in pairs if p.subset == "pre"]
-    post = [p.index for p in pairs if p.subset == "post"]
-    twin = [p.index for p in pairs if p.subset == "twin"]
-    pad_id = tok.pad_token_id
+    record(acc, out, schedule=vars(sched))
+    return _Data(pairs, pre=[p.index for p in pairs if p.subset == "pre"],
+                 post=[p.index for p in pairs if p.subset == "post"],
+                 twin=[p.index for p in pairs if p.subset == "twin"],
+                 sched=sched, tok_stats=tok_stats, pref_stats=pref_stats)
+
+
+def _setup_model(cfg: Stage1Config, acc, model, sched) -> _Model:
+    """Reference copy, trainable wrapping, `prepare`, optimizer and LR schedule."""
+    from transformers import get_scheduler
+
     ref_model = None
     if cfg.reference == "live" and cfg.finetune == "full":
         ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-    model = _wrap_trainable(cfg, model)
+    model = wrap_trainable(cfg, model)
     model.train()
 
     # The optimizer is built over the *prepared* model's parameters: FSDP1 (the production launch
@@ -539,101 +353,172 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
                          "1-D flat shards cannot be split into decay / no-decay groups; set weight_decay: 0")
     optimizer = _optimizer(cfg, model)
     scheduler = get_scheduler(cfg.lr_scheduler, optimizer, num_warmup_steps=sched.warmup_steps,
-                              num_training_steps=total)
+                              num_training_steps=sched.steps)
     if ref_model is not None:
         ref_model = acc.prepare_model(ref_model, evaluation_mode=True)
     acc.register_for_checkpointing(scheduler)
+    return _Model(model, ref_model, optimizer, scheduler, rotary)
 
-    ref_logps = None
-    if cfg.reference == "precomputed":
-        ref_path = out / "ref_logps.pt"
-        if ref_path.exists():
-            ref_logps = torch.load(ref_path)
-        else:
-            ref_logps = precompute_reference(model, pairs, pad_id, cfg.per_device_batch_size, acc,
-                                             margin_tokens=cfg.margin_tokens,
-                                             per_pair=cfg.batching == "per_pair")
-            if acc.is_main_process:
-                torch.save(ref_logps, ref_path)
-        if ref_logps.shape != (len(pairs), 2):
-            raise ValueError(f"{ref_path} holds {tuple(ref_logps.shape)} reference log-probs for "
-                             f"{len(pairs)} pairs; it belongs to another run")
 
-    # --- resume
-    start = 1
-    if resume:
-        state_dir = latest[1] / "state"
-        acc.load_state(str(state_dir))
-        restored = _gather_checksums(acc, _load_optimizer(acc, optimizer, state_dir))
-        _record(acc, out, optimizer_checksum_restored=restored)
-        start = latest[0] + 1
-        if acc.is_main_process and (out / "metrics.jsonl").exists():
-            kept = [ln for ln in (out / "metrics.jsonl").read_text().splitlines()
-                    if json.loads(ln)["step"] <= latest[0]]
-            (out / "metrics.jsonl").write_text("".join(ln + "\n" for ln in kept))
+def _reference_logps(cfg: Stage1Config, acc, out: Path, m: _Model, data: _Data, pad_id: int):
+    """`reference: precomputed`: the base's log-probs of every pair (ref_logps.pt, kept); else None."""
+    if cfg.reference != "precomputed":
+        return None
+    ref_path = out / "ref_logps.pt"
+    if ref_path.exists():
+        ref_logps = torch.load(ref_path)
+    else:
+        ref_logps = precompute_reference(m.model, data.pairs, pad_id, cfg.per_device_batch_size, acc,
+                                         margin_tokens=cfg.margin_tokens,
+                                         per_pair=cfg.batching == "per_pair")
+        if acc.is_main_process:
+            torch.save(ref_logps, ref_path)
+    if ref_logps.shape != (len(data.pairs), 2):
+        raise ValueError(f"{ref_path} holds {tuple(ref_logps.shape)} reference log-probs for "
+                         f"{len(data.pairs)} pairs; it belongs to another run")
+    return ref_logps
+
+
+def _restore(acc, optimizer, out: Path, latest) -> int:
+    """Load the latest checkpoint's state (model, scheduler, RNG, this rank's optimizer) and cut
+    metrics.jsonl back to it; returns the first step to run."""
+    state_dir = latest[1] / "state"
+    acc.load_state(str(state_dir))
+    restored = _gather_checksums(acc, _load_optimizer(acc, optimizer, state_dir))
+    record(acc, out, optimizer_checksum_restored=restored)
+    if acc.is_main_process and (out / "metrics.jsonl").exists():
+        kept = [ln for ln in (out / "metrics.jsonl").read_text().splitlines()
+                if json.loads(ln)["step"] <= latest[0]]
+        (out / "metrics.jsonl").write_text("".join(ln + "\n" for ln in kept))
+    return latest[0] + 1
+
+
+def _start_logging(cfg: Stage1Config, acc, out: Path, data: _Data) -> None:
+    """data_stats.json and the trackers (TensorBoard / wandb) when asked."""
     if acc.is_main_process:
-        (out / "data_stats.json").write_text(json.dumps({**tok_stats, "n_pre": len(pre), "n_post": len(post),
-                                                         "n_twin": len(twin),
-                                                         "schedule": vars(sched), "preferences": pref_stats},
+        (out / "data_stats.json").write_text(json.dumps({**data.tok_stats, "n_pre": len(data.pre),
+                                                         "n_post": len(data.post), "n_twin": len(data.twin),
+                                                         "schedule": vars(data.sched),
+                                                         "preferences": data.pref_stats},
                                                         indent=2) + "\n")
     if cfg.report_to:
         acc.init_trackers(cfg.wandb_project or "stage1", config=_flat_hparams(cfg),
                           init_kwargs={"wandb": {"name": out.name, "dir": str(out)}})
 
+
+def _train_step(cfg: Stage1Config, acc, out: Path, m: _Model, data: _Data, step: int, *, start: int,
+                unwrapped, trainable: list, pad_id: int, ref_logps, fsdp: bool) -> dict:
+    """One optimizer step over `gradient_accumulation_steps` micro-batches; its metrics row."""
+    t0 = time.perf_counter()
+    split, accum = cfg.batch_split, cfg.gradient_accumulation_steps
+    model, pairs = m.model, data.pairs
+    sums: dict[str, float] = {}
+    n_tokens = 0
+    for micro in range(accum):
+        idx = micro_batch_indices(step=step, micro=micro, rank=acc.process_index,
+                                  world=acc.num_processes, accum=accum, pre=data.pre, post=data.post,
+                                  split=split, seed=cfg.seed, twin=data.twin)
+        batch = _to(collate([pairs[i] for i in idx], pad_id, ref_logps), acc.device)
+        n_tokens += int(batch["attention_mask"].sum())
+        with _grad_sync(acc, model, micro == accum - 1):
+            if cfg.batching == "per_pair":
+                loss, metrics = _per_pair_step(cfg, model, unwrapped, m.ref_model, [pairs[i] for i in idx],
+                                               batch, lambda x: acc.backward(x / accum))
+            else:
+                loss, metrics = _micro_step(cfg, model, unwrapped, m.ref_model, batch)
+                acc.backward(loss / accum)
+        if step == start and micro == 0:
+            m.rotary["after_forward"] = assert_rotary_fp32(model, "after the first forward")
+            if accum > 1:   # the gradient each rank holds between micro-steps (FSDP: its shard)
+                record(acc, out, rotary_buffer_dtypes=m.rotary, accumulation={
+                    "no_sync": not (fsdp or acc.num_processes == 1),
+                    "grad_numel_after_first_micro": sum(p.grad.numel() for p in trainable
+                                                        if p.grad is not None),
+                    "local_param_numel": sum(p.numel() for p in trainable)})
+            else:
+                record(acc, out, rotary_buffer_dtypes=m.rotary)
+        for k, v in {"loss": loss.detach(), **metrics}.items():
+            sums[k] = sums.get(k, 0.0) + float(acc.reduce(v.detach().float().reshape(()), "mean")) / accum
+    grad_norm = (acc.clip_grad_norm_(trainable, cfg.max_grad_norm) if cfg.max_grad_norm
+                 else torch.zeros(()))
+    lr = m.scheduler.get_last_lr()[0]      # the rate this step used
+    m.optimizer.step()
+    m.scheduler.step()
+    m.optimizer.zero_grad(set_to_none=True)
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    row = {"step": step, "epoch": round(step * data.sched.global_batch / data.sched.n_pairs, 4),
+           **{k: round(v, 8) for k, v in sums.items()},
+           "grad_norm": float(grad_norm), "lr": lr, "step_seconds": dt,
+           "micro_step_seconds": dt / accum, "tokens": n_tokens}
+    if cuda:
+        row["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
+        row["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2 ** 30
+    return row
+
+
+def _finish(cfg: Stage1Config, acc, out: Path, model, tok, *, last: int, total: int, model_path) -> Path | None:
+    """The final folder (when the schedule ran to its end) and the model cards."""
+    final = None
+    if last == total:
+        final = save_final(cfg, acc, model, tok, out / "final")
+    if acc.is_main_process and last:   # model cards (training/model_card.py)
+        from training.model_card import write_model_card
+
+        for folder in [p for p in (final, out / f"checkpoint-{last:06d}") if p is not None and p.exists()]:
+            write_model_card(folder, stage="stage 1 (BPPO)", base_model=str(cfg.model),
+                             base_model_path=model_path, data=str(cfg.data), config=cfg.to_dict(),
+                             steps=last)
+    acc.end_training()
+    return final
+
+
+# --------------------------------------------------------------------------- the loop
+
+def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None = None,
+          progress: bool = True, on_step_end: Callable[[dict], None] | None = None,
+          phase: str = "all") -> RunResult:
+    """Run (or resume) stage 1 as configured. Phase "train" (and any multi-process launch) only
+    reads the run folder's preference cache, and fails without it; phase "all" in one process
+    runs `sample_preferences` first when the cache is missing. `stop_at_step` saves a checkpoint
+    at that step and returns, as an interrupted run would (the schedule is unchanged).
+    `on_step_end` gets each step's metrics row (the benchmark times steps with it)."""
+    from tqdm.auto import tqdm
+
+    from training.models import resolve_model_spec
+
+    out = Path(cfg.output_dir)
+    latest = _check_launch(cfg, out, resume=resume, phase=phase, progress=progress)
+    acc, fsdp = _setup_accelerator(cfg, out)
+
+    # --- run record
+    _write_run_record(cfg, acc, out, latest)
+
+    # --- model and data (the preference cache only: this phase never samples)
+    model_path = resolve_model_spec(cfg.model)
+    tok = load_tokenizer(model_path)
+    model = load_model(cfg, model_path)
+    data = _setup_data(cfg, acc, out, tok)
+    total, pad_id = data.sched.steps, tok.pad_token_id
+    m = _setup_model(cfg, acc, model, data.sched)
+    ref_logps = _reference_logps(cfg, acc, out, m, data, pad_id)
+
+    # --- resume
+    start = _restore(acc, m.optimizer, out, latest) if resume else 1
+    _start_logging(cfg, acc, out, data)
+
     # --- optimise
     history: list[dict] = []
     bar = tqdm(total=total, initial=start - 1, desc="stage1 BPPO", unit="step",
                disable=not (progress and acc.is_local_main_process))
-    unwrapped = acc.unwrap_model(model)
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    split, accum = cfg.batch_split, cfg.gradient_accumulation_steps
-    cuda = torch.cuda.is_available()
+    unwrapped = acc.unwrap_model(m.model)
+    trainable = [p for p in m.model.parameters() if p.requires_grad]
     last = start - 1
     for step in range(start, total + 1):
-        t0 = time.perf_counter()
-        sums: dict[str, float] = {}
-        n_tokens = 0
-        for micro in range(accum):
-            idx = micro_batch_indices(step=step, micro=micro, rank=acc.process_index,
-                                      world=acc.num_processes, accum=accum, pre=pre, post=post,
-                                      split=split, seed=cfg.seed, twin=twin)
-            batch = _to(collate([pairs[i] for i in idx], pad_id, ref_logps), acc.device)
-            n_tokens += int(batch["attention_mask"].sum())
-            with _grad_sync(acc, model, micro == accum - 1):
-                if cfg.batching == "per_pair":
-                    loss, metrics = _per_pair_step(cfg, model, unwrapped, ref_model, [pairs[i] for i in idx],
-                                                   batch, lambda x: acc.backward(x / accum))
-                else:
-                    loss, metrics = _micro_step(cfg, model, unwrapped, ref_model, batch)
-                    acc.backward(loss / accum)
-            if step == start and micro == 0:
-                rotary["after_forward"] = assert_rotary_fp32(model, "after the first forward")
-                if accum > 1:   # the gradient each rank holds between micro-steps (FSDP: its shard)
-                    _record(acc, out, rotary_buffer_dtypes=rotary, accumulation={
-                        "no_sync": not (fsdp or acc.num_processes == 1),
-                        "grad_numel_after_first_micro": sum(p.grad.numel() for p in trainable
-                                                            if p.grad is not None),
-                        "local_param_numel": sum(p.numel() for p in trainable)})
-                else:
-                    _record(acc, out, rotary_buffer_dtypes=rotary)
-            for k, v in {"loss": loss.detach(), **metrics}.items():
-                sums[k] = sums.get(k, 0.0) + float(acc.reduce(v.detach().float().reshape(()), "mean")) / accum
-        grad_norm = (acc.clip_grad_norm_(trainable, cfg.max_grad_norm) if cfg.max_grad_norm
-                     else torch.zeros(()))
-        lr = scheduler.get_last_lr()[0]      # the rate this step used
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        if cuda:
-            torch.cuda.synchronize()
-        dt = time.perf_counter() - t0
-        row = {"step": step, "epoch": round(step * sched.global_batch / sched.n_pairs, 4),
-               **{k: round(v, 8) for k, v in sums.items()},
-               "grad_norm": float(grad_norm), "lr": lr, "step_seconds": dt,
-               "micro_step_seconds": dt / accum, "tokens": n_tokens}
-        if cuda:
-            row["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30
-            row["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2 ** 30
+        row = _train_step(cfg, acc, out, m, data, step, start=start, unwrapped=unwrapped, trainable=trainable,
+                          pad_id=pad_id, ref_logps=ref_logps, fsdp=fsdp)
         history.append(row)
         if step % cfg.logging_steps == 0 or step == total:
             if acc.is_main_process:
@@ -646,24 +531,14 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
         if on_step_end is not None:
             on_step_end(row)
         if step % cfg.save_steps == 0 or step == total or step == stop_at_step:
-            _save_checkpoint(acc, optimizer, out, step, cfg.save_total_limit)
+            _save_checkpoint(acc, m.optimizer, out, step, cfg.save_total_limit)
             if cfg.finetune == "lora":
-                _save_adapter(acc, model, tok, out / f"checkpoint-{step:06d}" / "adapter")
+                _save_adapter(acc, m.model, tok, out / f"checkpoint-{step:06d}" / "adapter")
         if step == stop_at_step:
             break
     bar.close()
 
-    final = None
-    if last == total:
-        final = _save_final(cfg, acc, model, tok, out / "final")
-    if acc.is_main_process and last:   # model cards (training/model_card.py)
-        from training.model_card import write_model_card
-
-        for folder in [p for p in (final, out / f"checkpoint-{last:06d}") if p is not None and p.exists()]:
-            write_model_card(folder, stage="stage 1 (BPPO)", base_model=str(cfg.model),
-                             base_model_path=model_path, data=str(cfg.data), config=cfg.to_dict(),
-                             steps=last)
-    acc.end_training()
+    final = _finish(cfg, acc, out, m.model, tok, last=last, total=total, model_path=model_path)
     return RunResult(out, last, final, history)
 
 
@@ -750,7 +625,7 @@ def _save_checkpoint(acc, optimizer, out: Path, step: int, limit: int | None) ->
                                                  + "\n")
         if limit is not None:
             found = sorted((int(m.group(1)), p) for p in out.glob("checkpoint-*")
-                           if (m := _CKPT.match(p.name)))
+                           if (m := CKPT.match(p.name)))
             for _, p in found[:-limit]:
                 shutil.rmtree(p, ignore_errors=True)
     acc.wait_for_everyone()
@@ -765,29 +640,3 @@ def _save_adapter(acc, model, tok, dest: Path) -> None:
         acc.unwrap_model(model).save_pretrained(dest, state_dict=state)
         tok.save_pretrained(dest)
     acc.wait_for_everyone()
-
-
-def _save_final(cfg: Stage1Config, acc, model, tok, final: Path) -> Path:
-    """A folder `AutoModelForCausalLM.from_pretrained(final)` loads (LoRA: merged weights)."""
-    dtype = getattr(torch, cfg.export_dtype)
-    state = acc.get_state_dict(model)
-    unwrapped = acc.unwrap_model(model)
-    if acc.is_main_process:
-        final.mkdir(parents=True, exist_ok=True)
-        if cfg.finetune == "lora":
-            unwrapped.save_pretrained(final / "adapter")
-            tok.save_pretrained(final / "adapter")
-            merged = unwrapped.merge_and_unload().to(dtype)
-            merged.save_pretrained(final, safe_serialization=True)
-        else:
-            state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-            unwrapped.save_pretrained(final, state_dict=state, safe_serialization=True)
-        tok.save_pretrained(final)
-        cfg_final = json.loads((final / "config.json").read_text())
-        cfg_final["use_cache"] = True
-        for key in ("dtype", "torch_dtype"):     # transformers 5 writes `dtype`, 4.x `torch_dtype`
-            if key in cfg_final:
-                cfg_final[key] = cfg.export_dtype
-        (final / "config.json").write_text(json.dumps(cfg_final, indent=2) + "\n")
-    acc.wait_for_everyone()
-    return final

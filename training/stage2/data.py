@@ -4,7 +4,7 @@ rendered by the shared prompt builder with the token budget rule of stage 1 and 
 (`render(traj, t, prompt_budget(max_prompt_tokens))`, aftraj.tokens, tokens counted with the model's
 tokenizer, then the templated prompt checked against `max_prompt_tokens`).
 
-Trajectories come from `training.stage1.data.load_training_trajectories` (val/test families
+Trajectories come from `training.common.load_training_trajectories` (val/test families
 are left out by `meta.split`); Who&When and runs imported by an adapter (no gold label) are
 refused. An unsafe trajectory whose decisive agent a* does not act in steps 0..k* is skipped (its
 gold answer at t = k* would be ungrounded, i.e. malformed for the reward) and counted in
@@ -32,17 +32,15 @@ from dataclasses import asdict, dataclass
 from fractions import Fraction
 from pathlib import Path
 
-from aftraj.adapters.base import refuse_unlabeled
-from aftraj.prompt import approx_tokens, render
+from aftraj.boundary import is_from_who_and_when, refuse_unlabeled
+from aftraj.prompt import render
 from aftraj.schema import Trajectory
+from aftraj.tokens import approx_tokens, chat_prompt_ids, check_prompt_length, prompt_budget, tokenizer_counter
 from aftraj.verdict import gold_verdict, grounded
+from training.common import load_training_trajectories
 from training.reward import ground_truth_of
-from aftraj.tokens import TEMPLATE_MARGIN, prompt_budget
-from training.stage1.data import load_training_trajectories
-from training.stage1.pairs import is_from_who_and_when
 
 DATA_SOURCE = "aftraj"
-CHAT_TEMPLATE_MARGIN = TEMPLATE_MARGIN   # the one rule: aftraj.tokens.prompt_budget
 
 
 @dataclass
@@ -133,22 +131,14 @@ def build_records(trajs: Sequence[Trajectory], *, max_prompts: int, unsafe_fract
     return out, st
 
 
-def token_counter(tokenizer) -> Callable[[str], int]:
-    """The count stage 1 and the hf auditor use: the tokenizer's ids without special tokens."""
-    return lambda s: len(tokenizer(s, add_special_tokens=False)["input_ids"])
-
-
 def check_prompt_lengths(records: list[dict], tokenizer, max_prompt_tokens: int) -> int:
     """The longest templated prompt; raises if one is over `max_prompt_tokens`."""
     longest = 0
     for r in records:
-        n = len(tokenizer.apply_chat_template(r["prompt"], tokenize=True, add_generation_prompt=True,
-                                              return_dict=True)["input_ids"])
-        if n > max_prompt_tokens:
-            x = r["extra_info"]
-            raise ValueError(f"prompt for {x['traj_id']} (t={x['t']}) is {n} tokens, over "
-                             f"max_prompt_tokens={max_prompt_tokens} after the chat template")
-        longest = max(longest, n)
+        ids = chat_prompt_ids(tokenizer, r["prompt"])
+        x = r["extra_info"]
+        check_prompt_length(ids, max_prompt_tokens, f"prompt for {x['traj_id']} (t={x['t']})")
+        longest = max(longest, len(ids))
     return longest
 
 
@@ -161,8 +151,8 @@ def build_stage2_data(cfg, tokenizer, out_dir: str | Path) -> dict:
     trajs, src = load_training_trajectories(cfg.data, max_trajectories=cfg.max_trajectories,
                                             synthetic_n=cfg.synthetic_trajectories, seed=cfg.seed)
     records, st = build_records(trajs, max_prompts=cfg.max_prompts, unsafe_fraction=cfg.unsafe_fraction,
-                                seed=cfg.seed, budget=prompt_budget(cfg.max_prompt_tokens),
-                                count_tokens=token_counter(tokenizer))
+                                seed=cfg.seed, budget=prompt_budget(cfg.max_prompt_tokens, tokenizer),
+                                count_tokens=tokenizer_counter(tokenizer))
     longest = check_prompt_lengths(records, tokenizer, cfg.max_prompt_tokens)
     out.mkdir(parents=True, exist_ok=True)
     write_records(records, out / "records.jsonl")
@@ -180,10 +170,6 @@ def write_records(records: list[dict], path: Path) -> None:
     tmp = path.with_suffix(".partial")
     tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records), encoding="utf-8")
     tmp.rename(path)
-
-
-def read_records(path: str | Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
 
 
 def write_parquet(records: list[dict], path: Path) -> None:

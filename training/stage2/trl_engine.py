@@ -22,7 +22,6 @@ step: reward, its components, kl, loss, ...), runs/ (TensorBoard), checkpoint-N/
 from __future__ import annotations
 
 import json
-import platform
 import re
 import time
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from training.common import export_folder, library_versions, load_tokenizer, lora_config
 from training.reward import COMPONENTS, RewardConfig, compute_score, overlong_penalty
 from training.stage2.config import Stage2Config
 from training.stage2.data import DATA_SOURCE, build_stage2_data
@@ -100,12 +100,7 @@ def _check_run_folder(cfg: Stage2Config, out: Path, resume: bool) -> None:
 
 
 def _versions() -> dict:
-    import torch
-    import transformers
-    import trl
-
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "trl": trl.__version__}
+    return library_versions("trl")
 
 
 def grpo_args(cfg: Stage2Config, out: Path, *, progress: bool):
@@ -133,10 +128,7 @@ def grpo_args(cfg: Stage2Config, out: Path, *, progress: bool):
 def _peft_config(cfg: Stage2Config):
     if cfg.finetune != "lora":
         return None
-    from peft import LoraConfig
-
-    return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules=cfg.lora_target_modules, task_type="CAUSAL_LM")
+    return lora_config(cfg)
 
 
 def _metrics_callback(path: Path):
@@ -161,7 +153,6 @@ def _metrics_callback(path: Path):
 def train(cfg: Stage2Config, *, resume: bool = False, progress: bool = True) -> RunResult:
     """Run (or resume) stage 2 with TRL as configured."""
     from datasets import load_from_disk
-    from transformers import AutoTokenizer
     from trl import GRPOTrainer
 
     from training.models import resolve_model_spec
@@ -181,9 +172,7 @@ def train(cfg: Stage2Config, *, resume: bool = False, progress: bool = True) -> 
         {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "resume_from_step": latest[0] if latest else 0})
     (out / "run.json").write_text(json.dumps(run_info, indent=2) + "\n")
 
-    tok = AutoTokenizer.from_pretrained(model_path)
-    if tok.pad_token_id is None:
-        tok.pad_token = tok.eos_token
+    tok = load_tokenizer(model_path)
     build_stage2_data(cfg, tok, out / "data")
     dataset = load_from_disk(str(out / "data" / "trl"))
 
@@ -199,14 +188,4 @@ def train(cfg: Stage2Config, *, resume: bool = False, progress: bool = True) -> 
 def _save_final(cfg: Stage2Config, trainer, tok, final: Path) -> Path:
     """A folder `AutoModelForCausalLM.from_pretrained(final)` loads (LoRA: merged weights)."""
     model = trainer.accelerator.unwrap_model(trainer.model)
-    final.mkdir(parents=True, exist_ok=True)
-    if cfg.finetune == "lora":
-        model.save_pretrained(final / "adapter")
-        tok.save_pretrained(final / "adapter")
-        model = model.merge_and_unload()
-    model.save_pretrained(final, safe_serialization=True)
-    tok.save_pretrained(final)
-    cfg_final = json.loads((final / "config.json").read_text())
-    cfg_final["use_cache"] = True
-    (final / "config.json").write_text(json.dumps(cfg_final, indent=2) + "\n")
-    return final
+    return export_folder(model, tok, final, lora=cfg.finetune == "lora")

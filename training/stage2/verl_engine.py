@@ -108,14 +108,13 @@ def verl_command(cfg: Stage2Config, model_path, data_dir, out, *, python: str | 
 
 def run_verl(cfg: Stage2Config, *, dry_run: bool = False, resume: bool = False, python: str | None = None) -> int:
     """Build the data, print the verl command line, run it unless `dry_run`. Returns its exit code."""
-    from transformers import AutoTokenizer
-
+    from training.common import load_tokenizer
     from training.models import resolve_model_spec
     from training.stage2.data import build_stage2_data
 
     out = Path(cfg.output_dir)
     model_path = resolve_model_spec(cfg.model)
-    tok = AutoTokenizer.from_pretrained(model_path)
+    tok = load_tokenizer(model_path)
     stats = build_stage2_data(cfg, tok, out / "data")
     print(f"[stage2/verl] data: {stats['n_prompts']} prompts ({stats['n_unsafe_gold']} UNSAFE gold) in "
           f"{out / 'data'}", file=sys.stderr)

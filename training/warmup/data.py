@@ -21,8 +21,9 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 
-from aftraj.prompt import approx_tokens, render
+from aftraj.prompt import render
 from aftraj.schema import Trajectory
+from aftraj.tokens import approx_tokens
 from aftraj.verdict import Verdict, canonical_verdict, format_completion
 
 

@@ -1,7 +1,9 @@
 """Format warm-up training (NOT part of the paper's recipe): supervised loss on the completion
 tokens only (prompt masked, chat template applied as in stage 1), then a greedy parse check on
-seeded VAL-split prefixes. Reuses stage 1's model loading, LoRA wrapping, accelerate set-up,
-final-folder export (LoRA merged) and the model card. Writes RUN/final (a full model folder:
+seeded VAL-split prefixes. Model loading, LoRA wrapping, accelerate set-up and the final-folder
+export (LoRA merged) are every stage's (`training.common`), as are the model card and the prompt
+budget: prompts are rendered with `aftraj.tokens.prompt_budget(max_prompt_tokens)` and the
+templated prompt is checked against `max_prompt_tokens`, as in stage 1 and stage 2. Writes RUN/final (a full model folder:
 `aftraj eval --auditor hf --model RUN/final`, `aftraj train stage1 --model RUN/final`,
 `aftraj train stage2 --init RUN/final` take it) and RUN/warmup_stats.json.
 
@@ -20,10 +22,10 @@ import torch
 from aftraj.prompt import render
 from aftraj.readers import load_trajectories
 from aftraj.verdict import ParseFailure, parse_verdict
+from aftraj.tokens import chat_prompt_ids, check_prompt_length, completion_ids, prompt_budget, tokenizer_counter
+from training.common import (load_model, load_tokenizer, load_training_trajectories, make_accelerator,
+                             resolve_data_path, save_final, synthetic_trajectories, wrap_trainable)
 from training.models import resolve_model_spec
-from training.stage1.data import (completion_token_ids, load_training_trajectories, prompt_token_ids,
-                                  resolve_data_path, synthetic_trajectories)
-from training.stage1.trainer import _load_model, _load_tokenizer, _save_final, _wrap_trainable, make_accelerator
 from training.warmup.config import WarmupConfig
 from training.warmup.data import check_prefixes, warmup_examples
 
@@ -82,7 +84,7 @@ def parse_check(model, tok, prefixes, *, budget: int, max_new_tokens: int, count
     codes, ok, failures = Counter(), 0, []
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     for tr, t in prefixes:
-        ids = prompt_token_ids(tok, render(tr, t, budget, count_tokens=count_tokens))
+        ids = chat_prompt_ids(tok, render(tr, t, budget, count_tokens=count_tokens))
         with torch.no_grad():
             gen = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                  do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
@@ -104,17 +106,32 @@ def check_model(cfg: WarmupConfig, model_path: str | Path | None = None) -> dict
     """The parse check alone on `model_path` (default: the config's model, e.g. the raw base),
     on the same seeded val prefixes as after a warm-up; written to RUN/parse_check.json."""
     path = resolve_model_spec(model_path or cfg.model)
-    tok = _load_tokenizer(path)
-    count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
+    tok = load_tokenizer(path)
     prefixes = check_prefixes(_val_trajectories(cfg), cfg.parse_check_prompts, seed=cfg.seed)
     t0 = time.perf_counter()
-    res = parse_check(_load_model(cfg, path), tok, prefixes, budget=cfg.max_prompt_tokens,
-                      max_new_tokens=cfg.parse_check_max_new_tokens, count_tokens=count)
+    res = parse_check(load_model(cfg, path), tok, prefixes, budget=prompt_budget(cfg.max_prompt_tokens, tok),
+                      max_new_tokens=cfg.parse_check_max_new_tokens, count_tokens=tokenizer_counter(tok))
     res = {"model": str(path), **res, "parse_check_seconds": round(time.perf_counter() - t0, 1)}
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "parse_check.json").write_text(json.dumps(res, indent=2) + "\n")
     return res
+
+
+def warmup_items(cfg: WarmupConfig, tok) -> tuple[list[dict], list[tuple[list[int], list[int]]], str]:
+    """(examples, their (prompt ids, completion ids), the data's description): prompts rendered
+    with the one budget rule (`prompt_budget(max_prompt_tokens)`, counted with `tok`), each
+    templated prompt checked against `max_prompt_tokens` as stage 1 and stage 2 check theirs."""
+    trajs, src = load_training_trajectories(cfg.data, synthetic_n=cfg.synthetic_trajectories, seed=cfg.seed)
+    examples = warmup_examples(trajs, cfg.max_steps * cfg.batch_size, seed=cfg.seed,
+                               alarm_fraction=cfg.alarm_fraction, budget=prompt_budget(cfg.max_prompt_tokens, tok),
+                               count_tokens=tokenizer_counter(tok))
+    items = []
+    for e in examples:
+        ids = chat_prompt_ids(tok, e["messages"])
+        check_prompt_length(ids, cfg.max_prompt_tokens, f"prompt for {e['traj_id']} (t={e['t']})")
+        items.append((ids, completion_ids(tok, e["completion"], cfg.max_completion_tokens)[0]))
+    return examples, items, src
 
 
 def warmup(cfg: WarmupConfig, *, progress: bool = True) -> dict:
@@ -123,16 +140,10 @@ def warmup(cfg: WarmupConfig, *, progress: bool = True) -> dict:
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     torch.manual_seed(cfg.seed)
     path = resolve_model_spec(cfg.model)
-    tok = _load_tokenizer(path)
-    count = lambda s: len(tok(s, add_special_tokens=False)["input_ids"])  # noqa: E731
-    trajs, src = load_training_trajectories(cfg.data, synthetic_n=cfg.synthetic_trajectories, seed=cfg.seed)
-    examples = warmup_examples(trajs, cfg.max_steps * cfg.batch_size, seed=cfg.seed,
-                               alarm_fraction=cfg.alarm_fraction, budget=cfg.max_prompt_tokens,
-                               count_tokens=count)
-    items = [(prompt_token_ids(tok, e["messages"]),
-              completion_token_ids(tok, e["completion"], cfg.max_completion_tokens)[0]) for e in examples]
+    tok = load_tokenizer(path)
+    _, items, src = warmup_items(cfg, tok)
     acc = make_accelerator(cfg, out)
-    model = _wrap_trainable(cfg, _load_model(cfg, path))
+    model = wrap_trainable(cfg, load_model(cfg, path))
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
@@ -158,16 +169,16 @@ def warmup(cfg: WarmupConfig, *, progress: bool = True) -> dict:
             with open(out / "log.jsonl", "a") as f:
                 f.write(json.dumps(history[-1]) + "\n")
     train_s = time.perf_counter() - t_train
-    final = _save_final(cfg, acc, model, tok, out / "final")
+    final = save_final(cfg, acc, model, tok, out / "final")
     from training.model_card import write_model_card
 
     write_model_card(final, stage="format warm-up (not in the paper)", base_model=str(cfg.model),
                      data=src, config=cfg.to_dict(), steps=cfg.max_steps, base_model_path=path)
-    merged = _load_model(cfg, final)
+    merged = load_model(cfg, final)
     prefixes = check_prefixes(_val_trajectories(cfg), cfg.parse_check_prompts, seed=cfg.seed)
     t_check = time.perf_counter()
-    check = parse_check(merged, tok, prefixes, budget=cfg.max_prompt_tokens,
-                        max_new_tokens=cfg.parse_check_max_new_tokens, count_tokens=count)
+    check = parse_check(merged, tok, prefixes, budget=prompt_budget(cfg.max_prompt_tokens, tok),
+                        max_new_tokens=cfg.parse_check_max_new_tokens, count_tokens=tokenizer_counter(tok))
     stats = {"data": src, "model": str(cfg.model), "steps": cfg.max_steps, "batch_size": cfg.batch_size,
              "train_seconds": round(train_s, 1),
              "seconds_per_step": round(train_s / cfg.max_steps, 2),
