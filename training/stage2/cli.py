@@ -33,8 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from aftraj.overrides import cli_overrides
-    from training.stage1.config import ConfigError
+    from aftraj.config import cli_overrides
+    from aftraj.config import ConfigError
     from training.stage2.config import load_stage2_config
 
     over = cli_overrides(args, {"data": "data", "output_dir": "out", "model": "init", "max_steps": "max_steps"})

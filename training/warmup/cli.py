@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from aftraj.overrides import cli_overrides
+    from aftraj.config import cli_overrides
     from training.warmup.config import load_warmup_config
     from training.warmup.trainer import check_model, warmup
 
