@@ -32,8 +32,8 @@ def run(args) -> int:
 
     import yaml
 
-    from eval.ablation import Ablation, PhaseFailed, load_config
-    from aftraj.overrides import parse_set
+    from aftraj.drivers.ablation import Ablation, PhaseFailed, load_config
+    from aftraj.config import parse_set
 
     cfg = load_config(args.config, parse_set(args.set))
     if args.print_config:

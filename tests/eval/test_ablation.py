@@ -1,6 +1,7 @@
-"""The ablation driver (eval/ablation.py) in pieces: config validation, phases run once and
-resumed, the config guard, checkpoint selection on val, the table and the goal lines. The whole
-pipeline runs end to end in tests/test_demo_quick.py."""
+"""The ablation driver (aftraj/drivers/ablation.py; its tests sit beside the eval fixtures they
+use) in pieces: config validation, phases run once and resumed, the config guard, checkpoint
+selection on val, the table and the goal lines. The whole pipeline runs end to end in
+tests/test_demo_quick.py."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from aftraj.errors import UsageError
-from eval import ablation as ab
+from aftraj.drivers import ablation as ab
 from training.stage1.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -219,7 +220,7 @@ def test_peak_memory_is_the_childs_own(tmp_path):
     also counts the parent's image the child starts from, so the children are started from a
     small Python (as the ablation driver is), not from this pytest process."""
     code = "import sys; b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096])"
-    driver = ("import json, subprocess, sys; from eval.ablation import _run_child; "
+    driver = ("import json, subprocess, sys; from aftraj.drivers.ablation import _run_child; "
               "run = lambda c: _run_child([sys.executable, '-c', c], cwd='.', env=None, stdout=subprocess.DEVNULL); "
               f"print(json.dumps([run({code!r}), run('pass'), run('raise SystemExit(3)')]))")
     out = subprocess.run([sys.executable, "-c", driver], cwd=REPO, capture_output=True, text=True, timeout=120)
