@@ -19,6 +19,8 @@ from typing import Any
 
 import orjson
 
+from aftraj.errors import UsageError
+
 STEP_KINDS = ("message", "tool_call", "tool_result", "final_answer", "system")
 DOMAINS = ("math", "coding", "agentic", "external")
 TERMINATIONS = ("completed", "step_limit", "cancelled", "tool_error")
@@ -36,7 +38,7 @@ MAX_RECORD_BYTES = 64 * 1024 * 1024
 SCHEMA_VERSION = 1
 
 
-class SchemaError(ValueError):
+class SchemaError(UsageError):
     """A record that does not fit the schema. Names the source file, the line and the field."""
 
     def __init__(self, message: str, *, field: str = "<record>", source: str | None = None,
