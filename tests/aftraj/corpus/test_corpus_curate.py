@@ -11,7 +11,8 @@ from aftraj.corpus.curate import curate
 from aftraj.corpus.policies import ScriptedPolicy
 from aftraj.corpus.rollout import Turn, replay_with, run_rollout
 from aftraj.corpus.tasks import generate_tasks
-from aftraj.corpus.templates import ENV, TEMPLATES
+from aftraj.corpus.domains.base import ENV
+from aftraj.corpus.templates import TEMPLATES
 
 TPL = TEMPLATES["math"]
 POLICY = ScriptedPolicy(SlipConfig(computation_slip=0, verdict_misread=0, wrong_entity=0,

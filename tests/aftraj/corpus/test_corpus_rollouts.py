@@ -12,7 +12,8 @@ from aftraj.corpus.config import SlipConfig
 from aftraj.corpus.policies import ScriptedPolicy
 from aftraj.corpus.rollout import Turn, replay_with, run_rollout
 from aftraj.corpus.tasks import generate_tasks
-from aftraj.corpus.templates import ENV, TEMPLATES
+from aftraj.corpus.domains.base import ENV
+from aftraj.corpus.templates import TEMPLATES
 from aftraj.schema import Trajectory, Label
 
 POLICY = ScriptedPolicy(SlipConfig())

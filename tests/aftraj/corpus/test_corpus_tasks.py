@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from aftraj.corpus.tasks import (POOL_READERS, check_answer, code_from_text, eval_arith, full_expression,
-                                 functions_of, generate_tasks, math_equal, search_docs,
-                                 suite_tests)
+from aftraj.corpus.domains.agentic import search_docs
+from aftraj.corpus.domains.coding import code_from_text, functions_of, suite_tests
+from aftraj.corpus.domains.math import eval_arith, full_expression, math_equal
+from aftraj.corpus.tasks import POOL_READERS, check_answer, generate_tasks
 from aftraj.schema import SchemaError
 
 

@@ -194,7 +194,7 @@ def test_oracle_is_a_judge_only_and_named_in_stats():
 
 def test_humaneval_functions_are_real_and_their_mutants_fail(sandbox):
     from aftraj.corpus.build import screen_functions
-    from aftraj.corpus.tasks import MUTATIONS, humaneval_function, humaneval_problems
+    from aftraj.corpus.domains.coding import MUTATIONS, humaneval_function, humaneval_problems
 
     rows = humaneval_problems()
     assert len(rows) == 164
@@ -214,7 +214,8 @@ def test_humaneval_functions_are_real_and_their_mutants_fail(sandbox):
 
 def test_coding_tasks_bundle_functions_and_check_each_one(sandbox):
     from aftraj.corpus.build import precompute_tests
-    from aftraj.corpus.tasks import check_answer, functions_of
+    from aftraj.corpus.domains.coding import functions_of
+    from aftraj.corpus.tasks import check_answer
 
     tasks = generate_tasks("coding", 12, 0, humaneval=True)
     precompute_tests(tasks, sandbox)
@@ -235,7 +236,7 @@ def test_precomputed_prefix_suites_equal_their_own_runs():
     included; a suite that is not a prefix (HumanEval's smoke test) is run on its own."""
     from aftraj.corpus.build import precompute_tests
     from aftraj.corpus.sandbox import Sandbox, sample_key
-    from aftraj.corpus.tasks import functions_of, suite_tests
+    from aftraj.corpus.domains.coding import functions_of, suite_tests
 
     tasks = generate_tasks("coding", 6, 1, humaneval=True)
     with Sandbox(timeout_s=2) as first, Sandbox(timeout_s=2) as alone:
