@@ -20,11 +20,13 @@ def demo_cfg():
 
 @pytest.fixture(scope="session")
 def demo_build(demo_cfg, tmp_path_factory):
-    """configs/corpus/demo-small.yaml built once (a few seconds)."""
+    """configs/corpus/demo-small.yaml built once (a few seconds), with the content-blind floors
+    that `aftraj corpus build` passes (stats.json's floors_on_test)."""
     from aftraj.corpus.build import build_corpus
+    from eval.auditors.floors import floor_scores
 
     out = tmp_path_factory.mktemp("demo-corpus")
-    return build_corpus(demo_cfg, out)
+    return build_corpus(demo_cfg, out, floors=floor_scores)
 
 
 @pytest.fixture(scope="session")

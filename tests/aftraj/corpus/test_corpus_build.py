@@ -20,6 +20,7 @@ from aftraj.corpus.sandbox import Sandbox
 from aftraj.corpus.templates import template_for
 from aftraj.readers import iter_aftraj_parquet, load_trajectories
 from aftraj.schema import from_hf_dataset, read_jsonl
+from eval.auditors.floors import floor_scores
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -194,7 +195,7 @@ def _digest(folder: Path) -> dict:
 
 
 def test_rebuild_is_byte_identical(demo_build, demo_cfg, tmp_path):
-    build_corpus(demo_cfg, tmp_path / "again")
+    build_corpus(demo_cfg, tmp_path / "again", floors=floor_scores)
     assert _digest(tmp_path / "again") == _digest(demo_build.out)
     other = build_corpus(demo_cfg, None, seed=1)
     assert [t.id for t in other.trajectories] != [t.id for t in demo_build.trajectories]
@@ -220,7 +221,7 @@ def test_cli(tmp_path, capsys):
 def test_the_2k_scripted_corpus(tmp_path):
     """configs/corpus/aftraj-2k-scripted.yaml: >= 2,000 trajectories, about half safe, labels verified."""
     cfg = load_corpus_config(REPO / "configs/corpus/aftraj-2k-scripted.yaml")
-    res = build_corpus(cfg, tmp_path / "k2")
+    res = build_corpus(cfg, tmp_path / "k2", floors=floor_scores)
     tot = res.stats["total"]
     assert tot["trajectories"] >= 2000 and 0.4 <= tot["safe_fraction"] <= 0.6
     assert {t.domain for t in res.trajectories} == {"math", "coding", "agentic"}
