@@ -17,6 +17,8 @@ from pathlib import Path
 
 import yaml
 
+from aftraj.config import ConfigError, read_yaml
+
 _CHOICES = {
     "fsdp_version": (1, 2),
     "fsdp_sharding_strategy": ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"),
@@ -28,41 +30,42 @@ _BOOLS = ("fsdp_forward_prefetch", "fsdp_offload_params", "fsdp_use_orig_params"
           "fsdp_cpu_ram_efficient_loading", "fsdp_activation_checkpointing", "fsdp_reshard_after_forward")
 
 
-class AccelerateConfigError(ValueError):
-    def __init__(self, path: str, key: str, message: str):
-        super().__init__(f"{path}: key '{key}': {message}")
-
-
 def check_accelerate_config(path: str | Path) -> dict:
-    """Load and validate; returns the raw mapping. Raises AccelerateConfigError / ValueError."""
+    """Load and validate; returns the raw mapping. Raises ConfigError naming the file and key
+    (`aftraj.config`, the one config error)."""
     from accelerate.commands.config.config_args import ClusterConfig
     from accelerate.commands.launch import launch_command_parser
 
     src = str(path)
-    raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    if not isinstance(raw, dict):
-        raise AccelerateConfigError(src, "<file>", "must hold a mapping")
-    cfg = ClusterConfig.from_yaml_file(yaml_file=src)        # unknown top-level keys raise here
+    raw = read_yaml(path)
+    if not raw:
+        raise ConfigError("the file must hold a mapping, got an empty file", source=src)
+    try:
+        cfg = ClusterConfig.from_yaml_file(yaml_file=src)    # unknown top-level keys raise here
+    except (ValueError, TypeError) as e:
+        raise ConfigError(" ".join(str(e).split()), source=src) from None
     if cfg.mixed_precision not in ("no", "fp16", "bf16", "fp8"):
-        raise AccelerateConfigError(src, "mixed_precision", f"unknown value {cfg.mixed_precision!r}")
+        raise ConfigError(f"unknown value {cfg.mixed_precision!r}", key="mixed_precision", source=src)
     if not isinstance(cfg.num_processes, int) or cfg.num_processes < 1:
-        raise AccelerateConfigError(src, "num_processes", "must be a positive integer")
+        raise ConfigError("must be a positive integer", key="num_processes", source=src)
     fsdp = raw.get("fsdp_config") or {}
+    if not isinstance(fsdp, dict):
+        raise ConfigError(f"must be a mapping, got {type(fsdp).__name__}", key="fsdp_config", source=src)
     if str(cfg.distributed_type).endswith("FSDP") and not fsdp:
-        raise AccelerateConfigError(src, "fsdp_config", "is required when distributed_type is FSDP")
+        raise ConfigError("is required when distributed_type is FSDP", key="fsdp_config", source=src)
     launch_opts = {a.dest for a in launch_command_parser()._actions}
     for key, val in fsdp.items():
         where = f"fsdp_config.{key}"
         if key not in launch_opts:
-            raise AccelerateConfigError(src, where, "is not an `accelerate launch` FSDP option")
+            raise ConfigError("is not an `accelerate launch` FSDP option", key=where, source=src)
         if key in _CHOICES and val not in _CHOICES[key]:
-            raise AccelerateConfigError(src, where, f"must be one of {_CHOICES[key]}, got {val!r}")
+            raise ConfigError(f"must be one of {_CHOICES[key]}, got {val!r}", key=where, source=src)
         if key in _BOOLS and not isinstance(val, bool):
-            raise AccelerateConfigError(src, where, f"must be true or false, got {val!r}")
+            raise ConfigError(f"must be true or false, got {val!r}", key=where, source=src)
     for cls in str(fsdp.get("fsdp_transformer_layer_cls_to_wrap") or "").split(","):
         if cls.strip() and not _layer_class_exists(cls.strip()):
-            raise AccelerateConfigError(src, "fsdp_config.fsdp_transformer_layer_cls_to_wrap",
-                                        f"no transformers layer class named {cls.strip()!r}")
+            raise ConfigError(f"no transformers layer class named {cls.strip()!r}",
+                              key="fsdp_config.fsdp_transformer_layer_cls_to_wrap", source=src)
     return raw
 
 

@@ -8,11 +8,13 @@ serve + evaluate) validated with the project's own loaders before anything runs.
 
 The script exports its variables (the top of scripts/reproduce_paper.sh); `configs` reads them
 from the environment (VARS below), loads each named config with the loader the real run uses
-(load_corpus_config, load_stage1_config / load_stage2_config = load_flat_config,
-check_accelerate_config, load_serve_config), and writes under $OUT/configs/ the copies whose
-endpoint, process count or model the variables change (corpus.yaml, accelerate.yaml, serve.yaml),
-validated again. Stage 1 and stage 2 keep their named configs; their overrides travel as
-command-line flags and are validated here with the same values. Errors name the file and key and
+(load_corpus_config, load_stage1_config / load_stage2_config, check_accelerate_config,
+load_serve_config: all on `aftraj.config`), and writes under $OUT/configs/ the copies whose
+endpoint, process count or model the variables change (corpus.yaml, accelerate.yaml, serve.yaml):
+the source read with `aftraj.config.read_yaml`, the changes applied as dotted overrides
+(`aftraj.config.apply_overrides`, `policy.base_url=...`), validated again. Stage 1 and stage 2
+keep their named configs; their overrides travel as command-line flags and are validated here
+with the same values. Errors name the file and key and
 exit 1. `commands` parses every `aftraj …`, `accelerate launch …` and `scripts/train_stage1.sh …`
 line the dry run recorded with the real argument parsers (nothing runs); lines of other programs
 (vLLM, verl) are listed as not checkable here.
@@ -34,6 +36,8 @@ import sys
 from pathlib import Path
 
 import yaml
+
+from aftraj.config import ConfigError, apply_overrides, read_yaml
 
 # The script's variables this module reads (defaults live in scripts/reproduce_paper.sh only).
 VARS = ("OUT", "MODEL", "CORPUS_CONFIG", "CORPUS_URL", "CORPUS_MODEL", "STAGE1_CONFIG",
@@ -66,13 +70,18 @@ def _int(env: dict, name: str) -> int:
 def _read_mapping(path: Path) -> dict:
     if not path.is_file():
         raise ReproduceError(f"{path}: config file not found")
-    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    if not isinstance(raw, dict):
-        raise ReproduceError(f"{path}: must hold a mapping")
-    return raw
+    try:
+        return read_yaml(path)
+    except ConfigError as e:
+        raise ReproduceError(str(e)) from None
 
 
 def _write_copy(raw: dict, dest: Path, source: Path, changed: dict) -> None:
+    """`raw` with the dotted overrides `changed` applied, written to `dest` under a header."""
+    try:
+        apply_overrides(raw, changed)
+    except ConfigError as e:
+        raise ReproduceError(str(e.within(source=source))) from None
     dest.parent.mkdir(parents=True, exist_ok=True)
     head = (f"# Written by scripts/reproduce_paper.sh (training/reproduce.py) from {source};\n"
             f"# changed: {', '.join(f'{k}={v}' for k, v in changed.items())}. Edit the source, not this copy.\n")
@@ -82,21 +91,21 @@ def _write_copy(raw: dict, dest: Path, source: Path, changed: dict) -> None:
 # --------------------------------------------------------------------------- one check per config
 
 def check_corpus(env: dict, dest: Path) -> str:
-    from aftraj.corpus.config import ConfigError, load_corpus_config
+    from aftraj.corpus.config import load_corpus_config
 
     src = Path(_env(env, "CORPUS_CONFIG"))
     raw = _read_mapping(src)
     try:
-        load_corpus_config(src)                    # the source as written: errors name it
+        cfg = load_corpus_config(src)              # the source as written: errors name it
     except ConfigError as e:
         raise ReproduceError(str(e)) from None
     changed = {}
     for role in ("policy", "judge"):
-        if not isinstance(raw.get(role), dict) or raw[role].get("backend") != "openai":
-            raise ReproduceError(f"{src}: key '{role}.backend': must be openai for the GPU sequence "
-                                 f"(an OpenAI-compatible endpoint), got {(raw.get(role) or {}).get('backend')!r}")
-        raw[role]["base_url"] = changed[f"{role}.base_url"] = _env(env, "CORPUS_URL")
-        raw[role]["model"] = changed[f"{role}.model"] = _env(env, "CORPUS_MODEL")
+        if getattr(cfg, role).backend != "openai":
+            raise ReproduceError(f"{src}: {role}.backend: must be openai for the GPU sequence "
+                                 f"(an OpenAI-compatible endpoint), got {getattr(cfg, role).backend!r}")
+        changed[f"{role}.base_url"] = _env(env, "CORPUS_URL")
+        changed[f"{role}.model"] = _env(env, "CORPUS_MODEL")
     _write_copy(raw, dest, src, changed)
     try:
         load_corpus_config(dest)
@@ -118,8 +127,6 @@ def stage2_overrides(env: dict) -> dict:
 
 
 def _flat(loader, src: Path, over: dict):
-    from training.stage1.config import ConfigError
-
     if not src.is_file():
         raise ReproduceError(f"{src}: config file not found")
     try:
@@ -141,21 +148,20 @@ def check_stage1(env: dict) -> str:
 
 
 def check_accelerate(env: dict, dest: Path) -> str:
-    from training.accelerate_config import AccelerateConfigError, check_accelerate_config
+    from training.accelerate_config import check_accelerate_config
 
     src = Path(_env(env, "ACCELERATE_CONFIG"))
     if not src.is_file():
         raise ReproduceError(f"{src}: config file not found")
     try:
         raw = check_accelerate_config(src)
-    except (AccelerateConfigError, ValueError) as e:
-        raise ReproduceError(f"{src}: {e}" if str(src) not in str(e) else str(e)) from None
+    except ConfigError as e:
+        raise ReproduceError(str(e)) from None
     nproc = _int(env, "NPROC_PER_NODE")
-    raw["num_processes"] = nproc
     _write_copy(raw, dest, src, {"num_processes": nproc})
     try:
         check_accelerate_config(dest)
-    except (AccelerateConfigError, ValueError) as e:
+    except ConfigError as e:
         raise ReproduceError(str(e)) from None
     return f"accelerate {src} -> {dest} ({raw.get('distributed_type')}, {nproc} processes per node)"
 
@@ -208,7 +214,7 @@ def _check_fits(budget: dict, max_model_len: int, where: str) -> None:
 
 
 def check_serve(env: dict, dest: Path) -> str:
-    from serve.config import ConfigError, load_serve_config
+    from serve.config import load_serve_config
 
     src = Path(_env(env, "SERVE_CONFIG"))
     try:
@@ -216,7 +222,7 @@ def check_serve(env: dict, dest: Path) -> str:
     except ConfigError as e:
         raise ReproduceError(str(e)) from None
     if cfg.kind != "vllm":
-        raise ReproduceError(f"{src}: key 'kind': the sequence serves with vLLM, got {cfg.kind!r}")
+        raise ReproduceError(f"{src}: kind: the sequence serves with vLLM, got {cfg.kind!r}")
     budget = run_budget(env)
     _check_fits(budget, cfg.max_model_len, str(src))
     if cfg.reasoning_parser:       # the served checkpoint keeps the base model's tokenizer
@@ -224,7 +230,7 @@ def check_serve(env: dict, dest: Path) -> str:
 
         base = Path(_env(env, "MODEL"))
         if not base.is_dir():
-            raise ReproduceError(f"{src}: key 'reasoning_parser': {cfg.reasoning_parser!r} can only be checked "
+            raise ReproduceError(f"{src}: reasoning_parser: {cfg.reasoning_parser!r} can only be checked "
                                  f"against the model's tokenizer, and MODEL={base} is not a folder")
         try:
             check_reasoning_parser(dataclasses.replace(cfg, model=str(base)))
@@ -233,7 +239,6 @@ def check_serve(env: dict, dest: Path) -> str:
     raw = _read_mapping(src)
     changed = {"model": str(Path(_env(env, "OUT")) / "stage2" / "final"), "python": _env(env, "VLLM_PYTHON"),
                "port": _int(env, "SERVE_PORT"), "served_model_name": _env(env, "SERVED_NAME")}
-    raw.update(changed)
     _write_copy(raw, dest, src, changed)
     try:
         load_serve_config(dest)
@@ -315,7 +320,7 @@ def _command_budget(kind: str | None, ns) -> tuple[str, dict] | None:
         return None
     over = {}
     if kind == "stage1" or getattr(ns, "command", None) == "train":
-        from aftraj.overrides import parse_set
+        from aftraj.config import parse_set
 
         over = {k: v for k, v in parse_set(getattr(ns, "set", None) or []).items()
                 if k in ("max_prompt_tokens", "max_completion_length")}
@@ -333,7 +338,7 @@ def _command_budget(kind: str | None, ns) -> tuple[str, dict] | None:
     if cmd == "eval" and str(getattr(ns, "auditor", "")).startswith("openai"):
         return f"eval {Path(ns.out).name}", {"render": ns.budget, "response": ns.max_new_tokens}
     if cmd == "serve" and getattr(ns, "serve_cmd", None) == "vllm":
-        from serve.config import ConfigError, load_serve_config
+        from serve.config import load_serve_config
 
         try:
             return "serve", {"max_model_len": load_serve_config(ns.config).max_model_len}

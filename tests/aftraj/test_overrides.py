@@ -1,11 +1,11 @@
-"""`--set KEY=VALUE` (aftraj/overrides.py), the one parser every training stage and the ablation use."""
+"""`--set KEY=VALUE` (aftraj/config.py), the one parser every training stage and the ablation use."""
 
 from __future__ import annotations
 
 import pytest
 
 from aftraj.errors import UsageError
-from aftraj.overrides import parse_set
+from aftraj.config import parse_set
 
 
 def test_values_are_yaml():
@@ -35,7 +35,7 @@ def test_every_command_uses_it(argv, capsys):
 def test_cli_overrides_flags_win_over_set_and_absent_flags_do_not_override():
     import argparse
 
-    from aftraj.overrides import cli_overrides
+    from aftraj.config import cli_overrides
 
     args = argparse.Namespace(set=["output_dir=a", "max_steps=3", "lr=1e-3"], out="b", data=None, max_steps=None)
     over = cli_overrides(args, {"output_dir": "out", "data": "data", "max_steps": "max_steps"})

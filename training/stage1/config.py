@@ -4,6 +4,7 @@ under `configs/stage1/` (one file per scale).
     from training.stage1.config import load_stage1_config
     cfg = load_stage1_config("configs/stage1/tiny-cpu.yaml", overrides={"max_steps": 3})
 
+Read by the one config layer (`aftraj.config.load`); the model fields are `aftraj.config.ModelConfig`'s.
 Unknown keys, wrong types and out-of-range values raise `ConfigError` naming the file and key.
 """
 
@@ -11,16 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import yaml
+from aftraj.config import (ATTN_IMPLEMENTATIONS, DTYPES, FINETUNES, ConfigError,  # noqa: F401 (importers)
+                           ModelConfig, check_types, load)
 
-FINETUNES = ("full", "lora")
-DTYPES = ("float32", "bfloat16", "float16")
 MIXED_PRECISIONS = ("no", "bf16", "auto")   # auto: bf16 where the device computes it natively (a
                                             # CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX), else no   # fp16 would need a grad scaler whose state must round-trip too
 EXPORT_DTYPES = ("float32", "bfloat16")
@@ -31,19 +28,10 @@ REFERENCES = ("precomputed", "live")
 BATCHINGS = ("padded", "per_pair")
 SAMPLERS = ("hf", "openai")
 TRACKERS = ("tensorboard", "wandb")
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
-
-
-class ConfigError(ValueError):
-    """A config value that does not fit; names the file and the key."""
-
-    def __init__(self, message: str, *, key: str = "<config>", source: str | None = None):
-        self.message, self.key, self.source = message, key, source
-        super().__init__(f"{source or '<memory>'}: key '{key}': {message}")
 
 
 @dataclass
-class Stage1Config:
+class Stage1Config(ModelConfig):
     # --- run
     seed: int = 0
     output_dir: str = "runs/stage1"
@@ -59,21 +47,11 @@ class Stage1Config:
     wandb_project: str | None = None
     process_group_timeout_minutes: int = 60   # NCCL/gloo collective timeout (torch's default is 10)
 
-    # --- model
-    # A local folder, or `builtin:tiny-qwen2` / `builtin:smollm2-135m` (built locally, never a hub id).
-    model: str = "builtin:tiny-qwen2"
-    dtype: str = "float32"
-    attn_implementation: str = "sdpa"
-    finetune: str = "full"
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: list[str] = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    # --- model: ModelConfig's fields (model, dtype, attn_implementation, finetune, lora_*,
+    # gradient_checkpointing), then stage 1's own
     trainable_layers: int | None = None  # full fine-tune of the top N decoder layers and the final
                                          # norm only (the rest frozen: its backward is never run);
                                          # null = every parameter
-    gradient_checkpointing: bool = False
     sdpa_math_kernel: bool = True      # false: disable SDPA's math fallback on CUDA, so a fallback fails loudly
     export_dtype: str = "float32"      # dtype of final/ (bfloat16 for the production run)
 
@@ -82,7 +60,7 @@ class Stage1Config:
     data: str = "builtin:synthetic"
     max_trajectories: int | None = None   # read only the first N trajectories (safe ones included)
     synthetic_trajectories: int = 24   # size of `builtin:synthetic`
-    max_prompt_tokens: int = 8192      # render() budget, counted with the model's tokenizer
+    max_prompt_tokens: int = 8192      # the templated prompt's limit; render() gets aftraj.tokens.prompt_budget(it)
     max_completion_tokens: int = 512   # longer completions are cut at the end (counted in stats)
     max_post_tokens: int | None = None # skip unsafe runs whose full post-boundary prompt is longer
                                        # (no bounded view: the evidence stays in the prompt); counted
@@ -141,11 +119,12 @@ class Stage1Config:
     mixed_precision: str = "no"
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        check_types(self)
+        self.check_model()
         pos = ("process_group_timeout_minutes", "logging_steps", "save_steps",
                "max_prompt_tokens", "max_completion_tokens",
                "sample_max_new_tokens", "sample_batch_size", "per_device_batch_size",
-               "gradient_accumulation_steps", "lora_r", "lora_alpha", "openai_concurrency",
+               "gradient_accumulation_steps", "openai_concurrency",
                "synthetic_trajectories")
         for k in pos:
             if getattr(self, k) < 1:
@@ -157,11 +136,10 @@ class Stage1Config:
             v = getattr(self, k)
             if v is not None and v < 1:
                 raise ConfigError(f"must be >= 1 or null, got {v}", key=k)
-        for k, choices in (("finetune", FINETUNES), ("dtype", DTYPES), ("mixed_precision", MIXED_PRECISIONS),
+        for k, choices in (("mixed_precision", MIXED_PRECISIONS),
                            ("optimizer", OPTIMIZERS), ("lr_scheduler", SCHEDULERS),
                            ("reference", REFERENCES), ("sampler", SAMPLERS),
-                           ("attn_implementation", ATTN_IMPLEMENTATIONS), ("export_dtype", EXPORT_DTYPES),
-                           ("batching", BATCHINGS)):
+                           ("export_dtype", EXPORT_DTYPES), ("batching", BATCHINGS)):
             if getattr(self, k) not in choices:
                 raise ConfigError(f"must be one of {', '.join(choices)}; got {getattr(self, k)!r}", key=k)
         for t in self.report_to:
@@ -169,8 +147,7 @@ class Stage1Config:
                 raise ConfigError(f"unknown tracker {t!r}; choose from {', '.join(TRACKERS)}", key="report_to")
         if self.beta <= 0:
             raise ConfigError(f"must be > 0, got {self.beta}", key="beta")
-        for k in ("weight_pre", "weight_post", "weight_twin", "nll_coef", "decision_coef", "weight_decay",
-                  "lora_dropout"):
+        for k in ("weight_pre", "weight_post", "weight_twin", "nll_coef", "decision_coef", "weight_decay"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"must be >= 0, got {getattr(self, k)}", key=k)
         if self.weight_pre + self.weight_post <= 0:
@@ -286,60 +263,9 @@ def resolve_mixed_precision(mp: str) -> str:
     return "bf16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "no"
 
 
-def _check_types(cfg) -> None:
-    hints = typing.get_type_hints(type(cfg))   # any config dataclass (stage 2 reuses it)
-    for f in dataclasses.fields(cfg):
-        v, hint = getattr(cfg, f.name), hints[f.name]
-        if not _fits(v, hint):
-            raise ConfigError(f"must be {_hint_name(hint)}, got {type(v).__name__} {v!r}", key=f.name)
-        if hint is float and isinstance(v, int) and not isinstance(v, bool):
-            setattr(cfg, f.name, float(v))
-
-
-def _fits(v: Any, hint: Any) -> bool:
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_fits(v, h) for h in typing.get_args(hint))
-    if hint is type(None):
-        return v is None
-    if origin is list:
-        (inner,) = typing.get_args(hint)
-        return isinstance(v, list) and all(_fits(x, inner) for x in v)
-    if hint is float:
-        return isinstance(v, (int, float)) and not isinstance(v, bool)
-    if hint is int:
-        return isinstance(v, int) and not isinstance(v, bool)
-    return isinstance(v, hint)
-
-
-def _hint_name(hint: Any) -> str:
-    return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
-
-
-def load_flat_config(cls, path: str | Path, overrides: dict | None = None, *, what: str):
-    """Read a YAML config of flat keys into the dataclass `cls`, apply `overrides`, validate (the
-    class's `__post_init__`). Errors name the file and key. Stage 1 and stage 2 both load here."""
-    src = str(path)
-    try:
-        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise ConfigError(f"not valid YAML: {e}", source=src) from None
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"the file must hold a mapping, got {type(raw).__name__}", source=src)
-    raw.update(overrides or {})
-    known = {f.name for f in dataclasses.fields(cls)}
-    for k in raw:
-        if k not in known:
-            raise ConfigError(f"is not a {what} setting (known: {', '.join(sorted(known))})",
-                              key=k, source=src)
-    try:
-        return cls(**raw)
-    except ConfigError as e:
-        raise ConfigError(e.message, key=e.key, source=src) from None
+load_flat_config = load   # the name eval/ablation.py imported before the one config layer
 
 
 def load_stage1_config(path: str | Path, overrides: dict | None = None) -> Stage1Config:
     """Read a YAML config (flat keys), apply `overrides`, validate. Errors name the file and key."""
-    return load_flat_config(Stage1Config, path, overrides, what="stage-1")
+    return load(Stage1Config, path, overrides, what="stage-1")

@@ -4,8 +4,8 @@ and verl); the values live in YAML under `configs/stage2/` (one file per scale).
     from training.stage2.config import load_stage2_config
     cfg = load_stage2_config("configs/stage2/tiny-cpu.yaml", overrides={"max_steps": 3})
 
-Unknown keys, wrong types and out-of-range values raise `ConfigError` (the one stage-1 and
-stage-2 share) naming the file and key.
+Read by the one config layer (`aftraj.config.load`); the model fields are `aftraj.config.ModelConfig`'s.
+Unknown keys, wrong types and out-of-range values raise `ConfigError` naming the file and key.
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
+from aftraj.config import ConfigError, ModelConfig, check_types, load
 from training.reward import RewardConfig
-from training.stage1.config import (ATTN_IMPLEMENTATIONS, DTYPES, FINETUNES, SCHEDULERS, TRACKERS,
-                                    ConfigError, _check_types, load_flat_config)
+from training.stage1.config import SCHEDULERS, TRACKERS
 
 OPTIMIZERS = ("adamw_torch", "adamw_bnb_8bit")
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo")
@@ -25,7 +24,7 @@ KL_LOSS_TYPES = ("low_var_kl", "kl", "abs", "mse")   # verl's actor.kl_loss_type
 
 
 @dataclass
-class Stage2Config:
+class Stage2Config(ModelConfig):
     # --- run
     seed: int = 0
     output_dir: str = "runs/stage2"
@@ -35,18 +34,8 @@ class Stage2Config:
     save_total_limit: int | None = 2
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])
 
-    # --- model: the stage-1 checkpoint (policy and KL reference); --init overrides
-    # A local folder, or builtin:tiny-qwen2 / builtin:smollm2-135m (built locally, never a hub id).
-    model: str = "builtin:tiny-qwen2"
-    dtype: str = "float32"
-    attn_implementation: str = "sdpa"
-    finetune: str = "full"
-    lora_r: int = 16
-    lora_alpha: int = 32
-    lora_dropout: float = 0.0
-    lora_target_modules: list[str] = field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
-    gradient_checkpointing: bool = False
+    # --- model: ModelConfig's fields; `model` is the stage-1 checkpoint (policy and KL reference),
+    # --init overrides it
 
     # --- data: prefixes of TRAIN trajectories (val/test never enter)
     data: str = "builtin:synthetic"
@@ -54,7 +43,7 @@ class Stage2Config:
     synthetic_trajectories: int = 24
     max_prompts: int = 256               # prompts drawn from all prefixes, seeded
     unsafe_fraction: float = 0.5         # share of prompts whose gold verdict is UNSAFE (t >= k*)
-    max_prompt_tokens: int = 4096        # the render() budget rule of stage 1 and evaluation
+    max_prompt_tokens: int = 4096        # the templated prompt's limit; render() gets aftraj.tokens.prompt_budget(it)
     val_prompts: int = 8                 # verl needs val_files: a monitor slice of the train prompts
 
     # --- GRPO
@@ -76,16 +65,16 @@ class Stage2Config:
     max_grad_norm: float | None = 1.0
     bf16: bool = False                   # TRL on CPU needs bf16 off
 
-    # --- reward (training/reward.py)
-    w_format: float = 0.5
-    w_what: float = 1.0
-    w_where: float = 1.0
-    w_who: float = 1.0
-    sigma: float = 1.0
-    malformed_score: float = -1.0
-    overlong_buffer_len: int = 0         # DAPO soft buffer in tokens; 0 = off
-    overlong_penalty_factor: float = 1.0  # < w_format - malformed_score (checked)
-    safe_where_who_credit: float = 1.0   # where = who of a right SAFE verdict, in [0, 1]
+    # --- reward (training/reward.py): flat keys, the defaults RewardConfig's (`reward` builds one)
+    w_format: float = RewardConfig.w_format
+    w_what: float = RewardConfig.w_what
+    w_where: float = RewardConfig.w_where
+    w_who: float = RewardConfig.w_who
+    sigma: float = RewardConfig.sigma
+    malformed_score: float = RewardConfig.malformed_score
+    overlong_buffer_len: int = RewardConfig.overlong_buffer_len        # DAPO soft buffer in tokens; 0 = off
+    overlong_penalty_factor: float = RewardConfig.overlong_penalty_factor  # < w_format - malformed_score (checked)
+    safe_where_who_credit: float = RewardConfig.safe_where_who_credit  # where = who of a right SAFE verdict, in [0, 1]
 
     # --- verl engine (training/verl/stage2_grpo.yaml holds the rest)
     verl_nnodes: int = 1
@@ -96,10 +85,11 @@ class Stage2Config:
     verl_micro_batch_size_per_gpu: int = 2
 
     def __post_init__(self) -> None:
-        _check_types(self)
+        check_types(self)
+        self.check_model()
         for k in ("max_steps", "logging_steps", "save_steps", "max_prompt_tokens", "max_prompts",
                   "num_generations", "max_completion_length", "prompts_per_step",
-                  "gradient_accumulation_steps", "lora_r", "lora_alpha", "synthetic_trajectories",
+                  "gradient_accumulation_steps", "synthetic_trajectories",
                   "verl_nnodes", "verl_gpus_per_node", "verl_tensor_parallel",
                   "verl_ppo_mini_batch_size", "verl_micro_batch_size_per_gpu", "val_prompts"):
             if getattr(self, k) < 1:
@@ -115,8 +105,7 @@ class Stage2Config:
             v = getattr(self, k)
             if v is not None and v < 1:
                 raise ConfigError(f"must be >= 1 or null, got {v}", key=k)
-        for k, choices in (("finetune", FINETUNES), ("dtype", DTYPES), ("optimizer", OPTIMIZERS),
-                           ("lr_scheduler", SCHEDULERS), ("attn_implementation", ATTN_IMPLEMENTATIONS),
+        for k, choices in (("optimizer", OPTIMIZERS), ("lr_scheduler", SCHEDULERS),
                            ("loss_type", LOSS_TYPES), ("kl_loss_type", KL_LOSS_TYPES)):
             if getattr(self, k) not in choices:
                 raise ConfigError(f"must be one of {', '.join(choices)}; got {getattr(self, k)!r}", key=k)
@@ -163,4 +152,4 @@ class Stage2Config:
 
 def load_stage2_config(path: str | Path, overrides: dict | None = None) -> Stage2Config:
     """Read a YAML config (flat keys), apply `overrides`, validate. Errors name the file and key."""
-    return load_flat_config(Stage2Config, path, overrides, what="stage-2")
+    return load(Stage2Config, path, overrides, what="stage-2")

@@ -1,5 +1,6 @@
 """Warm-up run configuration (typed, validated; values in configs/warmup/*.yaml), read by the one
-flat-YAML reader `training.stage1.config.load_flat_config`. The warm-up is NOT in the paper.
+config layer `aftraj.config.load`; the model fields are `aftraj.config.ModelConfig`'s (with the
+warm-up's own LoRA defaults). The warm-up is NOT in the paper.
 
     from training.warmup.config import load_warmup_config
     cfg = load_warmup_config("configs/warmup/tiny-cpu.yaml", {"max_steps": 2})
@@ -10,33 +11,30 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from training.stage1.config import DTYPES, EXPORT_DTYPES, FINETUNES, ConfigError, load_flat_config
+from aftraj.config import ConfigError, ModelConfig, check_types, load
+from training.stage1.config import EXPORT_DTYPES
 
 
 @dataclass
-class WarmupConfig:
+class WarmupConfig(ModelConfig):
     # --- run
     seed: int = 0
     output_dir: str = "runs/warmup"
     max_steps: int = 10
     logging_steps: int = 1
 
-    # --- model (same meaning as in stage 1: the stage-1 loader and LoRA wrapper are reused)
-    model: str = "builtin:tiny-qwen2"
-    dtype: str = "float32"
-    export_dtype: str = "float32"
-    attn_implementation: str = "sdpa"
+    # --- model: ModelConfig's fields (same meaning as in stage 1: the stage-1 loader and LoRA
+    # wrapper are reused), with the warm-up's defaults: a small LoRA on the attention projections
     finetune: str = "lora"
     lora_r: int = 8
     lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
-    gradient_checkpointing: bool = False
+    lora_target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    export_dtype: str = "float32"
 
     # --- data: random prefixes of TRAIN-split runs, content-independent targets
     data: str = "builtin:synthetic"
     synthetic_trajectories: int = 24
-    max_prompt_tokens: int = 2048      # render() budget, counted with the model's tokenizer
+    max_prompt_tokens: int = 2048      # the templated prompt's limit; render() gets aftraj.tokens.prompt_budget(it)
     max_completion_tokens: int = 192
     alarm_fraction: float = 0.3        # share of targets that are an ALARM at the last shown step
 
@@ -53,11 +51,13 @@ class WarmupConfig:
     # --- what stage 1's accelerate set-up reads (one process, no mixed precision)
     mixed_precision: str = "no"
     process_group_timeout_minutes: int = 30
-    report_to: list = field(default_factory=list)
+    report_to: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        check_types(self)
+        self.check_model()
         for k in ("max_steps", "logging_steps", "synthetic_trajectories", "max_prompt_tokens",
-                  "max_completion_tokens", "batch_size", "parse_check_max_new_tokens", "lora_r"):
+                  "max_completion_tokens", "batch_size", "parse_check_max_new_tokens"):
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"must be an integer >= 1, got {v!r}", key=k)
@@ -68,9 +68,9 @@ class WarmupConfig:
             raise ConfigError(f"must be in [0, 1], got {self.alarm_fraction!r}", key="alarm_fraction")
         if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
             raise ConfigError(f"must be > 0, got {self.learning_rate!r}", key="learning_rate")
-        for k, allowed in (("finetune", FINETUNES), ("dtype", DTYPES), ("export_dtype", EXPORT_DTYPES)):
-            if getattr(self, k) not in allowed:
-                raise ConfigError(f"must be one of {', '.join(allowed)}, got {getattr(self, k)!r}", key=k)
+        if self.export_dtype not in EXPORT_DTYPES:
+            raise ConfigError(f"must be one of {', '.join(EXPORT_DTYPES)}; got {self.export_dtype!r}",
+                              key="export_dtype")
         if self.mixed_precision != "no":
             raise ConfigError("the warm-up runs in one process without mixed precision: 'no'",
                               key="mixed_precision")
@@ -80,4 +80,4 @@ class WarmupConfig:
 
 
 def load_warmup_config(path: str | Path, overrides: dict | None = None) -> WarmupConfig:
-    return load_flat_config(WarmupConfig, path, overrides, what="warm-up")
+    return load(WarmupConfig, path, overrides, what="warm-up")
