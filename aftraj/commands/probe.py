@@ -35,7 +35,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from aftraj.commands.eval import select_split
+    from eval.run import select_split
     from aftraj.readers import load_trajectories
     from eval.probe import run_probe
 

@@ -72,12 +72,10 @@ def run_fit(args) -> int:
     from aftraj.structural.monitor import StructuralMonitor
     from eval.structural_tune import tune
 
+    overrides = {k: v for k, v in (("embedder", args.embedder or None), ("embed_threads", args.threads))
+                 if v is not None}
     try:
-        cfg = load_structural_config(args.config)
-        if args.embedder:
-            cfg = cfg.replace(embedder=args.embedder)
-        if args.threads is not None:
-            cfg = cfg.replace(embed_threads=args.threads)
+        cfg = load_structural_config(args.config, overrides)
     except ConfigError as e:
         print(f"aftraj structural fit: {e}", file=sys.stderr)
         return 2

@@ -34,17 +34,20 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from aftraj.llm_client import ChatClient, ClientConfig, EndpointError
-from aftraj.prompt import approx_tokens, parse_verdict, render_prompt
-from aftraj.tokens import tokenizer_counter
-from eval.auditors import AuditResult, Auditor, register_auditor
 from aftraj.confidence import p_unsafe_from_logprobs
+from aftraj.errors import UsageError
+from aftraj.llm_client import ChatClient, ClientConfig, EndpointError
+from aftraj.prompt import render_prompt
+from aftraj.tokens import approx_tokens, tokenizer_counter
+from aftraj.verdict import parse_verdict
+from eval.auditors import AuditResult, Auditor, register_auditor
 
 METHODS = {"step-by-step": "online", "all-at-once": "posthoc", "binary-search": "bisect"}
 
 
-class AuditorError(RuntimeError):
-    """The endpoint could not give an answer (after retries)."""
+class AuditorError(UsageError, RuntimeError):
+    """The endpoint could not give an answer (after retries): the endpoint the user named is down
+    or wrong, so a user error (one line, exit 2; mid-walk `aftraj eval` exits 3, eval/run.py)."""
 
 
 @register_auditor("openai")

@@ -11,7 +11,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from aftraj.cli import BUG_HINT, main
+from aftraj.cli import main
+from aftraj.guard import BUG_HINT
 
 REPO = Path(__file__).resolve().parents[2]
 
