@@ -56,10 +56,10 @@ class LoopPolicy:
 
     def __post_init__(self):
         need(is_int(self.min_calls) and self.min_calls >= 2, "min_calls",
-              f"must be an integer >= 2, got {self.min_calls!r}")
+             f"must be an integer >= 2, got {self.min_calls!r}")
         need(isinstance(self.overlap_threshold, (int, float)) and not isinstance(self.overlap_threshold, bool)
-              and 0 < self.overlap_threshold <= 1, "overlap_threshold",
-              f"must be a number in (0, 1], got {self.overlap_threshold!r}")
+             and 0 < self.overlap_threshold <= 1, "overlap_threshold",
+             f"must be a number in (0, 1], got {self.overlap_threshold!r}")
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class ErrorStreakPolicy:
 
     def __post_init__(self):
         need(is_int(self.max_consecutive) and self.max_consecutive >= 1,
-              "max_consecutive", f"must be an integer >= 1, got {self.max_consecutive!r}")
+             "max_consecutive", f"must be an integer >= 1, got {self.max_consecutive!r}")
 
 
 @dataclass(frozen=True)
@@ -78,9 +78,9 @@ class CyclePolicy:
 
     def __post_init__(self):
         need(is_int(self.max_period) and 2 <= self.max_period <= 8, "max_period",
-              f"must be an integer in 2..8, got {self.max_period!r}")
+             f"must be an integer in 2..8, got {self.max_period!r}")
         need(is_int(self.repeats) and 2 <= self.repeats <= 8, "repeats",
-              f"must be an integer in 2..8, got {self.repeats!r}")
+             f"must be an integer in 2..8, got {self.repeats!r}")
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,8 @@ class StallPolicy:
 
     def __post_init__(self):
         need(is_int(self.max_results_without_new) and self.max_results_without_new >= 2,
-              "max_results_without_new",
-              f"must be an integer >= 2, got {self.max_results_without_new!r}")
+             "max_results_without_new",
+             f"must be an integer >= 2, got {self.max_results_without_new!r}")
 
 
 @dataclass(frozen=True)
@@ -103,10 +103,10 @@ class BudgetPolicy:
         for name in ("max_tokens", "max_events"):
             v = getattr(self, name)
             need(v is None or (is_int(v) and v > 0), name,
-                  f"must be a positive integer or null, got {v!r}")
+                 f"must be a positive integer or null, got {v!r}")
         v = self.max_cost_usd
         need(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0),
-              "max_cost_usd", f"must be a positive number or null, got {v!r}")
+             "max_cost_usd", f"must be a positive number or null, got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ class Policy:
 
     def __post_init__(self):
         need(is_int(self.revision) and self.revision >= 1, "revision",
-              f"must be an integer >= 1, got {self.revision!r}")
+             f"must be an integer >= 1, got {self.revision!r}")
         need(isinstance(self.name, str) and bool(self.name.strip()), "name", "must be a non-empty string")
         for key, cls in (("loop", LoopPolicy), ("error_streak", ErrorStreakPolicy),
                          ("cycle", CyclePolicy), ("stall", StallPolicy), ("budget", BudgetPolicy)):
@@ -141,16 +141,16 @@ class Policy:
         if isinstance(self.retryable_errors, list):
             object.__setattr__(self, "retryable_errors", tuple(self.retryable_errors))
         need(isinstance(self.retryable_errors, tuple)
-              and all(isinstance(s, str) and s.strip() for s in self.retryable_errors),
-              "retryable_errors", "must be a list of non-empty strings")
+             and all(isinstance(s, str) and s.strip() for s in self.retryable_errors),
+             "retryable_errors", "must be a list of non-empty strings")
         object.__setattr__(self, "retryable_errors", tuple(s.lower() for s in self.retryable_errors))
         need(isinstance(self.permitted_tools, dict), "permitted_tools",
-              "must map a task category to a list of tool names")
+             "must map a task category to a list of tool names")
         norm = {}
         for cat, tools in self.permitted_tools.items():
             need(isinstance(cat, str) and cat.strip(), "permitted_tools", f"bad category {cat!r}")
             need(isinstance(tools, (list, tuple)) and all(isinstance(t, str) and t.strip() for t in tools),
-                  f"permitted_tools.{cat}", "must be a list of tool names")
+                 f"permitted_tools.{cat}", "must be a list of tool names")
             norm[cat] = frozenset(tools)
         object.__setattr__(self, "permitted_tools", norm)
         if isinstance(self.alarm_on, list):

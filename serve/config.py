@@ -40,16 +40,17 @@ class ApiKey:
 
     def __post_init__(self) -> None:
         need(isinstance(self.name, str) and re.fullmatch(r"[\w.-]{1,64}", self.name or "", flags=re.ASCII) is not None,
-              "name", f"must be 1-64 word characters, got {self.name!r}")
+             "name", f"must be 1-64 word characters, got {self.name!r}")
         need(isinstance(self.sha256, str) and re.fullmatch(r"[0-9a-f]{64}", self.sha256) is not None,
-              "sha256", "must be the 64-hex sha256 of the key (`aftraj serve key` prints one)")
+             "sha256", "must be the 64-hex sha256 of the key (`aftraj serve key` prints one)")
 
 
 @dataclass(frozen=True)
 class AuditorConfig:
     """The model behind the verdicts: `none` (the fold's findings only) or an OpenAI-compatible
-    endpoint (vLLM). `budget`: prompt tokens for the rendering (stage 1's max_prompt_tokens - 32,
-    e.g. 8160 for 8192), counted with the tokenizer in `tokenizer` (the served model's folder)."""
+    endpoint (vLLM). `budget`: prompt tokens for the rendering
+    (`aftraj.tokens.prompt_budget(max_prompt_tokens)` of the served stage, e.g. 8160 for 8192: the
+    one rule), counted with the tokenizer in `tokenizer` (the served model's folder)."""
 
     backend: str = "none"
     base_url: str | None = None
@@ -67,7 +68,7 @@ class AuditorConfig:
         need(self.backend in AUDITOR_BACKENDS, "backend", f"must be one of {AUDITOR_BACKENDS}, got {self.backend!r}")
         if self.backend == "openai":
             need(isinstance(self.base_url, str) and self.base_url.startswith(("http://", "https://")),
-                  "base_url", f"must be an http(s) URL, got {self.base_url!r}")
+                 "base_url", f"must be an http(s) URL, got {self.base_url!r}")
             need(isinstance(self.model, str) and bool(self.model), "model", "must name the served model")
         need_number(self.deadline_s, "deadline_s", 0.01)
         need_int(self.max_tokens, "max_tokens", 1)
@@ -77,8 +78,8 @@ class AuditorConfig:
         if self.budget is not None:
             need_int(self.budget, "budget", 64)
             need(isinstance(self.tokenizer, str) and bool(self.tokenizer), "tokenizer",
-                  "the budget is counted with the served model's tokenizer: give its folder "
-                  "(or `approx` for a rough count)")
+                 "the budget is counted with the served model's tokenizer: give its folder "
+                 "(or `approx` for a rough count)")
         elif self.backend == "openai":     # never unbounded: the default budget, counted as below
             object.__setattr__(self, "budget", DEFAULT_BUDGET)
         if self.tokenizer is not None:
@@ -175,12 +176,12 @@ class GatewayConfig:
         need(self.port <= 65535, "port", f"must be a TCP port (0-65535), got {self.port!r}")
         need(isinstance(self.metrics_public, bool), "metrics_public", "must be true or false")
         need(isinstance(self.ledger_url, str) and "://" in self.ledger_url, "ledger_url",
-              f"must be an SQLAlchemy URL (sqlite:///path.db, postgresql+psycopg://…), got {self.ledger_url!r}")
+             f"must be an SQLAlchemy URL (sqlite:///path.db, postgresql+psycopg://…), got {self.ledger_url!r}")
         need(len({k.name for k in self.api_keys}) == len(self.api_keys), "api_keys", "names must be unique")
         seen: dict[str, str] = {}
         for k in self.api_keys:
             need(k.sha256 not in seen, "api_keys",
-                  f"{seen.get(k.sha256)!r} and {k.name!r} share one sha256 (one key, two names): make a key each")
+                 f"{seen.get(k.sha256)!r} and {k.name!r} share one sha256 (one key, two names): make a key each")
             seen[k.sha256] = k.name
 
 
@@ -214,7 +215,7 @@ class VllmConfig:
         need(self.kind == "vllm", "kind", "must be 'vllm'")
         need(self.profile in PROFILES, "profile", f"must be one of {PROFILES}")
         need(isinstance(self.model, str) and bool(self.model) and not self.model.startswith(("http:", "https:")),
-              "model", "must be a local model folder")
+             "model", "must be a local model folder")
         need_int(self.port, "port", 1)
         need_int(self.tensor_parallel_size, "tensor_parallel_size", 1)
         need_int(self.max_model_len, "max_model_len", 128)

@@ -83,7 +83,7 @@ class EndpointConfig:
         need(isinstance(self.model, str) and bool(self.model), "model", "must be a non-empty string")
         if self.backend == "openai":
             need(isinstance(self.base_url, str) and self.base_url.startswith(("http://", "https://")),
-                  "base_url", f"must be an http(s) URL for the openai backend, got {self.base_url!r}")
+                 "base_url", f"must be an http(s) URL for the openai backend, got {self.base_url!r}")
         need(isinstance(self.temperature, (int, float)) and 0 <= self.temperature <= 2, "temperature", "must be in [0, 2]")
         _posint(self.max_tokens, "max_tokens")
         need(isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0, "timeout_s", "must be > 0")
@@ -141,8 +141,8 @@ class CurationConfig:
     def __post_init__(self) -> None:
         need(self.coherence in ("rules", "judge"), "coherence", f"must be rules or judge, got {self.coherence!r}")
         need(isinstance(self.length_ratio, (int, float)) and not isinstance(self.length_ratio, bool)
-              and (self.length_ratio == 0 or self.length_ratio >= 1), "length_ratio",
-              f"must be 0 (off) or a number >= 1, got {self.length_ratio!r}")
+             and (self.length_ratio == 0 or self.length_ratio >= 1), "length_ratio",
+             f"must be 0 (off) or a number >= 1, got {self.length_ratio!r}")
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,7 @@ class SandboxConfig:
 
     def __post_init__(self) -> None:
         need(isinstance(self.timeout_s, (int, float)) and not isinstance(self.timeout_s, bool) and self.timeout_s > 0,
-              "timeout_s", f"must be a number > 0, got {self.timeout_s!r}")
+             "timeout_s", f"must be a number > 0, got {self.timeout_s!r}")
         _posint(self.memory_mb, "memory_mb", 64)
         _posint(self.workers, "workers")
 
@@ -208,10 +208,10 @@ class CorpusConfig:
         need(self.policy.backend != "oracle", "policy.backend", "oracle is a judge backend, not a policy")
         if self.policy.backend == "scripted":
             need(not self.public_pools, "public_pools",
-                  "public pools have no scripted solutions; use policy.backend: openai with them")
+                 "public pools have no scripted solutions; use policy.backend: openai with them")
         if self.curation.coherence == "judge":
             need(self.judge.backend == "openai", "curation.coherence",
-                  "judge coherence needs judge.backend: openai")
+                 "judge coherence needs judge.backend: openai")
 
 
 def config_from_dict(raw: Any) -> CorpusConfig:

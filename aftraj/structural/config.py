@@ -74,12 +74,12 @@ class StructuralConfig:
         need(self.tune_fraction < 1.0, "tune_fraction", "must be < 1")
         need(isinstance(self.edit_rerank, bool), "edit_rerank", f"must be true or false, got {self.edit_rerank!r}")
         need(self.neighbour_label in NEIGHBOUR_LABELS, "neighbour_label",
-              f"must be one of {', '.join(NEIGHBOUR_LABELS)}, got {self.neighbour_label!r}")
+             f"must be one of {', '.join(NEIGHBOUR_LABELS)}, got {self.neighbour_label!r}")
         need(isinstance(self.top_k, tuple) and len(self.top_k) > 0, "top_k", "must be a non-empty list")
         for k in self.top_k:
             need_int(k, "top_k[]", 1)
         need(isinstance(self.aggregations, tuple) and len(self.aggregations) > 0, "aggregations",
-              "must be a non-empty list")
+             "must be a non-empty list")
         for a in self.aggregations:
             need(a in AGGREGATIONS, "aggregations[]", f"must be one of {', '.join(AGGREGATIONS)}, got {a!r}")
 

@@ -263,9 +263,6 @@ def resolve_mixed_precision(mp: str) -> str:
     return "bf16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "no"
 
 
-load_flat_config = load   # the name eval/ablation.py imported before the one config layer
-
-
 def load_stage1_config(path: str | Path, overrides: dict | None = None) -> Stage1Config:
     """Read a YAML config (flat keys), apply `overrides`, validate. Errors name the file and key."""
     return load(Stage1Config, path, overrides, what="stage-1")
