@@ -1,9 +1,9 @@
 """Checks behind `scripts/reproduce_paper.sh`: the paper's GPU sequence (corpus, stage 1, stage 2,
 serve + evaluate) validated with the project's own loaders before anything runs.
 
-    python -m training.reproduce configs        # validate every config, write the run's copies
-    python -m training.reproduce commands FILE  # every recorded command's flags parse, one budget
-    python -m training.reproduce budget         # "RENDER RESPONSE": the eval flags' values
+    python -m aftraj.drivers.reproduce configs        # validate every config, write the run's copies
+    python -m aftraj.drivers.reproduce commands FILE  # every recorded command's flags parse, one budget
+    python -m aftraj.drivers.reproduce budget         # "RENDER RESPONSE": the eval flags' values
     bash scripts/reproduce_paper.sh --dry-run   # both, plus the commands printed (no GPU, no network)
 
 The script exports its variables (the top of scripts/reproduce_paper.sh); `configs` reads them
@@ -83,7 +83,7 @@ def _write_copy(raw: dict, dest: Path, source: Path, changed: dict) -> None:
     except ConfigError as e:
         raise ReproduceError(str(e.within(source=source))) from None
     dest.parent.mkdir(parents=True, exist_ok=True)
-    head = (f"# Written by scripts/reproduce_paper.sh (training/reproduce.py) from {source};\n"
+    head = (f"# Written by scripts/reproduce_paper.sh (aftraj/drivers/reproduce.py) from {source};\n"
             f"# changed: {', '.join(f'{k}={v}' for k, v in changed.items())}. Edit the source, not this copy.\n")
     dest.write_text(head + yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
 
@@ -396,7 +396,7 @@ def _short(line: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m training.reproduce", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m aftraj.drivers.reproduce", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="what", required=True)
     sub.add_parser("configs", help="validate every config named by the variables; write the run's copies")
     c = sub.add_parser("commands", help="check that every recorded command's flags parse")
