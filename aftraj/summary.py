@@ -10,8 +10,9 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 
 from aftraj.adapters.base import is_unlabeled
-from aftraj.prompt import approx_tokens, render_prompt
+from aftraj.prompt import render_prompt
 from aftraj.schema import Trajectory
+from aftraj.tokens import approx_tokens
 
 STEP_BUCKETS = ((0, 0), (1, 4), (5, 9), (10, 19), (20, 49), (50, None))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from eval import ablation as ab
+from aftraj.drivers import ablation as ab
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -134,7 +134,7 @@ def test_figures_of_a_cut_short_run(tmp_path):
 
 
 def test_gpu_configs_ask_for_the_full_design():
-    from eval.ablation import load_config
+    from aftraj.drivers.ablation import load_config
     from training.stage1.config import load_stage1_config
 
     c = load_config(REPO / "configs" / "ablation" / "gpu-h200.yaml")
@@ -182,7 +182,7 @@ class Block(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"not on the GPU machine: {name}", name=name)
 sys.meta_path.insert(0, Block())
 import aftraj.commands
-mods = ["aftraj.cli", "eval.ablation", "eval.probe", "eval.auditors.hf", "eval.compare", "eval.report",
+mods = ["aftraj.cli", "aftraj.drivers.ablation", "eval.probe", "eval.auditors.hf", "eval.compare", "eval.report",
         "aftraj.corpus.build", "training.models", "training.reward"]
 mods += [f"aftraj.commands.{m.name}" for m in pkgutil.iter_modules(aftraj.commands.__path__)]
 for pkg in ("training.stage1", "training.stage2", "training.warmup"):

@@ -1,4 +1,4 @@
-"""scripts/reproduce_paper.sh --dry-run and its checks (training/reproduce.py): every config of the
+"""scripts/reproduce_paper.sh --dry-run and its checks (aftraj/drivers/reproduce.py): every config of the
 GPU sequence is validated by the loader the run uses, every phase's command is printed with its
 config, a broken or missing config fails naming the file and key.
 
@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from training import reproduce
-from training.reproduce import ReproduceError, check_command, check_configs
+from aftraj.drivers.reproduce import ReproduceError, check_command, check_configs
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "reproduce_paper.sh"
@@ -281,14 +281,14 @@ def test_dry_run_renders_every_phase_with_one_budget_that_fits_the_server(tmp_pa
 
 
 def _recorded(tmp_path: Path) -> list[str]:
-    """The command lines a dry run records (the file `training.reproduce commands` reads)."""
+    """The command lines a dry run records (the file `aftraj.drivers.reproduce commands` reads)."""
     r = _dry_run(tmp_path)
     assert r.returncode == 0, r.stderr + r.stdout
     return [ln[2:] for ln in r.stdout.splitlines() if ln.startswith("+ ") and "(background" not in ln]
 
 
 def test_an_eval_line_without_the_budget_is_refused(tmp_path):
-    from training.reproduce import check_commands
+    from aftraj.drivers.reproduce import check_commands
 
     lines = _recorded(tmp_path)
     lines = [ln.replace(" --budget 8160", "") if "--auditor openai" in ln else ln for ln in lines]
@@ -299,7 +299,7 @@ def test_an_eval_line_without_the_budget_is_refused(tmp_path):
 
 
 def test_an_eval_line_with_a_shorter_answer_is_refused(tmp_path):
-    from training.reproduce import check_budgets
+    from aftraj.drivers.reproduce import check_budgets
 
     with pytest.raises(ReproduceError, match="response budgets"):
         check_budgets([("stage 2", {"render": 8160, "response": 4096}),
@@ -328,9 +328,8 @@ def test_stage_configs_with_different_prompt_budgets_are_refused(tmp_path):
 
 def test_the_budget_rule_is_the_one_training_uses():
     from aftraj.tokens import TEMPLATE_MARGIN, prompt_budget
-    from training.stage2.data import CHAT_TEMPLATE_MARGIN
 
-    assert prompt_budget(8192) == 8192 - TEMPLATE_MARGIN == 8160 and CHAT_TEMPLATE_MARGIN == TEMPLATE_MARGIN
+    assert prompt_budget(8192) == 8192 - TEMPLATE_MARGIN == 8160   # every stage calls it: tests/test_prompt_budget.py
     with pytest.raises(ValueError, match="max_prompt_tokens"):
         prompt_budget(TEMPLATE_MARGIN)
 

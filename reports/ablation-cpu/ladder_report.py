@@ -1,5 +1,5 @@
 """Combine the ladder's probe.json files (a row may be probed on the test and val splits in two
-runs) into one table rendered by eval.ablation.probe_lines; rules recomputed on the same runs.
+runs) into one table rendered by aftraj.drivers.ablation.probe_lines; rules recomputed on the same runs.
 
     python reports/ablation-cpu/ladder_report.py '{"ROW": ["probe.json", ...]}' '{"ROW": "linear_probe.json"}' \
         OUT_DIR "test split" [HELDOUT.jsonl]
@@ -10,7 +10,7 @@ import json, sys
 from pathlib import Path
 from aftraj.readers import load_trajectories
 from eval.probe import _breakdown, probe, summarize
-from eval.ablation import probe_lines
+from aftraj.drivers.ablation import probe_lines
 
 rows = json.loads(sys.argv[1])          # {row: [probe.json, ...]}
 linear = json.loads(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] else {}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from aftraj.prompt import ParseFailure, Verdict, format_completion, parse_verdict
+from aftraj.verdict import ParseFailure, Verdict, format_completion, parse_verdict
 
 RELEASED_UNSAFE = """<think>
 At step 0 the user asks for the population of Lagos. At step 1 Geography_Expert is delegated the \

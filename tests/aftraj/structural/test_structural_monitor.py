@@ -98,7 +98,7 @@ def test_signals_of_a_looping_run(fitted):
 
 
 def test_tuning_and_auditors_in_the_harness(fitted, tmp_path):
-    from aftraj.structural.tune import tune
+    from eval.structural_tune import tune
     from eval.auditors import get_auditor
     from eval.report import write_report
     from eval.walker import WalkConfig, walk
