@@ -9,57 +9,94 @@
 The corpus builder runs it on every code variant (`aftraj corpus build`); with an `openai`
 policy the code was written by an LLM, so it is treated as hostile.
 
-How a sample runs. A runner process (`sandbox_runner.py`, `python -I -S` with an empty
-environment) never runs candidate code; for each sample it forks a child, a copy of its pristine
-interpreter, so nothing of an earlier sample (patched builtins, globals, hidden tests) survives.
-The child confines itself, then runs the code and its tests, each test under a timer. It reports
-on a pipe one line that starts with a random per-sample nonce; the parent accepts only that line,
-so output a sample writes itself (a forged result line, then `os._exit(0)`) counts as a crash.
-Results are cached by (code hash, tests hash); each worker thread owns one runner. Cost: a fork,
-not an interpreter start-up, per sample (`python benchmarks/sandbox.py`).
+How a sample runs. Each worker thread owns a runner (`sandbox_runner.py`, `python -I -S` with
+an empty environment), which confines itself once (see 'namespaces' below) and starts a zygote
+(`sandbox_zygote.py`): a fresh interpreter without any capability that imports the common stdlib
+modules once and never imports ctypes. For each sample the zygote forks a child, a copy of its
+pristine interpreter, so nothing of an earlier sample (patched builtins, globals, files, hidden
+tests) survives, and nothing of the runner is in it. The child's only descriptor is a socket to
+the runner (fds 1 and 2). It installs its audit hook, reads the code, loads it, freezes (its
+timers cancelled, signals blocked, garbage collection paused) and says so with a random
+per-sample nonce; only then does the runner send the tests. Each test runs under a timer; the
+child reports one line that starts with the nonce; the parent accepts only that line, so output a
+sample writes itself (a forged result line, then `os._exit(0)`) counts as a crash. Results are
+cached by (code hash, tests hash). Cost: a fork per sample, two interpreter start-ups per runner
+(`python benchmarks/sandbox_cost.py` measures it beside the earlier designs).
 
-Threat model. Contained, in both modes:
-- processes and raw calls: an audit hook that judges real types (a `str` subclass as a module
-  name is refused, never `str()`-ed) refuses subprocesses, fork/exec/spawn, threads, ctypes,
-  `_posixsubprocess`, `os.kill`, sockets, setrlimit, gc walks, frame access (so the nonce and
-  the runner's state stay out of reach) and replacing a function's code; `RLIMIT_NPROC` 0 stops a
-  fork the hook missed (where the kernel enforces it: not for the host's real root in mode none);
-- resources: `RLIMIT_AS` (memory_mb), `RLIMIT_CPU` (hard: ignoring SIGALRM does not help),
-  `RLIMIT_FSIZE` (file_mb: a 200 MB write fails with EFBIG), `RLIMIT_NOFILE`, no core dumps, and
-  a wall-clock deadline kept by the runner (timeout × (1 + tests) + 1 s), which kills the
-  process group whatever the sample does with its signals;
-- environment: an empty environment, descriptors other than the result pipe closed, stdin empty,
-  a temporary working folder removed afterwards.
-Contained with isolation 'namespaces' (Linux user namespaces; the default where the kernel
-allows them, checked once per runner by a forked copy that confines itself and runs a trivial
-sample). The runner enters new user, network, mount, ipc and uts namespaces once; each sample
-adds its own mount and pid namespaces:
-- files: the root is a read-only tmpfs with read-only binds of /usr, /lib* and the stdlib's
-  folders, and a fresh size-capped tmpfs /work and /tmp per sample; nothing else: no /proc (so
-  no /proc/<ppid>/environ), no /etc/passwd, no home folders, no repository. The sample holds no
-  capability (as the host's root, it also runs as the host's nobody), so it cannot mount,
-  remount read-write, chroot or regain one;
-- network: a network namespace with no interface up (shared by the samples of one runner, one
-  after another; a sample can open no socket); signals: a pid namespace per sample, where it is
-  pid 1 and sees no outside process (`pidfd_send_signal` to its parent has no target).
+Threat model: what each mode promises, and the tests that show it (tests/aftraj/corpus/
+test_sandbox_threats.py and test_corpus_sandbox.py).
+Both modes:
+- no raw-memory primitive: no ctypes class exists in the sample's process (the zygote never
+  imported ctypes; the runner, which needs it, is never copied into a sample), importing ctypes,
+  _ctypes, _posixsubprocess or _test* is refused, and so is every way to make a code object of
+  one's own (CodeType, code.replace, marshal.loads of anything but the stdlib's own .pyc files,
+  a .pyc the sample wrote), which could index past its constants (`test_no_ctypes_class_is_reachable_through_the_type_graph`,
+  `test_a_union_read_of_any_address_fails`, `test_a_crafted_code_object_is_refused`);
+- the hidden tests are not in the sample's process before it is loaded and frozen: not in its
+  memory, not on a descriptor, not through an audit hook of its own (a second hook is never
+  added), a timer, a finalizer, a gc walk or a frame; they never pass through the zygote
+  (`test_code_that_parses_the_hidden_tests_learns_nothing`, `test_a_second_audit_hook_is_never_added`,
+  `test_patched_builtins_and_hidden_tests_do_not_reach_another_sample`);
+- processes and raw calls: the audit hook judges real types (a `str` subclass as a module name
+  is refused, never `str()`-ed) and refuses subprocesses, fork/exec/spawn, threads, `os.kill`,
+  sockets, setrlimit, gc walks, frame access (so the nonce and the harness's state stay out of
+  reach) and replacing a function's code; RLIMIT_NPROC 0 stops a fork or thread the hook misses
+  (a sample is never the host's root, whom it does not bind) (`test_attack_is_contained`,
+  `test_sandbox_escapes_are_refused`);
+- resources: RLIMIT_AS (memory_mb), RLIMIT_CPU (hard: ignoring SIGALRM does not help),
+  RLIMIT_FSIZE (file_mb: a 200 MB write fails with EFBIG), RLIMIT_NOFILE, no core dumps, and a
+  wall-clock deadline (timeout x (1 + tests) + 1 s) kept by the zygote, which kills the sample
+  whatever it does with its signals, with a second one over the zygote kept by the runner
+  (`test_ignoring_sigalrm_is_bounded_in_wall_time`, `test_a_200_mb_file_is_refused`);
+- environment: an empty environment, no descriptor but the socket, a working folder of its own,
+  removed afterwards (`test_the_environment_is_empty_and_descriptors_closed`,
+  `test_files_of_one_sample_are_gone_for_the_next`).
+Isolation 'namespaces' (Linux user namespaces; the default where the kernel allows them) adds:
+the runner enters new user, network, mount, ipc and uts namespaces once, and the zygote's
+children share one new pid namespace:
+- files: the root is a read-only tmpfs with read-only binds of /usr, /lib*, the interpreter and
+  the stdlib's folders, and size-capped tmpfs /work and /tmp mounted fresh for every sample;
+  nothing else: no /proc (so no /proc/<ppid>/environ), no /etc/passwd, no home folders, no
+  repository. The sample holds no capability and cannot regain one (an empty bounding set,
+  no_new_privs; as the host's root it runs as the host's nobody), so it cannot mount, remount
+  read-write or chroot;
+- network: a network namespace with no interface up; signals: the sample's pid namespace holds
+  only an init that waits (the kernel drops the signals a sample sends it) and the sample, whose
+  parent is outside (getppid() is 0), so it can signal no other process
+  (`test_signalling_the_parent_is_contained`, `test_the_namespace_init_ignores_the_sample`).
 Isolation 'none' (the fallback where user namespaces are refused: some containers, kernels with
 `kernel.unprivileged_userns_clone=0`, AppArmor's userns restriction; forced with
-`Sandbox(isolation="none")`): the audit hook also confines file access to the working folder
-(read/write) and the stdlib (read), after resolving symlinks with functions the sample cannot
-rebind, and refuses `dir_fd` forms. NOT contained there: calls the hook never sees, above all
-`signal.pidfd_send_signal` on an `os.pidfd_open` of a same-user process (it can kill its runner,
-which is restarted and the sample counted as crashed, or the builder itself); `os.stat`-style
-probes of paths outside (existence and metadata, not content).
+`Sandbox(isolation="none")`) promises less. The audit hook confines file access to the working
+folder (read/write) and the stdlib (read), after resolving symlinks with functions the sample
+cannot rebind, and refuses `dir_fd` forms. That is a check before the open, so nothing of the
+sample may run in between: no symlink can be made, no thread can start (RLIMIT_NPROC), and no
+file is opened while the garbage collector is on (it is off for the sample) or while the sample
+has a Python signal handler installed (`test_the_symlink_swap_race_reads_nothing_outside`,
+`test_write_outside_the_working_folder_is_contained`). A sample never runs as the host's root: as
+root, the zygote runs each sample as NONE_MODE_UID (nobody), or, where it cannot become nobody,
+the Sandbox refuses to run samples at all (SandboxError), so even a sample that beat the check
+would read only what every user may read; the zygote imports the common stdlib modules first,
+since where nobody cannot read the stdlib (a Python under /root) a module it did not preload
+cannot be imported (`test_mode_none_as_root_runs_the_sample_as_nobody`,
+`test_mode_none_as_root_is_refused_when_the_sample_cannot_leave_root`). NOT contained in mode
+none: signals to processes of the sample's own uid (`signal.pidfd_send_signal` on
+`os.pidfd_open` has no audit event): for a non-root builder that is the builder itself, its
+runner and zygote (a killed zygote is a crash, and is restarted); for root, other processes of
+nobody; `os.stat`-style probes of paths outside (existence and metadata, not content); another
+process of the same uid changing files or symlinks on the paths the sample reads.
 Never contained, in either mode: a memory-safety bug in CPython or an extension (the hook and
-the nonce live in the same address space as the sample), a kernel bug, and a sample gaming its
-own assertions (an object whose `__eq__` returns True passes `assert f(x) == y`): a pass proves
-the tests ran, not that the code is honest. For code from a model you do not trust, or on a
-machine where this module reports isolation 'none', run the corpus build inside a container or
-VM without network and without credentials (e.g. `docker run --network none --read-only ...`).
+the nonce live in the same address space as the sample), a kernel bug; and, while a test runs,
+the sample's code runs beside it, so it can game its own assertions (an object whose `__eq__`
+returns True passes `assert f(x) == y`) or read side channels of the running test (the reference
+counts of the small ints and interned strings its compiled code holds): a pass proves the tests
+ran, not that the code is honest. For code from a model you do not trust, or on a machine where
+this module reports isolation 'none', run the corpus build inside a container or VM without
+network and without credentials (e.g. `docker run --network none --read-only ...`).
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import math
@@ -80,8 +117,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from aftraj.errors import UsageError
+
 ISOLATIONS = ("auto", "namespaces", "none")
+NONE_MODE_UID = 65534    # the uid (nobody) a sample runs as in mode none when the builder is the host's root
 _RUNNER_SOURCE = (Path(__file__).with_name("sandbox_runner.py")).read_text()
+_ZYGOTE_SOURCE = (Path(__file__).with_name("sandbox_zygote.py")).read_text()
+# python -> why: 'auto' found the namespaces set-up broken with this interpreter (after the kernel
+# allowed the unshare), so later runners go straight to mode none instead of failing again
+_NAMESPACES_BROKEN: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -114,9 +158,10 @@ def sample_key(code: str, tests: Sequence[str]) -> str:
     return h.hexdigest()[:24]
 
 
-class SandboxError(RuntimeError):
-    """The sandbox itself failed (its runner could not start, or namespaces were required and
-    this machine refuses them); never raised for anything a sample does."""
+class SandboxError(UsageError, RuntimeError):
+    """The sandbox itself failed (its runner could not start, namespaces were required and this
+    machine refuses them, or mode none as the host's root cannot run a sample unprivileged);
+    never raised for anything a sample does. A UsageError: the CLI reports it without a trace."""
 
 
 class _Runner:
@@ -127,13 +172,16 @@ class _Runner:
         self.proc = subprocess.Popen([python, "-I", "-S", "-B", "-c", _RUNNER_SOURCE], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env={}, cwd=self.base,
                                      start_new_session=True)
-        self._send({"isolation": isolation, "base": self.base})
-        hello = self._recv(30.0)
+        self._send({"isolation": isolation, "base": self.base, "zygote": _ZYGOTE_SOURCE, "uid": NONE_MODE_UID})
+        hello = self._recv(120.0)      # the runner and its zygote start, on a loaded machine
         if hello is None:
             self.close()
             raise SandboxError("the sandbox runner did not start (is the Python at "
-                               f"{python!r} a CPython >= 3.8 on Linux?)")
+                               f"{python!r} a CPython >= 3.9 on Linux?)")
         self.isolation, self.why, self.nproc = hello["isolation"], hello.get("why", ""), bool(hello.get("nproc"))
+        self.uid, self.error = hello.get("uid"), hello.get("error")
+        if self.error:
+            self.close()
 
     def _send(self, obj: dict) -> None:
         data = json.dumps(obj).encode()
@@ -186,6 +234,66 @@ def _close_all(runners: list[_Runner]) -> None:
     runners.clear()
 
 
+# Warm runners handed back by Sandboxes that are closed or collected, for the next Sandbox of the
+# same (python, isolation asked for, NONE_MODE_UID): a runner starts two interpreters (itself and
+# its zygote), and a test suite or a CLI run makes many Sandboxes. A runner keeps nothing of a
+# sample (every sample is a new process in a new folder), so it may serve another Sandbox.
+POOL_MAX = 4              # idle runners kept per key; the rest are stopped
+_POOL: dict[tuple, list[_Runner]] = {}
+_POOL_LOCK = threading.Lock()
+
+
+def _pool_take(key: tuple) -> _Runner | None:
+    while True:
+        with _POOL_LOCK:
+            lst = _POOL.get(key)
+            if not lst:
+                return None
+            r = lst.pop()
+        if r.proc.poll() is None:
+            return r
+        r.close()                # ended while pooled (killed from outside)
+
+
+def _release(key: tuple, runners: list[_Runner], idle: queue.SimpleQueue) -> None:
+    """A Sandbox is done: its idle runners go to the pool, any other is stopped."""
+    free = []
+    while True:
+        try:
+            free.append(idle.get_nowait())
+        except queue.Empty:
+            break
+    for r in runners:
+        pooled = False
+        if any(r is f for f in free) and r.proc.poll() is None:
+            with _POOL_LOCK:
+                lst = _POOL.setdefault(key, [])
+                if len(lst) < POOL_MAX:
+                    lst.append(r)
+                    pooled = True
+        if not pooled:
+            r.close()
+    runners.clear()
+
+
+def _close_pool() -> None:
+    with _POOL_LOCK:
+        runners = [r for lst in _POOL.values() for r in lst]
+        _POOL.clear()
+    _close_all(runners)
+
+
+def _forget_pool_in_child() -> None:
+    """A forked child must not take, or stop at its exit, its parent's runners."""
+    global _POOL_LOCK
+    _POOL.clear()
+    _POOL_LOCK = threading.Lock()
+
+
+atexit.register(_close_pool)
+os.register_at_fork(after_in_child=_forget_pool_in_child)
+
+
 def _verdict(tests: Sequence[str], nonce: str, reply: dict | None) -> tuple[str, ...]:
     """Per-test results from the one line that carries the nonce; anything else is a crash."""
     n = max(1, len(tests))
@@ -235,17 +343,34 @@ class Sandbox:
         self._runners: list[_Runner] = []
         self._isolation: str | None = None
         self._nproc = False
-        self._finalizer = weakref.finalize(self, _close_all, self._runners)
+        self._uid: int | None = None
+        self._key = (os.getpid(), self.python, self.requested, NONE_MODE_UID)
+        self._finalizer = weakref.finalize(self, _release, self._key, self._runners, self._idle)
 
     # ------------------------------------------------------------------ runners
     def _new_runner(self) -> _Runner:
-        r = _Runner(self.python, self.requested)
+        r = _pool_take(self._key)
+        if r is not None:
+            return self._own(r)
+        wanted = self.requested
+        if wanted == "auto" and self.python in _NAMESPACES_BROKEN:
+            wanted = "none"
+        r = _Runner(self.python, wanted)
+        if r.error and wanted == "auto" and r.isolation == "namespaces":
+            _NAMESPACES_BROKEN[self.python] = r.error      # the kernel allowed them, the set-up failed
+            r = _Runner(self.python, "none")
+            r.why = r.why if r.error else _NAMESPACES_BROKEN[self.python]
+        if r.error:
+            raise SandboxError(f"sandbox: {r.error}")
         if self.requested == "namespaces" and r.isolation != "namespaces":
             r.close()
             raise SandboxError(f"sandbox: isolation 'namespaces' was asked for and this machine refuses it: {r.why}")
+        return self._own(r)
+
+    def _own(self, r: _Runner) -> _Runner:
         with self._lock:
             self._runners.append(r)
-            self._isolation, self._nproc = r.isolation, r.nproc
+            self._isolation, self._nproc, self._uid = r.isolation, r.nproc, r.uid
         return r
 
     def _take(self) -> _Runner:
@@ -273,17 +398,26 @@ class Sandbox:
 
     @property
     def limits_processes(self) -> bool:
-        """Whether RLIMIT_NPROC binds the sample (False only for the host's root in mode 'none'
-        when nobody cannot read the stdlib: then threads, which have no audit event before
-        Python 3.13, are not stopped)."""
+        """Whether RLIMIT_NPROC binds the sample (no thread, no fork): always, since a sample
+        is never the host's root (who is exempt from it)."""
         if self._isolation is None:
             self._idle.put(self._take())
         return self._nproc
 
+    @property
+    def sample_uid(self) -> int | None:
+        """The host uid samples run as in mode 'none' when the builder is the host's root
+        (NONE_MODE_UID); None where a sample keeps the builder's uid (namespaces map it)."""
+        if self._isolation is None:
+            self._idle.put(self._take())
+        return self._uid
+
     def close(self) -> None:
-        """Stop the runner processes (also done when the Sandbox is garbage-collected or at exit)."""
+        """Hand the idle runners to the process-wide pool (the next Sandbox asking for the same
+        isolation reuses them; they are stopped at exit) and stop any other; also done when the
+        Sandbox is garbage-collected. The Sandbox may be used again (it starts or takes runners)."""
         with self._lock:
-            _close_all(self._runners)
+            _release(self._key, self._runners, self._idle)
 
     def __enter__(self) -> Sandbox:
         return self
