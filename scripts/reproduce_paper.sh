@@ -14,7 +14,7 @@
 #   OUT=runs/paper-b MODEL=/data/Qwen2.5-7B-Instruct bash scripts/reproduce_paper.sh --dry-run
 #
 # Every variable below can be set from the environment. The configs are validated first by
-# training/reproduce.py with the loaders the run uses; the copies whose endpoint, process count
+# aftraj/drivers/reproduce.py with the loaders the run uses; the copies whose endpoint, process count
 # or model a variable changes are written to $OUT/configs/. Needs: .venv (scripts/setup.sh),
 # .venv-verl (bash scripts/setup_verl.sh --gpu) and a GPU vLLM in $VLLM_PYTHON's environment,
 # the base model in a local folder. Servers started here are stopped on exit, error or Ctrl-C.
@@ -74,12 +74,11 @@ EVAL="$OUT/eval"
 CMDS=""
 SERVER_PID=""
 
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"   # answers URL, stop_group PID SECONDS
+
 stop_server() {
-  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill -TERM -- "-$SERVER_PID" 2>/dev/null || kill -TERM "$SERVER_PID"
-    for ((i = 0; i < 60; i++)); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 1; done
-    kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
+  if [[ -n "$SERVER_PID" ]] && stop_group "$SERVER_PID" 60; then
     echo "reproduce_paper: server (pid $SERVER_PID) stopped"
   fi
   SERVER_PID=""
@@ -91,14 +90,6 @@ trap 'exit 130' INT TERM
 step() {   # print the command; run it, or (dry run) record it for the flag check
   printf '+'; printf ' %q' "$@"; printf '\n'
   if ((DRY)); then printf '%q ' "$@" >>"$CMDS"; printf '\n' >>"$CMDS"; else "$@"; fi
-}
-
-answers() {   # does an OpenAI-compatible server answer at $1/models?
-  "$PYTHON" -c 'import sys, urllib.request
-try:
-    urllib.request.urlopen(sys.argv[1].rstrip("/") + "/models", timeout=5)
-except Exception:
-    sys.exit(1)' "$1"
 }
 
 start_server() {   # NAME URL CMD…: start CMD in its own process group, wait until URL answers
@@ -126,11 +117,11 @@ skip() {   # PATH PHASE: true (and says so) when PATH exists and this is a real 
 }
 
 # --- 0. every config, validated with the loaders the run uses
-echo "== configs (training/reproduce.py)"
-"$PYTHON" -m training.reproduce configs
+echo "== configs (aftraj/drivers/reproduce.py)"
+"$PYTHON" -m aftraj.drivers.reproduce configs
 # one token budget (aftraj.tokens.prompt_budget): the stage configs' max_prompt_tokens less the
 # chat template's margin for rendering, stage 2's max_completion_length for the answer
-BUDGET="$("$PYTHON" -m training.reproduce budget)"
+BUDGET="$("$PYTHON" -m aftraj.drivers.reproduce budget)"
 read -r RENDER_BUDGET RESPONSE_TOKENS <<<"$BUDGET"
 echo "   budget: render $RENDER_BUDGET tokens, respond with up to $RESPONSE_TOKENS (every phase)"
 if ((DRY)); then CMDS="$(mktemp)"; fi
@@ -207,8 +198,8 @@ step "${AFTRAJ[@]}" eval compare "$EVAL/corpus-auditor" "$EVAL/corpus-rules" "$E
 step "${AFTRAJ[@]}" eval compare "$EVAL/ww-auditor" "$EVAL/ww-rules" --out "$EVAL/compare-ww"
 
 if ((DRY)); then
-  echo "== flags of the commands above, and one budget across them (training/reproduce.py)"
-  "$PYTHON" -m training.reproduce commands "$CMDS"
+  echo "== flags of the commands above, and one budget across them (aftraj/drivers/reproduce.py)"
+  "$PYTHON" -m aftraj.drivers.reproduce commands "$CMDS"
   echo "  (the verl recipe itself is composed and validated against verl by \`bash scripts/test_verl.sh\`" \
        "in verl's environment; vLLM's flags by the server at start)"
   echo "reproduce_paper: dry run OK: configs valid, commands printed above; nothing was run"

@@ -22,24 +22,12 @@ import json, sys
 c = json.load(sys.stdin)
 print(c["openai_base_url"] if c["sampler"] == "openai" and c["samples_per_prompt"] > 0 else "")')"
 
-answers() {   # does an OpenAI-compatible server answer at $1/models?
-  "$PY" -c 'import sys, urllib.request
-try:
-    urllib.request.urlopen(sys.argv[1].rstrip("/") + "/models", timeout=5)
-except Exception:
-    sys.exit(1)' "$1"
-}
+# shellcheck source=scripts/lib.sh
+source "$ROOT/scripts/lib.sh"   # answers URL, stop_group PID SECONDS (answers uses $PYTHON, as $PY does)
 
 SERVER_PID=""
 stop_server() {   # the server's whole process group: vLLM's tensor-parallel workers hold GPU memory too
-  if [[ -n "$SERVER_PID" ]] && kill -0 "$SERVER_PID" 2>/dev/null; then
-    kill -TERM -- "-$SERVER_PID" 2>/dev/null || kill -TERM "$SERVER_PID"
-    for ((i = 0; i < ${SAMPLER_STOP_S:-60}; i++)); do
-      kill -0 -- "-$SERVER_PID" 2>/dev/null || break
-      sleep 1
-    done
-    kill -KILL -- "-$SERVER_PID" 2>/dev/null || true
-    wait "$SERVER_PID" 2>/dev/null || true
+  if [[ -n "$SERVER_PID" ]] && stop_group "$SERVER_PID" "${SAMPLER_STOP_S:-60}"; then
     echo "train_stage1: sampling server (pid $SERVER_PID, its process group) stopped"
   fi
   SERVER_PID=""
