@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from aftraj.overrides import cli_overrides
+    from aftraj.config import cli_overrides
     from training.stage1.config import load_stage1_config
     from training.stage1.trainer import sample_preferences, train
 
@@ -64,7 +64,7 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from aftraj.cli import run_guarded
+    from aftraj.guard import run_guarded
 
     p = argparse.ArgumentParser(prog="python -m training.stage1", description="Stage 1: BPPO training")
     add_arguments(p)
