@@ -15,7 +15,7 @@ TINY = REPO / "configs" / "stage1" / "tiny-cpu.yaml"
 
 
 def test_every_lora_checkpoint_holds_a_loadable_adapter(tiny_model_dir, handmade_corpus, tmp_path):
-    from eval.ablation import candidates
+    from aftraj.drivers.ablation import candidates
     from eval.auditors.hf import load_model
 
     cfg = load_stage1_config(TINY, {
