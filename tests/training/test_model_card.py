@@ -1,5 +1,5 @@
 """Every checkpoint folder gets a model card (README.md) naming the base model, the data, the
-config and the steps; `aftraj eval --model FOLDER` adds its results to the card."""
+config and the steps; `aftraj eval --model FOLDER --update-model-card` adds its results to the card."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ def test_stage1_final_and_checkpoint_have_cards_and_eval_adds_results(stage1_cfg
     (data).write_text((handmade_corpus / "train.jsonl").read_text())
     out = tmp_path / "ev"
     assert main(["eval", "--auditor", "hf", "--model", str(res.final_dir), "--data", str(data),
-                 "--out", str(out), "--no-progress", "--n-boot", "10", "--max-new-tokens", "4"]) == 0
+                 "--out", str(out), "--no-progress", "--n-boot", "10", "--max-new-tokens", "4",
+                 "--update-model-card"]) == 0
     meta, text = _card(res.final_dir)
     m = json.loads((out / "metrics.json").read_text())
     assert "Not evaluated yet" not in text and f"`{out}`" in text and f"| {m['overall']['n']} |" in text
