@@ -5,7 +5,7 @@ line left behind by a move, fails here with the path named.
 
 The tree is the code block under "## Layout": one entry a line, two spaces of indent a level, the
 name first (a folder ends with "/"; a name may hold a subpath, `accelerate/fsdp.yaml`), then what
-it is."""
+it is; a line indented to the description's column continues the description above it."""
 
 from __future__ import annotations
 
@@ -31,13 +31,16 @@ def parse_tree(block: str) -> tuple[dict[str, int], list[str]]:
     entries: dict[str, int] = {}
     errors: list[str] = []
     stack: list[str] = []          # folder path at each level
-    prev_level, prev_is_dir = -1, True
+    prev_level, prev_is_dir, desc_col = -1, True, None
     for n, line in enumerate(block.splitlines(), 1):
         if not line.strip():
             continue
         indent = len(line) - len(line.lstrip(" "))
+        if desc_col is not None and indent >= desc_col:
+            continue                 # the description of the entry above, continued
         parts = line.strip().split(None, 1)
         name, desc = parts[0], (parts[1].strip() if len(parts) > 1 else "")
+        desc_col = line.index(desc, indent + len(name)) if desc else None
         if indent % 2:
             errors.append(f"tree line {n} ({name}): indent {indent} is not a multiple of 2")
             continue
@@ -101,7 +104,8 @@ def test_the_check_finds_a_misplaced_a_missing_and_a_stale_line():
             "  tokens.py              token counting\n"
             "  commands/              subcommands\n"
             "    serve.py             aftraj serve\n"
-            "  structural/            the monitor\n"
+            "  structural/            the monitor,\n"
+            "                         its description continued\n"
             "    monitor.py           fit and score\n"
             "eval/                    evaluation\n"
             "  data/                  shipped data, described as a whole\n")
