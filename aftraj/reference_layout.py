@@ -32,8 +32,10 @@ but `aftraj eval --protocol reference` walks with the per-prefix header at t = N
 
 from __future__ import annotations
 
-from aftraj.prompt import PromptBudgetError, Rendered, approx_tokens, escape
+from aftraj.escape import escape
+from aftraj.prompt import Rendered
 from aftraj.schema import Step, Trajectory
+from aftraj.tokens import PromptBudgetError, approx_tokens
 
 LAYOUTS = ("ours", "reference")
 CONTENT_CUT, CONTENT_MARK = 2000, "... [truncated]"

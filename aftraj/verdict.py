@@ -2,8 +2,8 @@
 one, the gold verdict of a prefix, and the rules that decide whether a verdict is right.
 
 Evaluation (`eval.metrics`, `eval.walker`), the heuristic baselines, stage-1 preferences and the
-stage-2 reward (`training.reward`) all import from here; `aftraj.prompt` re-exports the names it
-used to define, so `from aftraj.prompt import parse_verdict` keeps working.
+stage-2 reward (`training.reward`) all import from here, and only from here (the prompt builder
+no longer re-exports them). It builds on `aftraj.escape` and `aftraj.schema` only.
 
 The parser is total: every input (any string, any size) returns a `Verdict` or a typed
 `ParseFailure`, never an exception. Bounds: the completion is at most `MAX_COMPLETION_CHARS`

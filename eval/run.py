@@ -188,10 +188,12 @@ def evaluate(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> EvalRe
             new = walk(auditor, todo, walk_cfg, progress=cfg.progress,
                        on_record=lambda i, rec: log.write(rec))
         except Exception as e:
-            from aftraj.tokens import PromptBudgetError
+            from aftraj import tokens, views
             from eval.auditors.openai import AuditorError
 
-            if isinstance(e, (AuditorError, PromptBudgetError)):
+            # views.PromptBudgetError: the bounded view's, the same class as tokens' once
+            # aftraj/views.py imports it from aftraj.tokens (gateway's edit, requested)
+            if isinstance(e, (AuditorError, tokens.PromptBudgetError, views.PromptBudgetError)):
                 raise EvalFailed(f"the auditor failed, no report written: {e}") from e
             raise
         if log.done:   # ids are unique here (resume_settings)

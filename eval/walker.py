@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import dataclasses
 
-from aftraj.prompt import ParseFailure
 from aftraj.reference_parse import PARSERS, parse_with
 from aftraj.schema import Trajectory
+from aftraj.verdict import ParseFailure
 from eval.auditors import AuditResult, Auditor
 
 PROTOCOLS = ("strict", "reference")

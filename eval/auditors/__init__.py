@@ -1,13 +1,13 @@
 """Auditors behind one small interface, registered by name (lm-eval's `LM` + `@register_model`).
 
 An auditor answers, for prefix t of a trajectory (steps 0..t only), with an `AuditResult`: a
-`aftraj.prompt.Verdict` or `aftraj.prompt.ParseFailure`, P(UNSAFE) when the backend gives one,
+`aftraj.verdict.Verdict` or `aftraj.verdict.ParseFailure`, P(UNSAFE) when the backend gives one,
 the latency and the prompt / completion / cached token counts. The walker (`eval.walker`) decides
 which prefixes to ask for; auditors never look past the t they are given.
 
 Writing one (e.g. `eval/auditors/rules.py`, found automatically, no other file to edit):
 
-    from aftraj.prompt import Verdict
+    from aftraj.verdict import Verdict
     from eval.auditors import AuditResult, Auditor, register_auditor
 
     @register_auditor("rules")
@@ -48,8 +48,8 @@ import pkgutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from aftraj.prompt import ParseFailure, Verdict
 from aftraj.schema import Trajectory
+from aftraj.verdict import ParseFailure, Verdict
 
 STRATEGIES = ("online", "posthoc", "bisect")
 

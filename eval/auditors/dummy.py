@@ -4,7 +4,7 @@
 
 Arguments (`dummy:ARG`):
 - `safe` (default): CONTINUE at every prefix.
-- `gold`: the oracle, `aftraj.prompt.gold_verdict(traj, t)`: ALARM exactly at k* (metrics are perfect).
+- `gold`: the oracle, `aftraj.verdict.gold_verdict(traj, t)`: ALARM exactly at k* (metrics are perfect).
 - `alarm-at-N`: ALARM at prefix N (or the last step if shorter), blaming step N and its agent.
 - `fail`: every answer is a parse failure (counted as CONTINUE).
 - `confidence=P` may follow any of these after a comma (`gold,confidence=0.7`) to report P(UNSAFE).
@@ -13,7 +13,7 @@ A `fn=callable(traj, t) -> Verdict | ParseFailure` keyword replaces the rule (te
 
 from __future__ import annotations
 
-from aftraj.prompt import ParseFailure, Verdict, gold_verdict
+from aftraj.verdict import ParseFailure, Verdict, gold_verdict
 from eval.auditors import AuditResult, Auditor, register_auditor
 
 

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from aftraj.adapters.base import refuse_unlabeled
-from aftraj.prompt import Verdict
 from aftraj.schema import Trajectory
+from aftraj.verdict import Verdict
 from eval.auditors import AuditResult, Auditor, register_auditor
 
 MIN_CELL = 8          # train trajectories a length cell needs before it stops pooling neighbours

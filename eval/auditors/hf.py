@@ -41,10 +41,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aftraj.prompt import parse_verdict, render_prompt
-from aftraj.tokens import TEMPLATE_MARGIN, chat_prompt_text, count_tokens, prompt_budget, text_ids
-from eval.auditors import AuditResult, Auditor, register_auditor
 from aftraj.confidence import p_unsafe_at, verdict_position
+from aftraj.prompt import render_prompt
+from aftraj.tokens import TEMPLATE_MARGIN, chat_prompt_text, count_tokens, prompt_budget, text_ids
+from aftraj.verdict import parse_verdict
+from eval.auditors import AuditResult, Auditor, register_auditor
 
 
 @dataclass

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from aftraj.detectors import Policy, default_policy, load_policy
 from aftraj.fold import TrajectoryFolder
-from aftraj.prompt import Verdict
 from aftraj.schema import Trajectory
+from aftraj.verdict import Verdict
 from eval.auditors import AuditResult, Auditor, register_auditor
 
 

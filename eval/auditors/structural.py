@@ -21,8 +21,8 @@ import math
 import time
 from collections.abc import Sequence
 
-from aftraj.prompt import Verdict
 from aftraj.schema import Trajectory
+from aftraj.verdict import Verdict
 from eval.auditors import AuditResult, Auditor, register_auditor
 
 

@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from aftraj.prompt import (SYSTEM_PROMPT, PromptBudgetError, escape, gold_completion,
-                           parse_verdict, render, render_prompt, render_step, split_rendered,
-                           unescape)
+from aftraj.escape import escape, unescape
+from aftraj.prompt import SYSTEM_PROMPT, PromptBudgetError, render, render_prompt, render_step, split_rendered
 from aftraj.schema import Label, Step, Trajectory
+from aftraj.verdict import gold_completion, parse_verdict
 
 
 def _ids(tok, text):

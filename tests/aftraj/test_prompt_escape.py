@@ -10,8 +10,9 @@ import re
 
 import pytest
 
-from aftraj.prompt import (FAMILY_MARKERS, escape, render, render_prompt, special_token_texts,
-                           uncovered_special_tokens, unescape)
+from aftraj.escape import (FAMILY_MARKERS, escape, special_token_texts, uncovered_special_tokens,
+                           unescape)
+from aftraj.prompt import render, render_prompt
 from aftraj.schema import Label, Step, Trajectory
 
 OTHER_FAMILIES = [

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from aftraj.prompt import PromptBudgetError, escape, render, render_prompt
+from aftraj.escape import escape
+from aftraj.prompt import render, render_prompt
 from aftraj.readers import aftraj_row_to_trajectory, load_trajectories
 from aftraj.reference_layout import CONTENT_MARK, SYSTEM_PROMPT, TASK_MARK, render_reference
+from aftraj.tokens import PromptBudgetError
 
 GOLDEN = Path(__file__).parent / "golden" / "reference_layout"
 CASES = sorted(GOLDEN.glob("*.json"))

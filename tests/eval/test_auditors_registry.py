@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aftraj.prompt import ParseFailure, Verdict
+from aftraj.verdict import ParseFailure, Verdict
 from eval.auditors import AuditResult, Auditor, available_auditors, get_auditor, parse_spec, register_auditor
 
 

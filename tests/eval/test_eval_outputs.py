@@ -23,7 +23,7 @@ class _Thinker(Auditor):
     """Answers with a full <think> block; every third call is malformed."""
 
     def audit(self, traj, t):
-        from aftraj.prompt import parse_verdict
+        from aftraj.verdict import parse_verdict
 
         raw = (f"<think>step {t} of {traj.id}: long reasoning " + "x" * 400 + "</think>"
                '<answer>{"answer": "SAFE", "agent": null, "reason": null}</answer>')
@@ -140,7 +140,9 @@ def test_compare_refuses_a_folder_without_metrics(tmp_path, capsys):
     # a user error: one line naming the folder, exit 2 (aftraj.cli's rule), never a traceback
     assert main(["eval", "compare", str(tmp_path), "--out", str(tmp_path / "c")]) == 2
     assert f"{tmp_path}: no metrics.json" in capsys.readouterr().err
-    assert main(["eval", "cmp", str(tmp_path), "--out", str(tmp_path / "c")]) == 2
+    with pytest.raises(SystemExit) as e:    # `compare` is a subcommand: argparse names the choices
+        main(["eval", "cmp", str(tmp_path), "--out", str(tmp_path / "c")])
+    assert e.value.code == 2 and "invalid choice: 'cmp'" in capsys.readouterr().err
     assert main(["eval", "--out", str(tmp_path / "c")]) == 2
     assert "--auditor is required" in capsys.readouterr().err
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from aftraj.prompt import ParseFailure, Verdict
+from aftraj.verdict import ParseFailure, Verdict
 from eval.auditors import AuditResult, Auditor, get_auditor
 from eval.walker import WalkConfig, walk
 
