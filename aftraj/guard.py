@@ -36,14 +36,6 @@ def describe(e: BaseException) -> str:
     return " ".join(msg.split("\n")).strip()
 
 
-def _not_yet_usage_errors() -> tuple[type[BaseException], ...]:
-    """User errors that do not subclass UsageError yet (requested of their owners); imported only
-    when an error has happened, so a command's start imports nothing more."""
-    from aftraj.corpus.sandbox import SandboxError
-
-    return () if issubclass(SandboxError, UsageError) else (SandboxError,)
-
-
 def run_guarded(func, args, name: str) -> int:
     """Run `func(args)`; a user error is one line naming what was wrong (exit 2), anything else a
     traceback with a request to report it (exit 1)."""
@@ -55,7 +47,7 @@ def run_guarded(func, args, name: str) -> int:
         print(f"{name}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
-        if isinstance(e, USER_ERRORS + _not_yet_usage_errors()):
+        if isinstance(e, USER_ERRORS):
             print(f"{name}: {describe(e)}", file=sys.stderr)
             return 2
         traceback.print_exc()

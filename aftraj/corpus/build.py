@@ -25,13 +25,14 @@ from pathlib import Path
 from aftraj.corpus.config import CorpusConfig, config_to_dict
 from aftraj.corpus.curate import PREDICATES, curate
 from aftraj.corpus.diagnose import CRITERIA, diagnose, make_judge
+from aftraj.corpus.domains.coding import functions_of, suite_tests
 from aftraj.corpus.export import export_corpus
 from aftraj.corpus.inject import inject, targets
 from aftraj.corpus.policies import make_policy
 from aftraj.corpus.rollout import Rollout, replay_restoring, run_rollout
 from aftraj.corpus.sandbox import Sandbox
 from aftraj.corpus.splits import assign_splits
-from aftraj.corpus.tasks import POOL_READERS, Task, functions_of, generate_tasks, suite_tests
+from aftraj.corpus.tasks import POOL_READERS, Task, generate_tasks
 from aftraj.corpus.templates import template_for
 from aftraj.schema import Label, Trajectory
 

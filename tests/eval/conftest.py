@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -232,49 +230,26 @@ def _free_port() -> int:
 def vllm_server(tmp_path_factory):
     """A real vLLM CPU OpenAI-compatible server on 127.0.0.1 serving a locally built tiny Qwen2
     (hidden 128: the CPU attention backend needs head_dim >= 32), with prefix caching and
-    `--enable-prompt-tokens-details` so usage reports cached tokens. The server runs from the
-    venv that scripts/test_vllm.sh creates ($VLLM_PYTHON, default .venv-vllm/bin/python).
-    Yields (base_url, served_model_name, log_path)."""
-    import httpx
-
+    `--enable-prompt-tokens-details` so usage reports cached tokens, started and stopped by
+    `serve.vllm.running_vllm`. The server runs from the venv that scripts/test_vllm.sh creates
+    ($VLLM_PYTHON, default .venv-vllm/bin/python). Yields (base_url, served_model_name, log_path)."""
+    from serve.config import VllmConfig
+    from serve.vllm import VllmStartError, running_vllm
     from training.models import build_tiny_model
 
     py = Path(os.environ.get("VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
     if not py.exists():
         pytest.fail(f"no vLLM venv python at {py}: run `bash scripts/test_vllm.sh` (it creates it)")
     model_dir = build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2-vllm"), hidden_size=128)
-    port = _free_port()
     log = tmp_path_factory.mktemp("vllm-log") / "server.log"
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
-    cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-           "--served-model-name", "tiny-auditor", "--host", "127.0.0.1", "--port", str(port),
-           "--dtype", "float32", "--max-model-len", "32768", "--enforce-eager",
-           "--enable-prefix-caching", "--block-size", "32", "--enable-prompt-tokens-details"]
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)
-    url = f"http://127.0.0.1:{port}/v1"
-    deadline = time.time() + float(os.environ.get("VLLM_START_TIMEOUT", "300"))
+    cfg = VllmConfig(profile="cpu", python=str(py), model=str(model_dir), served_model_name="tiny-auditor",
+                     port=_free_port(), dtype="float32", max_model_len=32768, block_size=32,
+                     gpu_memory_utilization=None, structured_outputs_backend=None, enforce_eager=True,
+                     kv_cache_space_gib=int(os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")))
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vLLM server exited with {proc.returncode}; log {log}:\n"
-                            + log.read_text()[-3000:])
-            try:
-                if httpx.get(f"{url}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                pytest.fail(f"vLLM server not healthy in time; log {log}:\n" + log.read_text()[-3000:])
-            time.sleep(1)
-        yield url, "tiny-auditor", log
+        with running_vllm(cfg, log=log, timeout_s=float(os.environ.get("VLLM_START_TIMEOUT", "300"))) as server:
+            yield f"{server.url}/v1", "tiny-auditor", log
+    except VllmStartError as e:
+        pytest.fail(f"vLLM server: {e}; log {log}:\n{e.log_tail}")
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
         print(f"vLLM server log: {log}", file=sys.stderr)
