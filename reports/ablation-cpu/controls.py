@@ -1,0 +1,100 @@
+"""Controls for the linear probe's post-vs-twin figure (issue 21): what a reader with no model can
+get from the same held-out twin pairs.
+
+- length: "the longer step k* alarms" (post and twin share steps 0..k*-1 and the agent at k*, so
+  the content of step k* is all they differ in; a length rule looks at its size only);
+- bag of tokens: L2 logistic regression (eval.probe.fit_logistic, the linear probe's own fit and
+  defaults) on log(1 + count) of each tokenizer id in the rendered prompt, fitted on the same train
+  pairs the linear probe uses (same filter, same seeded sample) and scored by post-beats-twin.
+
+    python reports/ablation-cpu/controls.py --tokenizer runs/ablation-cpu/warmup/final \\
+        --train runs/ablation-cpu/corpus/train.jsonl --heldout runs/ablation-cpu/probe-data/heldout.jsonl \\
+        --train-pairs 120 --max-post-tokens 1100 --out reports/ablation-cpu/controls.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from aftraj.schema import Trajectory  # noqa: E402
+from eval.probe import _beats, fit_logistic, probe_prompts  # noqa: E402
+
+
+def _load(path: str) -> list[Trajectory]:
+    with open(path, encoding="utf-8") as f:
+        return [Trajectory.from_dict(json.loads(line)) for line in f if line.strip()]
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tokenizer", required=True)
+    ap.add_argument("--train", required=True)
+    ap.add_argument("--heldout", required=True)
+    ap.add_argument("--train-pairs", type=int, default=120)
+    ap.add_argument("--max-post-tokens", type=int, default=1100)
+    ap.add_argument("--n-boot", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path)
+    a = ap.parse_args(argv)
+
+    import torch
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(a.tokenizer)
+
+    def count(s: str) -> int:
+        return len(tok(s, add_special_tokens=False)["input_ids"])
+
+    def pairs(path: str) -> list[dict]:
+        return [i for i in probe_prompts(_load(path), budget=None, count_tokens=count,
+                                         max_post_tokens=a.max_post_tokens) if "twin" in i["prompts"]]
+
+    tr, te = pairs(a.train), pairs(a.heldout)
+    if len(tr) > a.train_pairs:            # the linear probe's sample (eval.probe.linear_probe)
+        tr = random.Random(a.seed).sample(tr, a.train_pairs)
+
+    def size(i: dict, s: str) -> float:
+        return float(len(i["runs"][s].steps[i["traj"].label.decisive_step].content))
+
+    length = [{"post": {"d": size(i, "post")}, "twin": {"d": size(i, "twin")}} for i in te]
+
+    vocab = len(tok)
+
+    def feats(items: list[dict]):
+        rows = []
+        for i in items:
+            for s in ("post", "twin"):
+                ids = tok("\n".join(m["content"] for m in i["prompts"][s].messages),
+                          add_special_tokens=False)["input_ids"]
+                v = torch.zeros(vocab)
+                v.index_add_(0, torch.tensor(ids), torch.ones(len(ids)))
+                rows.append(torch.log1p(v))
+        return torch.stack(rows)
+
+    x_tr, x_te = feats(tr), feats(te)
+    keep = x_tr.std(0) > 0
+    x_tr, x_te = x_tr[:, keep], x_te[:, keep]
+    y = torch.tensor([1.0, 0.0] * len(tr))
+    w, b, mean, std = fit_logistic(x_tr, y)
+    s_tr, s_te = ((x_tr - mean) / std) @ w + b, ((x_te - mean) / std) @ w + b
+    bow = [{"post": {"d": float(s_te[2 * j])}, "twin": {"d": float(s_te[2 * j + 1])}} for j in range(len(te))]
+    res = {"n_train_pairs": len(tr), "n_heldout_pairs": len(te),
+           "length_rule": _beats(length, "post", "twin", "d", a.n_boot, a.seed),
+           "bag_of_tokens": {**_beats(bow, "post", "twin", "d", a.n_boot, a.seed),
+                             "features": int(keep.sum()),
+                             "train_accuracy": float(((s_tr > 0).float() == y).float().mean())}}
+    text = json.dumps(res, indent=1) + "\n"
+    if a.out:
+        a.out.write_text(text, encoding="utf-8")
+    print(text, end="")
+    return res
+
+
+if __name__ == "__main__":
+    main()
