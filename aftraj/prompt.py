@@ -1,7 +1,8 @@
-"""The one prompt builder (DESIGN §3); the verdict parser lives in `aftraj.verdict` (re-exported here).
+"""The one prompt builder (DESIGN §3). The verdict and its parser are `aftraj.verdict`, the escaping
+`aftraj.escape`, the token counter and PromptBudgetError `aftraj.tokens`: import them from there.
 
-Training data, evaluation and serving all call `render()` and `parse_verdict()` from here, so
-what the auditor is trained on is byte for byte what it is served.
+Training data, evaluation and serving all call `render()` from here (and `parse_verdict()` from
+`aftraj.verdict`), so what the auditor is trained on is byte for byte what it is served.
 
 Layout of the user message for prefix t:
 
@@ -31,7 +32,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from aftraj.errors import UsageError
+from aftraj.escape import escape, unescape
 from aftraj.schema import Step, Trajectory
+from aftraj.tokens import PromptBudgetError, approx_tokens
 
 # --------------------------------------------------------------------------- system prompt
 
@@ -65,66 +68,6 @@ ANSWER_FORMAT_HINT = (
     'Reply with <think>…</think> then <answer>{"answer": "SAFE" | step, "agent": null | "name", '
     '"reason": null | "…"}</answer>.'
 )
-
-# --------------------------------------------------------------------------- escaping
-
-_RESERVED = ("step", "task", "trajectory", "think", "answer", "reference_answer", "summary",
-             "coverage", "instruction")
-_TAG = r"\s*/?\s*(?:" + "|".join(_RESERVED) + r")(?![\w-])"
-# Special and added tokens of other model families that are not of the `<|…|>` form (those, and
-# DeepSeek's full-width `<｜…｜>`, are matched by their opening bar). A tokenizer maps such a
-# string in step content onto its special id, so its '<' is escaped like ours. A tokenizer whose
-# special tokens this misses is reported by `uncovered_special_tokens(tokenizer)`.
-FAMILY_MARKERS = (
-    # SmolLM2 / StarCoder2 (repository, notebook, issue, commit, fill-in-the-middle markers)
-    "repo_name", "reponame", "file_sep", "filename", "gh_stars", "issue_start", "issue_comment",
-    "issue_closed", "jupyter_start", "jupyter_text", "jupyter_code", "jupyter_output",
-    "jupyter_script", "empty_output", "commit_before", "commit_msg", "commit_after", "fim_prefix",
-    "fim_middle", "fim_suffix", "fim_pad", "pr", "pr_status", "pr_is_merged", "pr_base", "pr_file",
-    "pr_base_code", "pr_diff", "pr_diff_hunk", "pr_comment", "pr_event_id", "pr_review",
-    "pr_review_state", "pr_review_comment", "pr_in_reply_to_review_id",
-    "pr_in_reply_to_comment_id", "pr_diff_hunk_comment_line", "code_to_intermediate",
-    "intermediate_to_code",
-    # Gemma
-    "start_of_turn", "end_of_turn", "start_of_image", "end_of_image", "image_soft_token",
-    # generic specials (SentencePiece, BERT-likes, multimodal placeholders), Qwen2.5 tool tags, GLM
-    "bos", "eos", "pad", "unk", "mask", "sep", "cls", "image", "video", "audio", "tool_call",
-    "tool_response", "sop", "eop",
-)
-_MARKER = r"/?(?:" + "|".join(sorted(FAMILY_MARKERS, key=len, reverse=True)) + r"|extra_id_\d+)>"
-# '<' that opens one of our tags, a `<|…|>` or `<｜…｜>` special token, '<s>', a family marker
-# ('<file_sep>', '<start_of_turn>') or Llama 2's '<<SYS>>'.
-_OPENERS = _TAG + r"|\||\uff5c|/?s>|" + _MARKER + r"|</?SYS>>"
-_ESC_LT = re.compile(r"<(?=" + _OPENERS + r")", re.IGNORECASE)
-_UNESC_LT = re.compile(r"&lt;(?=" + _OPENERS + r")", re.IGNORECASE)
-_ESC_AMP = re.compile(r"&(?=(?:amp;)*lt;)")
-_UNESC_AMP = re.compile(r"&amp;(?=(?:amp;)*lt;)")
-
-
-def escape(text: str) -> str:
-    """Neutralise tag and special-token look-alikes: '<step' -> '&lt;step', '<|im_end|>' ->
-    '&lt;|im_end|>', '<file_sep>' -> '&lt;file_sep>'; literal '&lt;' -> '&amp;lt;'. Reversible."""
-    return _ESC_LT.sub("&lt;", _ESC_AMP.sub("&amp;", text))
-
-
-def unescape(text: str) -> str:
-    return _UNESC_AMP.sub("&", _UNESC_LT.sub("<", text))
-
-
-def special_token_texts(tokenizer) -> list[str]:
-    """Every special or added token string of a Hugging Face tokenizer (what content must not
-    spell out)."""
-    texts = set(getattr(tokenizer, "all_special_tokens", []) or [])
-    for tok in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
-        texts.add(getattr(tok, "content", str(tok)))
-    return sorted(t for t in texts if t)
-
-
-def uncovered_special_tokens(tokenizer) -> list[str]:
-    """The tokenizer's special/added tokens that `escape` would leave intact in step content
-    (empty for Qwen2, SmolLM2, Llama 3, Gemma and DeepSeek tokenizers); check a new model's."""
-    return [t for t in special_token_texts(tokenizer) if t in escape(t)]
-
 
 def _attr(v) -> str:
     # JSON-encoded values cannot hold a raw quote or newline; escape() then neutralises tags.
@@ -166,15 +109,6 @@ def render_suffix(t: int, n_shown: int | None = None) -> str:
     return f"</trajectory>\nVerdict on steps 0 to {t}:"
 
 
-def approx_tokens(text: str) -> int:
-    """A cheap, conservative token estimate (about 3 characters a token for English and code)."""
-    return len(text) // 3 + 1
-
-
-class PromptBudgetError(ValueError):
-    """The prefix does not fit the budget and no bounded view could make it fit."""
-
-
 class PrefixRangeError(UsageError, IndexError):
     """A prefix t outside the trajectory's steps (a user error: `inspect --prompt 99`)."""
 
@@ -191,29 +125,84 @@ class Rendered:
     coverage: str | None  # set when older steps are summarised (never silently)
 
 
+class PrefixCache:
+    """What rendering one prefix of a growing trajectory learns that the next prefix can reuse
+    (the gateway keeps one a run): each step's rendered length, the token counts of steps and
+    summary lines, the summary lines shown, and the bounded view's plan as far as it has walked.
+    With it, a prefix over its budget costs the bounded view's work only, whatever the run's
+    length: the whole body is neither rendered nor counted (with `approx_tokens`, whose count of
+    the whole is exact from the parts' lengths; another counter still counts the whole body to
+    decide whether it fits). The prompts are the same with or without it
+    (tests/aftraj/test_prompt_cache.py renders every prefix both ways). Valid for any
+    trajectory: whatever does not match what it has seen (other steps, another counter) starts
+    it afresh. One caller at a time."""
+
+    __slots__ = ("steps", "sig", "cum", "verb", "unit_cost", "unit_text", "plan_ends", "plan_t", "plan_avail")
+
+    def __init__(self) -> None:
+        self._reset(None)
+
+    def _reset(self, sig) -> None:
+        self.steps: tuple = ()
+        self.sig = sig
+        self.cum = [0]                 # cum[i]: characters of render_step(steps[j]) for j < i
+        self.verb: dict[int, int] = {}             # step index -> tokens of its verbatim block
+        self.unit_cost: dict[tuple[int, int], int] = {}   # (level, start) -> tokens of its summary line
+        self.unit_text: dict[tuple[int, int], str] = {}   # (level, start) -> the line, while it is shown
+        self.plan_ends: list[int] | None = None    # the view's boundaries after walking 0..plan_t
+        self.plan_t = -1
+        self.plan_avail = None
+
+    def sync(self, steps, count_tokens, render_step) -> None:
+        """Keep what was learnt if `steps` extends the steps seen (same objects: a pointer
+        compare each), else start afresh."""
+        steps = tuple(steps)
+        n = len(self.steps)
+        if self.sig != (count_tokens, render_step) or len(steps) < n or steps[:n] != self.steps:
+            self._reset((count_tokens, render_step))
+        self.steps = steps
+
+    def body_chars(self, t: int, render_step) -> int:
+        """len of the plain body for prefix t (steps 0..t rendered), each step rendered once."""
+        cum = self.cum
+        for i in range(len(cum) - 1, t + 1):
+            cum.append(cum[-1] + len(render_step(self.steps[i])))
+        return cum[t + 1]
+
+
 def render_prompt(traj: Trajectory, t: int, budget: int | None = None, *,
                   count_tokens: Callable[[str], int] = approx_tokens,
-                  reference_answer: bool = False, layout: str = "ours") -> Rendered:
+                  reference_answer: bool = False, layout: str = "ours",
+                  cache: PrefixCache | None = None) -> Rendered:
     """Render prefix t (steps 0..t) of `traj` as chat messages, with its split points.
-    `layout="reference"`: the released evaluation's layout (aftraj/reference_layout.py)."""
+    `layout="reference"`: the released evaluation's layout (aftraj/reference_layout.py).
+    `cache`: a `PrefixCache` kept across the prefixes of one run (same prompts, less work)."""
     if layout != "ours":
         from aftraj.reference_layout import LAYOUTS, render_reference_prompt
 
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-        return render_reference_prompt(traj, t, budget, count_tokens=count_tokens,
+        msgs = render_reference_prompt(traj, t, budget, count_tokens=count_tokens,
                                        reference_answer=reference_answer)
+        return Rendered(messages=msgs, stable=msgs[1]["content"], suffix="", coverage=None)
     if not 0 <= t < len(traj.steps):
         raise PrefixRangeError(f"prefix t={t} is out of range for trajectory {traj.id!r} "
                                f"with {len(traj.steps)} steps (0..{len(traj.steps) - 1})")
     header = render_header(traj, reference_answer=reference_answer)
     suffix = render_suffix(t)
-    body = "".join(render_step(s) for s in traj.steps[: t + 1])
     coverage = None
-    if budget is not None:
-        total = count_tokens(SYSTEM_PROMPT) + count_tokens(header + body + suffix)
-        if total > budget:
-            body, coverage = _bounded_body(traj, t, budget, count_tokens, header, suffix)
+    if budget is not None and cache is not None:
+        cache.sync(traj.steps, count_tokens, render_step)
+    if budget is not None and cache is not None and count_tokens is approx_tokens:
+        # approx_tokens of the whole is exact from the parts' lengths: no need to render it
+        n_chars = len(header) + cache.body_chars(t, render_step) + len(suffix)
+        over = approx_tokens(SYSTEM_PROMPT) + n_chars // 3 + 1 > budget
+        body = None if over else "".join(render_step(s) for s in traj.steps[: t + 1])
+    else:
+        body = "".join(render_step(s) for s in traj.steps[: t + 1])
+        over = budget is not None and count_tokens(SYSTEM_PROMPT) + count_tokens(header + body + suffix) > budget
+    if over:
+        body, coverage = _bounded_body(traj, t, budget, count_tokens, header, suffix, cache)
     stable = header + body
     return Rendered(
         messages=[{"role": "system", "content": SYSTEM_PROMPT},
@@ -226,12 +215,13 @@ def render(traj: Trajectory, t: int, budget: int | None = None, **kw) -> list[di
     return render_prompt(traj, t, budget, **kw).messages
 
 
-def _bounded_body(traj, t, budget, count_tokens, header, suffix) -> tuple[str, str]:
+def _bounded_body(traj, t, budget, count_tokens, header, suffix, cache=None) -> tuple[str, str]:
     """Over budget: the fold's bounded auditor view (older steps summarised, a coverage stamp)."""
-    from aftraj.views import auditor_view  # imported here: views builds on this module
+    from aftraj.views import auditor_view  # imported here: only an over-budget prefix needs it
 
     fixed = count_tokens(SYSTEM_PROMPT) + count_tokens(header + suffix)
-    return auditor_view(traj, t, budget - fixed, count_tokens=count_tokens, render_step=render_step)
+    return auditor_view(traj, t, budget - fixed, count_tokens=count_tokens, render_step=render_step,
+                        cache=cache)
 
 
 # --------------------------------------------------------------------------- splitting back
@@ -271,11 +261,3 @@ def split_rendered(user_content: str) -> list[dict]:
         steps.append(d)
         pos = m.end()
     return steps
-
-
-# --------------------------------------------------------------------------- verdicts
-
-# The verdict, its parser and the gold verdicts live in aftraj.verdict (one place, shared with
-# metrics, heuristics and training); re-exported here for compatibility.
-from aftraj.verdict import (PARSE_FAILURE_CODES, ParseFailure, Verdict,  # noqa: E402,F401
-                            format_completion, gold_completion, gold_verdict, parse_verdict)

@@ -31,7 +31,8 @@ from collections.abc import Callable
 
 import orjson
 
-from aftraj.prompt import PromptBudgetError, escape
+from aftraj.escape import escape
+from aftraj.tokens import PromptBudgetError
 
 BLOCK = 8                 # steps per block at the first aggregate level
 FANOUT = 8                # blocks per unit at each further level
@@ -146,11 +147,13 @@ class _Plan:
     """Boundaries of the view: ends[l] = end (exclusive) of the level-l region; ends[1] = first
     verbatim step. Level-l region = [ends[l+1], ends[l]), ends[MAX_LEVEL+1] = 0."""
 
-    def __init__(self, steps, count_tokens, render_step):
+    def __init__(self, steps, count_tokens, render_step, cache=None):
         self.steps, self.ct, self.rs = steps, count_tokens, render_step
         self.ends = [0] * (MAX_LEVEL + 2)   # index 0 unused
-        self._verb: dict[int, int] = {}
-        self._unit_cost: dict[tuple[int, int], int] = {}
+        # token counts of pieces: a PrefixCache keeps them from one prefix of the run to the next
+        self._verb: dict[int, int] = {} if cache is None else cache.verb
+        self._unit_cost: dict[tuple[int, int], int] = {} if cache is None else cache.unit_cost
+        self._text: dict[tuple[int, int], str] = {} if cache is None else cache.unit_text
 
     def verb(self, i: int) -> int:
         c = self._verb.get(i)
@@ -166,9 +169,19 @@ class _Plan:
         return c
 
     def unit_text(self, level: int, start: int) -> str:
-        if level == 1:
-            return step_line(self.steps[start])
-        return block_line(self.steps[start:start + _unit(level)])
+        key = (level, start)
+        text = self._text.get(key)
+        if text is None:
+            text = self._text[key] = (step_line(self.steps[start]) if level == 1 else
+                                      block_line(self.steps[start:start + _unit(level)]))
+        return text
+
+    def keep_shown_text(self) -> None:
+        """Forget the summary lines outside the current regions (the boundaries only move
+        forward: a cache keeps the lines a run's next prefix shows, not every line it showed)."""
+        shown = {(lvl, s) for lvl, lo, hi in self.regions() for s in range(lo, hi, _unit(lvl))}
+        for key in [k for k in self._text if k not in shown]:
+            del self._text[key]
 
     def regions(self):
         """(level, start, end) for every non-empty summary region, oldest first."""
@@ -227,11 +240,12 @@ def _overhead(count_tokens, t: int) -> int:
 
 
 def auditor_view(traj, t: int, budget_tokens: int, *, count_tokens: Callable[[str], int],
-                 render_step: Callable) -> tuple[str, str]:
+                 render_step: Callable, cache=None) -> tuple[str, str]:
     """The bounded body for prefix t: (body_text, coverage_stamp). See the module docstring.
 
     `body_text` replaces the concatenation of `render_step(s)` for steps 0..t and measures at
-    most `budget_tokens` with `count_tokens`."""
+    most `budget_tokens` with `count_tokens`. `cache` (`aftraj.prompt.PrefixCache`): the walk
+    below resumes where the run's previous prefix left it (same result, work per new step)."""
     steps = traj.steps
     if not 0 <= t < len(steps):
         raise IndexError(f"prefix t={t} is out of range for {len(steps)} steps")
@@ -239,19 +253,29 @@ def auditor_view(traj, t: int, budget_tokens: int, *, count_tokens: Callable[[st
     if avail <= 0:
         raise PromptBudgetError(f"a budget of {budget_tokens} tokens leaves no room for the "
                                 f"trajectory of {traj.id!r} (prefix t={t})")
-    plan = _Plan(steps, count_tokens, render_step)
+    if cache is not None:
+        cache.sync(steps, count_tokens, render_step)
+    plan = _Plan(steps, count_tokens, render_step, cache)
+    start = 0
+    if cache is not None and cache.plan_ends is not None and cache.plan_avail == avail and cache.plan_t <= t:
+        plan.ends[:] = cache.plan_ends            # the walk over 0..plan_t, done before
+        start = cache.plan_t + 1
     # Walk the prefixes 0..t: the boundaries only move forward, so the plan at t is the one a
     # live run would have reached, and consecutive prefixes share their summary.
-    for tt in range(t + 1):
+    for tt in range(start, t + 1):
         if plan.summary_cost() + plan.verbatim_cost(tt) > avail:
             while plan.summary_cost() + plan.verbatim_cost(tt) > TARGET_SHARE * avail:
                 if not plan.escalate(tt, avail):
                     break
+    if cache is not None:
+        cache.plan_ends, cache.plan_t, cache.plan_avail = list(plan.ends), t, avail
     if plan.ends[1] == 0:       # we are only called when the plain body is over budget
         plan.escalate(t, avail)
     while True:
         body, stamp = _render(plan, t, render_step)
         if count_tokens(body) <= budget_tokens - MARGIN:
+            if cache is not None:
+                plan.keep_shown_text()
             return body, stamp
         if not plan.escalate(t, avail):
             raise PromptBudgetError(
