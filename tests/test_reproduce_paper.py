@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from training import reproduce
+from aftraj.drivers import reproduce
 from aftraj.drivers.reproduce import ReproduceError, check_command, check_configs
 
 REPO = Path(__file__).resolve().parents[1]
