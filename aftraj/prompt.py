@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from aftraj.errors import UsageError
 from aftraj.escape import escape, unescape
 from aftraj.schema import Step, Trajectory
-from aftraj.tokens import PromptBudgetError, approx_tokens
+from aftraj.tokens import approx_tokens
 
 # --------------------------------------------------------------------------- system prompt
 

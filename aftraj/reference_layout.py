@@ -21,7 +21,7 @@ The layout, for prefix t of a trajectory:
       [Content] … (cut at 2,000 characters + "... [truncated]")
 
 What differs from the release, on purpose: every piece of trajectory text goes through our
-`aftraj.prompt.escape` (content cannot forge tags or chat special tokens); text without such
+`aftraj.escape.escape` (content cannot forge tags or chat special tokens); text without such
 look-alikes renders byte-identical (tests/aftraj/golden/reference_layout/*.json were made by the
 release's own code). The release gives safe runs of its reference protocol a whole-trajectory
 call with another header (`current_step=None`); `render_reference(..., full=True)` renders it,
@@ -33,7 +33,6 @@ but `aftraj eval --protocol reference` walks with the per-prefix header at t = N
 from __future__ import annotations
 
 from aftraj.escape import escape
-from aftraj.prompt import Rendered
 from aftraj.schema import Step, Trajectory
 from aftraj.tokens import PromptBudgetError, approx_tokens
 
@@ -104,10 +103,10 @@ def render_reference(traj: Trajectory, t: int, *, full: bool = False) -> list[di
 
 
 def render_reference_prompt(traj: Trajectory, t: int, budget: int | None = None, *,
-                            count_tokens=approx_tokens, reference_answer: bool = False) -> Rendered:
-    """`aftraj.prompt.render_prompt` for the released layout. Its header names t before the
-    steps, so nothing of the user message is stable across prefixes (`suffix` is empty). It has
-    no bounded view: over `budget`, PromptBudgetError (never a silent cut)."""
+                            count_tokens=approx_tokens, reference_answer: bool = False) -> list[dict]:
+    """The messages `aftraj.prompt.render_prompt` returns for the released layout (it wraps them:
+    the header names t before the steps, so nothing of the user message is stable across
+    prefixes). No bounded view: over `budget`, PromptBudgetError (never a silent cut)."""
     if reference_answer:
         raise ValueError("the reference layout has no place for a reference answer; "
                          "drop --reference-answer or use --layout ours")
@@ -118,4 +117,4 @@ def render_reference_prompt(traj: Trajectory, t: int, budget: int | None = None,
             raise PromptBudgetError(f"the reference layout of prefix {t} of {traj.id!r} is {n} tokens, "
                                     f"over the budget of {budget}; it has no bounded view "
                                     f"(use --layout ours)")
-    return Rendered(messages=msgs, stable=msgs[1]["content"], suffix="", coverage=None)
+    return msgs

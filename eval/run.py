@@ -188,12 +188,10 @@ def evaluate(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> EvalRe
             new = walk(auditor, todo, walk_cfg, progress=cfg.progress,
                        on_record=lambda i, rec: log.write(rec))
         except Exception as e:
-            from aftraj import tokens, views
+            from aftraj.tokens import PromptBudgetError
             from eval.auditors.openai import AuditorError
 
-            # views.PromptBudgetError: the bounded view's, the same class as tokens' once
-            # aftraj/views.py imports it from aftraj.tokens (gateway's edit, requested)
-            if isinstance(e, (AuditorError, tokens.PromptBudgetError, views.PromptBudgetError)):
+            if isinstance(e, (AuditorError, PromptBudgetError)):
                 raise EvalFailed(f"the auditor failed, no report written: {e}") from e
             raise
         if log.done:   # ids are unique here (resume_settings)

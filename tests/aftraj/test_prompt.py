@@ -9,8 +9,9 @@ import re
 import pytest
 
 from aftraj.escape import escape, unescape
-from aftraj.prompt import SYSTEM_PROMPT, PromptBudgetError, render, render_prompt, render_step, split_rendered
+from aftraj.prompt import SYSTEM_PROMPT, render, render_prompt, render_step, split_rendered
 from aftraj.schema import Label, Step, Trajectory
+from aftraj.tokens import PromptBudgetError
 from aftraj.verdict import gold_completion, parse_verdict
 
 

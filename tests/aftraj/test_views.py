@@ -10,9 +10,9 @@ import re
 import pytest
 
 from aftraj.fold import fold_trajectory
-from aftraj.prompt import SYSTEM_PROMPT, PromptBudgetError, render_prompt, render_step, split_rendered
+from aftraj.prompt import SYSTEM_PROMPT, render_prompt, render_step, split_rendered
 from aftraj.schema import Label, Step, Trajectory
-from aftraj.tokens import approx_tokens
+from aftraj.tokens import PromptBudgetError, approx_tokens
 from aftraj.views import auditor_view, observer_view
 
 BUDGET = 8192
