@@ -19,18 +19,20 @@ from aftraj.tokens import (TEMPLATE_MARGIN, PromptBudgetError, chat_prompt_ids, 
 
 REPO = Path(__file__).resolve().parents[1]
 MAX_PROMPT = 1000                       # every stage's max_prompt_tokens in this test
+N_STEPS, K = 14, 3                      # long steps: prefixes from t = 2 pass the budget, their summaries fit it;
+                                        # at t = 2, 3 (pre, post) a render without the margin differs
 _WORDS = ("alpha", "beta", "gamma", "delta", "value", "check", "result", "sum")
 
 
 def _content(i: int, j: int) -> str:
-    return f"run {i} step {j}: " + " ".join(_WORDS[(i + j + n) % len(_WORDS)] for n in range(30))
+    return f"run {i} step {j}: " + " ".join(_WORDS[(i + j + n) % len(_WORDS)] for n in range(100))
 
 
 def _runs() -> list[Trajectory]:
-    """Three unsafe runs (k* = 20) and a safe one, 24 steps each: their late prefixes pass the budget."""
+    """Three unsafe runs (k* = K) and a safe one, N_STEPS steps each: their late prefixes pass the budget."""
     out = []
-    for i, k in enumerate((20, 20, 20, None)):
-        agents = ["user"] + ["Solver" if j % 2 else "Checker" for j in range(1, 24)]
+    for i, k in enumerate((K, K, K, None)):
+        agents = ["user"] + ["Solver" if j % 2 else "Checker" for j in range(1, N_STEPS)]
         steps = [Step(index=j, agent=a, kind="message", content=_content(i, j)) for j, a in enumerate(agents)]
         label = (Label(verdict="SAFE", label_source="verified_safe") if k is None else
                  Label(verdict="UNSAFE", label_source="injected", decisive_step=k, decisive_agent=agents[k],
@@ -186,7 +188,7 @@ def test_gateway_renders_by_the_rule_and_the_hf_ids_are_what_it_sent(setting, ti
         r = c.post("/v1/runs", json={"run_id": "r", "task": "check the values", "agents": ["Solver", "Checker"]},
                    headers=head)
         assert r.status_code == 201, r.text
-        for j in range(1, 24):
+        for j in range(1, N_STEPS):
             ev = {"event_id": f"r/{j}", "seq": j, "kind": "message", "agent": "Solver" if j % 2 else "Checker",
                   "payload": {"content": _content(0, j)}}
             assert c.post("/v1/runs/r/events", json={"events": [ev]}, headers=head).status_code < 300
