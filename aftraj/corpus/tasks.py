@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from aftraj.corpus.domains import DOMAINS, domain
 from aftraj.corpus.domains.base import Task
-# the coding domain's function helpers, for the builder's test precomputation (aftraj.corpus.build)
-from aftraj.corpus.domains.coding import functions_of, suite_tests
 
 
 def check_answer(task: Task, final_answer: str | None, sandbox=None) -> tuple[bool, str]:
@@ -33,4 +31,4 @@ def generate_tasks(domain_name: str, n: int, seed: int, *, humaneval: bool = Fal
 # public pool kind (config `public_pools[].kind`) -> reader(path, limit) -> tasks
 POOL_READERS = {kind: reader for d in DOMAINS.values() for kind, reader in d.pools.items()}
 
-__all__ = ["POOL_READERS", "Task", "check_answer", "functions_of", "generate_tasks", "suite_tests"]
+__all__ = ["POOL_READERS", "Task", "check_answer", "generate_tasks"]
