@@ -68,13 +68,6 @@ class EventBatch(BaseModel):
     events: list[dict[str, Any]] = Field(..., min_length=1)
 
 
-class FindingOut(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    kind: str
-    alarm: bool
-    reason: str
-
-
 class Verdict(BaseModel):
     """The verdict for the newest prefix of the run (steps 0..t)."""
 

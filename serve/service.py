@@ -44,6 +44,7 @@ seq >= 1 (or no seq: assigned in arrival order). Step t is the t-th non-syntheti
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import logging
 import math
@@ -58,8 +59,10 @@ import orjson
 from aftraj.events import EventError, check_foldable, event_to_step, is_synthetic, make_event, parse_event
 from aftraj.fold import RunState, fold
 from aftraj.ledger import LedgerError, SqlLedger
-from aftraj.prompt import ParseFailure, approx_tokens, parse_verdict, render_prompt
+from aftraj.prompt import PrefixCache, render_prompt
 from aftraj.schema import Label, SchemaError, Trajectory
+from aftraj.tokens import approx_tokens
+from aftraj.verdict import ParseFailure, parse_verdict
 from aftraj.views import observer_view
 from serve.config import GatewayConfig, hash_key
 from serve.protocol import RunCreate, RunCreated
@@ -175,12 +178,13 @@ class Metrics:
 MIN_AUDIT_S = 0.05         # less deadline than this left after the run's lock: do not call the auditor
 STREAM_QUEUE = 64          # verdicts a stream may lag behind before it is dropped (it resumes from the ledger)
 HISTORY_PAGE = 100         # stored verdicts a stream reads from the database at a time
+HISTORY_READERS = 2        # history pages read at once (all streams): the rest of the threads stay free
 STEP_OVERHEAD = 400        # bytes a folded step costs beyond its strings (the cache's estimate)
 
 
 class _Run:
     __slots__ = ("key", "run_id", "owner", "task", "agents", "category", "state", "steps", "step_at", "lock",
-                 "subscribers", "used", "size", "counted", "broken")
+                 "subscribers", "used", "size", "counted", "broken", "prompts", "traj")
 
     def __init__(self, key, run_id, owner, task, agents, category, policy):
         self.key, self.run_id, self.owner, self.task = key, run_id, owner, task
@@ -194,6 +198,11 @@ class _Run:
         self.size = len(task) + STEP_OVERHEAD      # estimated bytes held (grows on the threads)
         self.counted = 0                           # of which the cache's total holds (the loop's)
         self.broken: GatewayError | None = None
+        self.prompts = PrefixCache()               # what rendering the last prefix learnt (under the lock)
+        self.traj: Trajectory | None = None        # the first validated Trajectory (its fixed fields)
+
+
+_TRAJ_FIELDS = tuple(f.name for f in dataclasses.fields(Trajectory) if f.name != "steps")
 
 
 class _Unfoldable(Exception):
@@ -243,6 +252,10 @@ class GatewayService:
         self.streams: dict[str, int] = defaultdict(int)
         self.inflight: dict[str, int] = defaultdict(int)
         self._loading: dict[str, asyncio.Future] = {}
+        # History pages read at once, over all streams. The loop shares the GIL with every busy
+        # worker thread: 16 streams reading 4,000 verdicts each kept 16 threads runnable, the loop
+        # got ~1/17 of the interpreter and /healthz waited behind them (p80 679 ms at load 10-14).
+        self._history_slots = asyncio.Semaphore(HISTORY_READERS)
         self.pool = ThreadPoolExecutor(lim.worker_threads, thread_name_prefix="aftraj-gateway")
         a = cfg.auditor
         self.client = None
@@ -484,10 +497,23 @@ class GatewayService:
         self._grow(r, new)
 
     def trajectory(self, r: _Run) -> Trajectory:
-        return Trajectory(id=r.run_id, family_id=r.run_id,
-                          domain=r.category if r.category in ("math", "coding", "agentic") else "external",
-                          source="gateway", task=r.task, steps=tuple(r.steps),
-                          label=Label("SAFE", "external"))
+        """The run so far as a Trajectory. The first one is built (and validated) by the
+        schema's constructor; later ones copy its fields with the longer steps tuple and skip
+        the per-step re-validation (O(run length) a request): the gateway's steps are built by
+        `event_to_step` with contiguous indices, so the checks it skips always hold."""
+        base = r.traj
+        if base is None or not r.steps:
+            traj = Trajectory(id=r.run_id, family_id=r.run_id,
+                              domain=r.category if r.category in ("math", "coding", "agentic") else "external",
+                              source="gateway", task=r.task, steps=tuple(r.steps),
+                              label=Label("SAFE", "external"))
+            r.traj = traj
+            return traj
+        traj = object.__new__(Trajectory)
+        for f in _TRAJ_FIELDS:
+            object.__setattr__(traj, f, getattr(base, f))
+        object.__setattr__(traj, "steps", tuple(r.steps))
+        return traj
 
     # ------------------------------------------------------------------ events
     def _parse_body(self, body: bytes) -> list:
@@ -651,13 +677,14 @@ class GatewayService:
 
     def _render(self, r: _Run, t: int):
         a = self.cfg.auditor
-        return render_prompt(self.trajectory(r), t, a.budget, count_tokens=self.count_tokens)
+        # the run's PrefixCache: a prefix over budget costs the bounded view's work, not the run's length
+        return render_prompt(self.trajectory(r), t, a.budget, count_tokens=self.count_tokens, cache=r.prompts)
 
     @staticmethod
     def _read_reply(text: str, logprobs, t: int):
         """Parse the auditor's reply (blocking: a hostile 1M-character reply costs its parse on
         the threads, not on the event loop)."""
-        from eval.confidence import p_unsafe_from_logprobs
+        from aftraj.confidence import p_unsafe_from_logprobs
 
         try:
             v = parse_verdict(text, t)
@@ -840,7 +867,8 @@ class GatewayService:
     async def _stream_gen(self, owner, r, q, last):
         try:
             while True:
-                page = await self._ledger(self.verdict_page, r.key, last, what="reading verdicts")
+                async with self._history_slots:  # a few streams' history at a time on the threads
+                    page = await self._ledger(self.verdict_page, r.key, last, what="reading verdicts")
                 if page:
                     yield page
                     last = page[-1][0]

@@ -442,7 +442,7 @@ def test_a_fold_alarm_names_step_indices_not_fold_positions(tmp_path, before):
 
 @pytest.mark.parametrize("odd", [900.0, "-0.1", True, None])
 def test_odd_logprobs_give_an_ok_verdict_without_confidence(tmp_path, odd):
-    from eval.confidence import p_unsafe_at
+    from aftraj.confidence import p_unsafe_at
 
     assert p_unsafe_at({' "': odd}) is None
     assert p_unsafe_at({' "': odd, " 3": -0.1}) == 1.0          # the odd entry is skipped, not fatal
