@@ -46,7 +46,6 @@ DEFAULT_POLICY_PATH = REPO_ROOT / "configs" / "policies" / "default.yaml"
 
 # --------------------------------------------------------------------------- policy
 # A policy file that does not validate is a ConfigError (aftraj.config) naming the file and key.
-PolicyError = ConfigError   # the old name, until tests/aftraj/test_detectors.py imports ConfigError
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from aftraj.detectors import (DEFAULT_POLICY_PATH, FINDING_KINDS, BudgetPolicy, Policy,
-                              PolicyError, load_policy)
+from aftraj.config import ConfigError    # a bad policy file is the one ConfigError
+from aftraj.detectors import DEFAULT_POLICY_PATH, FINDING_KINDS, BudgetPolicy, Policy, load_policy
 from aftraj.events import make_event
 from aftraj.fold import RunState, fold, fold_trajectory
 from aftraj.schema import Label, Step, Trajectory
@@ -270,7 +270,7 @@ def test_default_yaml_matches_builtin_policy():
 def test_bad_policy_names_file_and_key(tmp_path, text, key):
     p = tmp_path / "bad.yaml"
     p.write_text(text)
-    with pytest.raises(PolicyError) as e:
+    with pytest.raises(ConfigError) as e:
         load_policy(p)
     assert str(p) in str(e.value) and key in str(e.value)
 
