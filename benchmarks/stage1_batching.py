@@ -9,7 +9,7 @@ process so that its peak resident memory is its own (`ru_maxrss`). Rounds altern
 last line: padded_s_per_pair=… per_pair_s_per_pair=… speedup=… padded_peak_gib=… per_pair_peak_gib=…
 
 Measured 2026-12-01 on this project's 2-core AVX2 machine (no AVX512-BF16, so fp32), SmolLM2-135M,
-900-token prompts, 40/60-token completions, load average ~9 from other sessions: see DEVELOPERS.md.
+900-token prompts, 40/60-token completions, load average ~9 from other sessions: see benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ def child(args) -> None:
     from training.models import resolve_model_spec
     from training.stage1.config import load_stage1_config
     from training.stage1.data import TokenizedPair, collate
-    from training.stage1.trainer import _load_model, _micro_step, _per_pair_step, _wrap_trainable
+    from training.common import load_model, wrap_trainable
+    from training.stage1.trainer import _micro_step, _per_pair_step
 
     torch.manual_seed(0)
     cfg = load_stage1_config("configs/stage1/smollm2-135m-cpu.yaml", {
@@ -38,7 +39,7 @@ def child(args) -> None:
         "trainable_layers": args.trainable_layers, "finetune": "full", "per_device_batch_size": args.pairs,
         "weight_twin": 0.5 if args.pairs >= 3 else 0.0})
     path = resolve_model_spec(args.model)
-    model = _wrap_trainable(cfg, _load_model(cfg, path))
+    model = wrap_trainable(cfg, load_model(cfg, path))
     model.train()
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
     vocab = model.config.vocab_size

@@ -53,8 +53,8 @@ class Baton:
 
 def build(root: Path, hidden: int, layers: int, n_traj: int):
     from training.models import build_tiny_model
-    from training.stage1.data import synthetic_trajectories
-    from training.stage1.pairs import boundary_prompts
+    from aftraj.boundary import boundary_prompts
+    from training.common import synthetic_trajectories
     from training.stage1.preferences import build_preferences
 
     model_dir = build_tiny_model(root / "model", hidden_size=hidden, num_layers=layers)

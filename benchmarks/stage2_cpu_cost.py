@@ -27,8 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from training.models import resolve_model_spec
-    from training.stage1.data import synthetic_trajectories
-    from training.stage2.data import CHAT_TEMPLATE_MARGIN, build_records, token_counter
+    from aftraj.tokens import prompt_budget, tokenizer_counter
+    from training.common import synthetic_trajectories
+    from training.stage2.data import build_records
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="builtin:smollm2-135m")
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
                                              task_type="CAUSAL_LM"))
     recs, _ = build_records(synthetic_trajectories(24), max_prompts=8, unsafe_fraction=0.5, seed=0,
-                            budget=2048 - CHAT_TEMPLATE_MARGIN, count_tokens=token_counter(tok))
+                            budget=prompt_budget(2048), count_tokens=tokenizer_counter(tok))
     ids = tok.apply_chat_template(recs[0]["prompt"], add_generation_prompt=True, return_dict=True,
                                   return_tensors="pt")["input_ids"]
     print(json.dumps({"threads": torch.get_num_threads(), "prompt_tokens": ids.shape[1]}))

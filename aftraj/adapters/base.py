@@ -31,25 +31,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from aftraj.boundary import UNLABELED, is_unlabeled, refuse_unlabeled  # noqa: F401  (the rule's home)
 from aftraj.events import Event, EventError, events_to_steps, make_event
-from aftraj.schema import Label, SchemaError, Trajectory
-
-UNLABELED = Label(verdict="SAFE", label_source="external", provenance={"unlabeled": True})
-
-
-def is_unlabeled(traj: Trajectory) -> bool:
-    """True for a run imported by an adapter: its SAFE label is the placeholder, not gold."""
-    return bool((traj.label.provenance or {}).get("unlabeled") or traj.meta.get("unlabeled"))
-
-
-def refuse_unlabeled(trajs, where: str) -> None:
-    """Raise ValueError naming the first unlabeled trajectory (and the count) in `trajs`:
-    training and fitting must never read the placeholder label as gold SAFE."""
-    bad = [t.id for t in trajs if is_unlabeled(t)]
-    if bad:
-        raise ValueError(f"{where}: trajectory {bad[0]!r} ({len(bad)} of {len(trajs)}) carries no gold label "
-                         f"(imported from an agent framework, meta.unlabeled); label it first, or leave it out")
-
+from aftraj.schema import SchemaError, Trajectory
 
 class AdapterError(SchemaError):
     """A framework record that cannot be read; names the file (or object) and the field."""

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 
 from aftraj.corpus.splits import SPLITS
-from aftraj.schema import Trajectory, to_hf_rows, write_jsonl
+from aftraj.schema import Trajectory, to_hf_dataset, write_jsonl
 
 # AFTraj's unsafe_source spelling for our label sources (a row read from the release keeps its own)
 _UNSAFE_SOURCE = {"injected": "injected", "diagnosed": "diagnosed"}
@@ -145,7 +145,7 @@ def write_hub_dataset(trajs: list[Trajectory], split_of: dict[str, str], out: Pa
     import datasets
 
     datasets.disable_progress_bars()
-    ds = datasets.Dataset.from_list(list(to_hf_rows(trajs)))
+    ds = to_hf_dataset(trajs)
     data = out / "data"
     if data.exists():
         shutil.rmtree(data)
