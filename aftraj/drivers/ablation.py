@@ -40,7 +40,7 @@ import yaml
 
 from aftraj.errors import UsageError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODEL_ROWS = ("raw base", "warmed base", "stage 1", "stage 2", "stage 1 + 2")
 BASELINE_ROWS = ("heuristic:position-prior", "heuristic:length", "rules")
 # (metrics.json key, column title, is a rate)

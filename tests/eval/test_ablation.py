@@ -280,3 +280,12 @@ def test_probe_data_holds_the_held_out_runs_and_a_capped_sample_keeps_twins(make
                                                           {"probe_runs": 2}), tmp_path / "out2",
                                            echo=False).probe_data())
     assert sum(t.label.unsafe for t in capped) == 2 and len(find_twins(capped)) == 2   # runs with twins first
+
+
+def test_the_driver_runs_its_phases_from_the_repository_root():
+    # phases are children with cwd=REPO and the configs' relative paths (configs/corpus/...);
+    # the driver moved to aftraj/drivers/ once and REPO pointed at aftraj/
+    from aftraj.drivers import ablation
+
+    assert (ablation.REPO / "pyproject.toml").is_file()
+    assert (ablation.REPO / "configs" / "corpus" / "demo-small.yaml").is_file()
