@@ -150,11 +150,11 @@ def test_gpu_configs_ask_for_the_full_design():
         assert "report_to: []" in (REPO / f).read_text() or "report_to" not in (REPO / f).read_text()
 
 
+# the whole CPU path of gpu_ablation.sh (corpus, warm-up, stage 1, TRL stage 2, probes, walks: ~20
+# subprocesses, ~30 min on the 2-core machine): outside the default suite, run with
+#   bash scripts/test.sh -m ablation_e2e tests/test_gpu_ablation.py
 @pytest.mark.slow
-@pytest.mark.skipif(os.environ.get("AFTRAJ_GPU_ABLATION_E2E") != "1",
-                    reason="opt-in (AFTRAJ_GPU_ABLATION_E2E=1): the whole CPU path (corpus, warm-up, stage 1, "
-                           "TRL stage 2, probes, walks) is ~20 subprocesses, the corpus alone ~3 min on the "
-                           "loaded 2-core machine; or run `bash scripts/gpu_ablation.sh --cpu-check DIR`")
+@pytest.mark.ablation_e2e
 def test_cpu_check_runs_end_to_end(tmp_path):
     r = subprocess.run(["bash", str(SCRIPT), "--cpu-check", str(tmp_path)], capture_output=True, text=True,
                        timeout=3600, env={**os.environ, "PYTHON": sys.executable, "GPU_ABLATION_BUDGET_S": "3000"})
