@@ -104,6 +104,10 @@ class Stage1Config(ModelConfig):
     batching: str = "padded"           # padded: one padded forward per micro-batch; per_pair: one
                                        # unpadded forward + backward per pair (prompt once, its KV
                                        # cache shared by both completions), no padding mask
+    feature_cache: bool = False        # with trainable_layers + per_pair + a precomputed reference:
+                                       # the frozen layers' output computed once (with the
+                                       # reference), each step runs the top layers only
+                                       # (training/stage1/features.py); one process only
     pre_fraction: float = 0.5          # share of each micro-batch drawn from the pre subset
     gradient_accumulation_steps: int = 1
     learning_rate: float = 5e-4
@@ -167,6 +171,12 @@ class Stage1Config(ModelConfig):
         if self.batching == "per_pair" and self.gradient_checkpointing:
             raise ConfigError("per_pair batching shares the prompt's KV cache between the two completions, "
                               "which gradient checkpointing disables; use batching: padded", key="batching")
+        if self.feature_cache:
+            for k, ok, need in (("trainable_layers", self.trainable_layers is not None, "a number (the top layers train)"),
+                                ("batching", self.batching == "per_pair", "per_pair"),
+                                ("reference", self.reference == "precomputed", "precomputed")):
+                if not ok:
+                    raise ConfigError(f"feature_cache: true needs {k}: {need}", key=k)
         if self.learning_rate <= 0:
             raise ConfigError(f"must be > 0, got {self.learning_rate}", key="learning_rate")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:

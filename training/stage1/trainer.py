@@ -59,6 +59,7 @@ from training.common import (fsdp_mixed_precision, launched_distributed, library
                              load_tokenizer, make_accelerator, save_final, wrap_trainable)
 from training.stage1.config import Stage1Config
 from training.stage1.data import TokenizedPair, collate, micro_batch_indices, tokenize_records
+from training.stage1.features import nbytes, pair_features, top_layers_only
 from training.stage1.loss import bppo_loss, completion_logps, sequence_logps
 from training.stage1.preferences import sample_preferences
 from training.stage1.run_folder import CKPT, cache_paths, check_run_folder, latest_checkpoint, read_preferences, record
@@ -136,10 +137,13 @@ def _to(batch: dict, device) -> dict:
 
 @torch.no_grad()
 def precompute_reference(model, pairs: list[TokenizedPair], pad_id: int, batch_size: int, acc, *,
-                         margin_tokens: int | None = None, per_pair: bool = False) -> torch.Tensor:
+                         margin_tokens: int | None = None, per_pair: bool = False,
+                         features_below: int | None = None, features: list | None = None) -> torch.Tensor:
     """(N, 2) reference log-probs (chosen, rejected) with the model as it is now (the base), summed
     as the loss sums them (`margin_tokens`). Ranks score equal shards (FSDP needs every rank in
-    every forward) and gather. `per_pair`: one unpadded forward per pair (`pair_token_logps`)."""
+    every forward) and gather. `per_pair`: one unpadded forward per pair (`pair_token_logps`).
+    `features_below` (per_pair, one process): also append each pair's input of the top
+    `features_below` layers to `features` (training/stage1/features.py)."""
     n, world, rank = len(pairs), acc.num_processes, acc.process_index
     per = math.ceil(n / world)
     order = list(range(n)) + [n - 1] * (per * world - n)
@@ -149,7 +153,12 @@ def precompute_reference(model, pairs: list[TokenizedPair], pad_id: int, batch_s
     out = []
     if per_pair:
         for i in mine:
-            c, r = pair_token_logps(model, pairs[i].prompt_ids, [pairs[i].chosen_ids, pairs[i].rejected_ids])
+            comps = [pairs[i].chosen_ids, pairs[i].rejected_ids]
+            if features_below:
+                feats, (c, r) = pair_features(acc.unwrap_model(model), pairs[i].prompt_ids, comps, features_below)
+                features.append(feats)
+            else:
+                c, r = pair_token_logps(model, pairs[i].prompt_ids, comps)
             lim = slice(0, margin_tokens)
             out.append(torch.stack([c[lim].sum(), r[lim].sum()]).float()[None].to(acc.device))
     else:
@@ -361,22 +370,34 @@ def _setup_model(cfg: Stage1Config, acc, model, sched) -> _Model:
 
 
 def _reference_logps(cfg: Stage1Config, acc, out: Path, m: _Model, data: _Data, pad_id: int):
-    """`reference: precomputed`: the base's log-probs of every pair (ref_logps.pt, kept); else None."""
+    """`reference: precomputed`: the base's log-probs of every pair (ref_logps.pt, kept); else None.
+    With `feature_cache` also the frozen layers' features, one pass for both (kept in RAM only; a
+    resume computes them again: they depend on the frozen layers alone); else None."""
     if cfg.reference != "precomputed":
-        return None
+        return None, None
     ref_path = out / "ref_logps.pt"
+    features = None
+    if cfg.feature_cache:
+        if acc.num_processes > 1:
+            raise ValueError("feature_cache: true runs in one process (the features are not sharded)")
+        t0, features = time.perf_counter(), []
+        fresh = precompute_reference(m.model, data.pairs, pad_id, cfg.per_device_batch_size, acc,
+                                     margin_tokens=cfg.margin_tokens, per_pair=True,
+                                     features_below=cfg.trainable_layers, features=features)
+        record(acc, out, feature_cache={"pairs": len(features), "bytes": nbytes(features),
+                                        "seconds": round(time.perf_counter() - t0, 1)})
     if ref_path.exists():
         ref_logps = torch.load(ref_path)
     else:
-        ref_logps = precompute_reference(m.model, data.pairs, pad_id, cfg.per_device_batch_size, acc,
-                                         margin_tokens=cfg.margin_tokens,
-                                         per_pair=cfg.batching == "per_pair")
+        ref_logps = fresh if cfg.feature_cache else precompute_reference(
+            m.model, data.pairs, pad_id, cfg.per_device_batch_size, acc, margin_tokens=cfg.margin_tokens,
+            per_pair=cfg.batching == "per_pair")
         if acc.is_main_process:
             torch.save(ref_logps, ref_path)
     if ref_logps.shape != (len(data.pairs), 2):
         raise ValueError(f"{ref_path} holds {tuple(ref_logps.shape)} reference log-probs for "
                          f"{len(data.pairs)} pairs; it belongs to another run")
-    return ref_logps
+    return ref_logps, features
 
 
 def _restore(acc, optimizer, out: Path, latest) -> int:
@@ -407,7 +428,7 @@ def _start_logging(cfg: Stage1Config, acc, out: Path, data: _Data) -> None:
 
 
 def _train_step(cfg: Stage1Config, acc, out: Path, m: _Model, data: _Data, step: int, *, start: int,
-                unwrapped, trainable: list, pad_id: int, ref_logps, fsdp: bool) -> dict:
+                unwrapped, trainable: list, pad_id: int, ref_logps, fsdp: bool, features=None) -> dict:
     """One optimizer step over `gradient_accumulation_steps` micro-batches; its metrics row."""
     t0 = time.perf_counter()
     split, accum = cfg.batch_split, cfg.gradient_accumulation_steps
@@ -423,7 +444,8 @@ def _train_step(cfg: Stage1Config, acc, out: Path, m: _Model, data: _Data, step:
         with _grad_sync(acc, model, micro == accum - 1):
             if cfg.batching == "per_pair":
                 loss, metrics = _per_pair_step(cfg, model, unwrapped, m.ref_model, [pairs[i] for i in idx],
-                                               batch, lambda x: acc.backward(x / accum))
+                                               batch, lambda x: acc.backward(x / accum),
+                                               features=None if features is None else [features[i] for i in idx])
             else:
                 loss, metrics = _micro_step(cfg, model, unwrapped, m.ref_model, batch)
                 acc.backward(loss / accum)
@@ -503,7 +525,7 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
     data = _setup_data(cfg, acc, out, tok)
     total, pad_id = data.sched.steps, tok.pad_token_id
     m = _setup_model(cfg, acc, model, data.sched)
-    ref_logps = _reference_logps(cfg, acc, out, m, data, pad_id)
+    ref_logps, features = _reference_logps(cfg, acc, out, m, data, pad_id)
 
     # --- resume
     start = _restore(acc, m.optimizer, out, latest) if resume else 1
@@ -518,7 +540,7 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
     last = start - 1
     for step in range(start, total + 1):
         row = _train_step(cfg, acc, out, m, data, step, start=start, unwrapped=unwrapped, trainable=trainable,
-                          pad_id=pad_id, ref_logps=ref_logps, fsdp=fsdp)
+                          pad_id=pad_id, ref_logps=ref_logps, fsdp=fsdp, features=features)
         history.append(row)
         if step % cfg.logging_steps == 0 or step == total:
             if acc.is_main_process:
@@ -578,13 +600,14 @@ def _micro_step(cfg: Stage1Config, model, unwrapped, ref_model, batch: dict):
 
 
 def _per_pair_step(cfg: Stage1Config, model, unwrapped, ref_model, pairs: list[TokenizedPair], batch: dict,
-                   backward: Callable[[torch.Tensor], None]):
+                   backward: Callable[[torch.Tensor], None], features: list | None = None):
     """The micro-batch's loss with one unpadded forward and backward per pair (no padding mask;
     `pair_token_logps`). The loss is a sum of per-pair terms with fixed normalisers (subset sizes,
     token and decision counts of the micro-batch), so the gradient of the whole is the sum of the
     gradients of each pair's row with the others held constant: each pair is back-propagated alone
     and freed before the next (peak memory of one pair). Returns the loss and metrics computed on
-    the detached rows, equal to the padded path's (tests/training/test_stage1_loss.py)."""
+    the detached rows, equal to the padded path's (tests/training/test_stage1_loss.py).
+    `features`: each pair's frozen-layer features; the forward runs the top layers only."""
     width = batch["completion_ids"].shape[1]
     n = len(pairs)
     ref_c, ref_r = _reference(cfg, model, unwrapped, ref_model, batch)
@@ -596,7 +619,11 @@ def _per_pair_step(cfg: Stage1Config, model, unwrapped, ref_model, pairs: list[T
     zero = torch.zeros(width, device=batch["completion_ids"].device)
     mask = batch["completion_mask"]
     for i, p in enumerate(pairs):
-        c, r = pair_token_logps(model, p.prompt_ids, [p.chosen_ids, p.rejected_ids])
+        if features is None:
+            c, r = pair_token_logps(model, p.prompt_ids, [p.chosen_ids, p.rejected_ids])
+        else:
+            with top_layers_only(unwrapped, cfg.trainable_layers):
+                c, r = pair_token_logps(model, p.prompt_ids, [p.chosen_ids, p.rejected_ids], embeds=features[i])
         rows_c = [c if j == i else (done_c[j] if done_c[j] is not None else zero)[: width] for j in range(n)]
         rows_r = [r if j == i else (done_r[j] if done_r[j] is not None else zero)[: width] for j in range(n)]
         tok_c, tok_r = padded(rows_c), padded(rows_r)
