@@ -34,8 +34,24 @@ def register(sub) -> None:
     v.set_defaults(func=run_verify)
 
 
+def _check_out(out: str) -> None:
+    """--out must be a folder or a path that can become one: checked before the build (minutes on
+    a large config), not when its files are written at the end."""
+    from pathlib import Path
+
+    from aftraj.errors import UsageError
+
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise UsageError(f"--out {out}: is a file, not a folder; give a folder for the corpus")
+    above = next((a for a in p.parents if a.exists()), None)
+    if above is not None and not above.is_dir():
+        raise UsageError(f"--out {out}: {above} is a file, so the folder cannot be created")
+
+
 def run_build(args) -> int:
     cfg = load_corpus_config(args.config)
+    _check_out(args.out)
     from aftraj.corpus.policies import EndpointUnreachable
     from eval.auditors.floors import floor_scores   # stats.json's content-blind floors
 

@@ -130,6 +130,7 @@ def _cases(w: Path) -> dict[str, list[str]]:
         "corpus-build-config-invalid-yaml": ["corpus", "build", "--config", str(w / "bad_config.yaml"), "--out", str(w / "c3")],
         "corpus-build-config-wrong-values": ["corpus", "build", "--config", str(w / "wrong_config.yaml"), "--out", str(w / "c4")],
         "corpus-build-out-is-a-file": ["corpus", "build", "--config", corpus_cfg, "--out", a_file, "--no-progress"],
+        "corpus-build-out-under-a-file": ["corpus", "build", "--config", corpus_cfg, "--out", under_file, "--no-progress"],
         "corpus-verify-corpus-missing": ["corpus", "verify", "--config", corpus_cfg, "--corpus", missing],
         "train-stage1-config-missing": ["train", "stage1", "--config", str(w / "none.yaml")],
         "train-stage1-data-missing": ["train", "stage1", "--config", stage1, "--data", missing,
