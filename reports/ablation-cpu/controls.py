@@ -22,13 +22,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from aftraj.schema import Trajectory  # noqa: E402
+from aftraj.errors import UsageError  # noqa: E402
+from aftraj.guard import run_guarded  # noqa: E402
+from aftraj.schema import read_jsonl  # noqa: E402
 from eval.probe import _beats, fit_logistic, probe_prompts  # noqa: E402
 
 
-def _load(path: str) -> list[Trajectory]:
-    with open(path, encoding="utf-8") as f:
-        return [Trajectory.from_dict(json.loads(line)) for line in f if line.strip()]
+def _check_inputs(a: argparse.Namespace) -> None:
+    """Every input is there before torch loads and the prompts are rendered (a missing file was
+    a traceback from open() after that)."""
+    for opt, path, want in (("--tokenizer", a.tokenizer, "folder"), ("--train", a.train, "file"),
+                            ("--heldout", a.heldout, "file")):
+        p = Path(path)
+        if not (p.is_dir() if want == "folder" else p.is_file()):
+            raise UsageError(f"{opt} {path}: no such {want}")
+    if a.out is not None and not a.out.parent.is_dir():
+        raise UsageError(f"--out {a.out}: the folder {a.out.parent} does not exist")
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -42,6 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path)
     a = ap.parse_args(argv)
+    _check_inputs(a)
 
     import torch
     from transformers import AutoTokenizer
@@ -52,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
         return len(tok(s, add_special_tokens=False)["input_ids"])
 
     def pairs(path: str) -> list[dict]:
-        return [i for i in probe_prompts(_load(path), budget=None, count_tokens=count,
+        return [i for i in probe_prompts(read_jsonl(path), budget=None, count_tokens=count,
                                          max_post_tokens=a.max_post_tokens) if "twin" in i["prompts"]]
 
     tr, te = pairs(a.train), pairs(a.heldout)
@@ -96,5 +106,10 @@ def main(argv: list[str] | None = None) -> dict:
     return res
 
 
-if __name__ == "__main__":
-    main()
+def _cli(argv: list[str]) -> int:
+    main(argv)
+    return 0
+
+
+if __name__ == "__main__":   # a missing or bad input: one line naming it, exit 2 (aftraj.guard)
+    sys.exit(run_guarded(_cli, sys.argv[1:], "controls.py"))
