@@ -49,3 +49,16 @@ def test_stage2_on_2xh200_is_the_8xh200_run_on_two_gpus():
     assert two.prompts_per_step * two.num_generations % n_gpus == 0
     assert two.prompts_per_step % two.verl_ppo_mini_batch_size == 0
     assert two.verl_ppo_mini_batch_size * two.num_generations // n_gpus % two.verl_micro_batch_size_per_gpu == 0
+
+
+def test_five_epochs_whose_last_step_runs_over_are_allowed_and_six_are_not():
+    # 617 pairs in batches of 3: 5 epochs is 1,029 steps (5.003 epochs); the 2k CPU ablation hit it
+    from training.stage1.config import ConfigError, load_stage1_config
+
+    cpu = REPO / "configs" / "stage1" / "smollm2-135m-cpu.yaml"
+    cfg = load_stage1_config(cpu, {"max_steps": None, "num_epochs": 5})
+    assert cfg.schedule(617, world_size=1).steps == 1029
+    with pytest.raises(ConfigError, match="num_epochs"):
+        load_stage1_config(cpu, {"max_steps": None, "num_epochs": 6})
+    with pytest.raises(ConfigError, match="max_steps"):
+        load_stage1_config(cpu, {"max_steps": 1029}).schedule(617, world_size=1)

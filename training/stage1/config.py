@@ -231,7 +231,8 @@ class Stage1Config(ModelConfig):
         else:
             steps = self.max_steps
         epochs = steps * global_batch / n_pairs
-        if epochs > MAX_EPOCHS + 1e-9 and not self.allow_many_epochs:
+        # num_epochs was checked in validation; its last step may run into the next epoch
+        if self.num_epochs is None and epochs > MAX_EPOCHS + 1e-9 and not self.allow_many_epochs:
             raise ConfigError(f"{steps} steps × {global_batch} pairs = {epochs:.1f} epochs of {n_pairs} pairs, "
                               f"above {MAX_EPOCHS}; lower max_steps, use num_epochs, or set "
                               f"allow_many_epochs: true", key="max_steps")
