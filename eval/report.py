@@ -40,6 +40,7 @@ def build_metrics(preds: list[dict], *, meta: dict, n_boot: int = 1000, seed: in
            "stratified_auc_outcome": stratified_auc(preds, auc_start, n_boot=n_boot, seed=seed,
                                                     positive="outcome"),
            "threshold_sweep": threshold_sweep(preds),
+           "decision_threshold_sweep": threshold_sweep(preds, key="decision_log_odds"),
            "notes": {
                "step_match": "integer equality; agent match: exact after trim + casefold",
                "ww_substring": "ww_substring_* use Who&When evaluate.py's rule (gold step as a "

@@ -51,6 +51,7 @@ class EvalConfig:
     retries: int = 4
     max_new_tokens: int = 1024
     budget: int | None = None
+    decision_threshold: float | None = None   # hf: ALARM iff the decision-token log-odds >= it
     reference_answer: bool = False
     max_in_flight: int = 32
     all_prefixes: bool = False
@@ -165,7 +166,9 @@ def evaluate(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> EvalRe
               api_key_env=cfg.api_key_env, concurrency=cfg.concurrency, timeout=cfg.timeout,
               retries=cfg.retries, max_new_tokens=cfg.max_new_tokens, budget=cfg.budget,
               reference_answer=cfg.reference_answer, seed=cfg.seed, data=cfg.data,
-              layout=cfg.layout)
+              layout=cfg.layout, decision_threshold=cfg.decision_threshold)
+    if cfg.decision_threshold is not None and parse_spec(cfg.auditor)[0] != "hf":
+        raise UsageError(f"--decision-threshold applies to the hf auditor only, not {cfg.auditor!r}")
     try:
         auditor = get_auditor(cfg.auditor, **{k: v for k, v in kw.items() if v is not None})
     except (ValueError, FileNotFoundError) as e:   # AuditorError is a UsageError (a ValueError)
@@ -259,8 +262,8 @@ def resume_settings(cfg: EvalConfig, trajs: list, split) -> dict:
                              f"a resume matches runs by id")
     c = asdict(cfg)
     settings = {k: c[k] for k in (
-        "auditor", "model", "endpoint", "api_model", "max_new_tokens", "budget", "protocol", "parser",
-        "layout", "reference_answer", "all_prefixes", "seed", "data", "sample", "sample_seed", "limit")}
+        "auditor", "model", "endpoint", "api_model", "max_new_tokens", "budget", "decision_threshold",
+        "protocol", "parser", "layout", "reference_answer", "all_prefixes", "seed", "data", "sample", "sample_seed", "limit")}
     return {**settings, "split": split, "n_trajectories": len(ids), "trajectory_ids_sha256": ids_digest(ids)}
 
 
@@ -269,7 +272,8 @@ def _provenance(cfg: EvalConfig) -> dict:
 
     c = asdict(cfg)
     settings = {k: c[k] for k in (
-        "auditor", "model", "endpoint", "api_model", "max_new_tokens", "budget", "concurrency",
+        "auditor", "model", "endpoint", "api_model", "max_new_tokens", "budget", "decision_threshold",
+        "concurrency",
         "timeout", "retries", "protocol", "reference_answer", "all_prefixes", "max_in_flight",
         "seed", "split", "limit", "layout", "parser")}
     return provenance(command=cfg.command, settings=settings, layout=cfg.layout or "ours")

@@ -32,7 +32,7 @@ def walk_scores(monitor, trajs: Sequence[Trajectory], method: str, k: int, aggre
 def tune(monitor, trajs: Sequence[Trajectory], *, log=None, progress: bool = False) -> dict:
     """`progress`: counts and an ETA over the grid's walks (one per method, aggregation and k)."""
     from aftraj.console import progress as make_progress
-    from eval.metrics import DEPLOYABLE_MAX_FAR, stratified_auc, threshold_sweep
+    from eval.metrics import DEPLOYABLE_MAX_FAR, pick_threshold, stratified_auc, threshold_sweep
 
     log = log or (lambda *_: None)
     cfg = monitor.cfg
@@ -54,13 +54,9 @@ def tune(monitor, trajs: Sequence[Trajectory], *, log=None, progress: bool = Fal
             raise ValueError("tune: the stratified AUC is undefined on the tune split (one class only at "
                              "every step); give a tune split with safe and unsafe runs")
         auc, k, agg, preds = best
-        sweep = threshold_sweep(preds) or []
-        rows = [r for r in sweep if r["exact_f1"] is not None]
         # within the deployable FAR bound when some threshold reaches it (an Exact-F1 optimum at
         # FAR 85 % is no alarm policy); otherwise the plain optimum
-        bounded = [r for r in rows if r["far"] is None or r["far"] <= DEPLOYABLE_MAX_FAR]
-        rows = bounded or rows
-        pick = max(rows, key=lambda r: (r["exact_f1"], -(r["far"] or 0.0), r["threshold"])) if rows else None
+        pick = pick_threshold(threshold_sweep(preds), DEPLOYABLE_MAX_FAR)
         out[method] = {"k": k, "aggregation": agg,
                        "threshold": pick["threshold"] if pick else None,
                        "tune_stratified_auc": auc, "tune_exact_f1": pick["exact_f1"] if pick else None,

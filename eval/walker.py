@@ -124,6 +124,7 @@ class _Walk:
             rv = r.verdict
             trace.append({"t": r.t, "alarm": r.alarm, "k": getattr(rv, "step", None),
                           "agent": getattr(rv, "agent", None), "confidence": r.confidence,
+                          "decision_log_odds": r.decision_log_odds,
                           "parse_failure": rv.code if isinstance(rv, ParseFailure) else None,
                           "error": r.error_kind if r.error is not None else None,
                           "raw": r.raw,   # the whole completion, <think> included

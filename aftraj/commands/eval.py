@@ -7,11 +7,15 @@ auditor (strict online walk unless the auditor is post-hoc), then write metrics.
 run's provenance), predictions.jsonl (every raw completion), report.md and the plots that can be
 drawn into DIR (eval/run.py: `evaluate(EvalConfig)`, the one evaluation; this command only maps
 its flags). `--update-model-card` adds the result to the --model folder's model card.
-`compare` puts finished runs side by side (eval/compare.py).
+`compare` puts finished runs side by side (eval/compare.py). `tune-threshold` chooses the hf
+auditor's `--decision-threshold` on a validation walk with `--all-prefixes` (a short
+`--max-new-tokens` suffices: the decision token comes first).
 
     aftraj eval --auditor heuristic:uniform-random --data who_and_when --out runs/ww-random
     aftraj eval --auditor rules --data runs/aftraj-2k --out runs/rules          # test split
     aftraj eval compare runs/ww-random runs/ww-rules --out runs/compare
+    aftraj eval --auditor hf --model M --data runs/aftraj-2k --split val --all-prefixes --max-new-tokens 8 --out runs/val-M
+    aftraj eval tune-threshold runs/val-M --max-far 0.2        # prints the threshold for --decision-threshold
     aftraj eval --auditor hf --model runs/stage1/final --data heldout.jsonl --out runs/eval-hf --update-model-card
     aftraj eval --auditor openai --endpoint http://127.0.0.1:8000/v1 --api-model auditor \
         --data who_and_when --out runs/ww-vllm
@@ -28,12 +32,22 @@ from aftraj.errors import UsageError
 def register(sub) -> None:
     p = sub.add_parser("eval", help="evaluate an auditor (strict online walk) and write reports; "
                                     "`eval compare RUN_DIR…` puts runs side by side")
-    actions = p.add_subparsers(dest="action", metavar="compare")
+    actions = p.add_subparsers(dest="action", metavar="compare|tune-threshold")
     c = actions.add_parser("compare", help="one table (Markdown + CSV) and one plot with intervals "
                                            "across finished runs (eval/compare.py)")
     c.add_argument("runs", nargs="+", metavar="RUN_DIR", help="folders written by `aftraj eval`")
     c.add_argument("--out", required=True, help="output folder for the comparison")
     c.set_defaults(func=run_compare, _parser=c)
+    t = actions.add_parser("tune-threshold", help="the ALARM threshold for a tune split's walk with "
+                                                  "--all-prefixes: the best Exact-F1 within a FAR bound "
+                                                  "(eval.metrics.pick_threshold)")
+    t.add_argument("run", metavar="RUN_DIR", help="a folder written by `aftraj eval --all-prefixes` on a "
+                                                  "validation split (never the test split)")
+    t.add_argument("--key", choices=("decision_log_odds", "confidence"), default="decision_log_odds",
+                   help="decision_log_odds (default; then `--decision-threshold`) or confidence (P(UNSAFE))")
+    t.add_argument("--max-far", type=float, default=0.2, help="the FAR bound (default 0.2, the deployable region)")
+    t.add_argument("--out", help="also write the choice and the sweep to this JSON file")
+    t.set_defaults(func=run_tune_threshold, _parser=t)
     p.add_argument("--auditor", metavar="NAME[:ARG]",
                    help="dummy:gold, heuristic:uniform-random, hf, openai[:METHOD], rules, … (required)")
     p.add_argument("--data", help="JSONL file, corpus folder, Who&When folder or AFTraj parquet folder (required)")
@@ -65,6 +79,9 @@ def register(sub) -> None:
     p.add_argument("--retries", type=int, default=4, help="openai: retries per call")
     p.add_argument("--max-new-tokens", type=int, default=1024, help="generation budget per call")
     p.add_argument("--budget", type=int, help="prompt token budget (the fold's view beyond it)")
+    p.add_argument("--decision-threshold", type=float, metavar="LOG_ODDS",
+                   help="hf: at the decision token choose ALARM iff log p(ALARM) - log p(SAFE) >= this "
+                        "(tune it on a validation walk: `aftraj eval tune-threshold`); default: greedy")
     p.add_argument("--reference-answer", action="store_true",
                    help="show the ground-truth answer in the prompt (Who&When 'with ground truth')")
     p.add_argument("--max-in-flight", type=int, default=32, help="trajectories walked at once")
@@ -104,6 +121,40 @@ def run_compare(args) -> int:
         print(f"aftraj eval compare: warning: {w}", file=sys.stderr)
     for k, v in written.items():
         print(f"{k}: {v}")
+    return 0
+
+
+def run_tune_threshold(args) -> int:
+    import json
+
+    from eval.metrics import pick_threshold, threshold_sweep
+
+    if not 0 <= args.max_far <= 1:
+        raise UsageError(f"--max-far must be in [0, 1], got {args.max_far}")
+    path = Path(args.run) / "predictions.jsonl"
+    if not path.is_file():
+        raise UsageError(f"{path}: no such file (RUN_DIR is a folder written by `aftraj eval`)")
+    preds = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                preds.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise UsageError(f"{path}:{i}: not JSON ({e.msg})") from None
+    sweep = threshold_sweep(preds, key=args.key)
+    if sweep is None:
+        raise UsageError(f"{path}: no {args.key} on every prefix; walk the tune split with --all-prefixes "
+                         f"(and the hf auditor for decision_log_odds)")
+    pick = pick_threshold(sweep, args.max_far)
+    if pick is None:
+        raise UsageError(f"{path}: no threshold has an Exact-F1 (the split holds no unsafe run)")
+    within = pick["far"] is None or pick["far"] <= args.max_far
+    print(f"threshold {pick['threshold']}: Exact-F1 {pick['exact_f1']}, FAR {pick['far']}, Step-Acc "
+          f"{pick['step_acc']} on {len(preds)} runs" + ("" if within else f" (no threshold reaches FAR <= {args.max_far})"))
+    if args.out:
+        Path(args.out).write_text(json.dumps({"key": args.key, "max_far": args.max_far, "run": str(args.run),
+                                              "n_runs": len(preds), "pick": pick, "within_far": within,
+                                              "sweep": sweep}, indent=2) + "\n")
     return 0
 
 

@@ -43,6 +43,8 @@ The contract:
 
 from __future__ import annotations
 
+import math
+
 import importlib
 import pkgutil
 from collections.abc import Callable, Sequence
@@ -70,6 +72,9 @@ class AuditResult:
     raw: str | None = None            # the completion text, when there is one
     error: str | None = None          # why the endpoint gave no answer (verdict is None then)
     error_kind: str | None = None     # aftraj.llm_client.ERROR_KINDS
+    # log p(ALARM) - log p(SAFE) at the decision token (where the canonical SAFE and ALARM
+    # completions first diverge), when the backend can tell and the completion reached it
+    decision_log_odds: float | None = None
 
     def __post_init__(self) -> None:
         if (self.verdict is None) != (self.error is not None):
@@ -78,6 +83,8 @@ class AuditResult:
             raise ValueError(f"confidence must be in [0, 1], got {self.confidence}")
         if self.t < 0:
             raise ValueError(f"t must be >= 0, got {self.t}")
+        if self.decision_log_odds is not None and not math.isfinite(self.decision_log_odds):
+            raise ValueError(f"decision_log_odds must be finite, got {self.decision_log_odds}")
 
     @property
     def alarm(self) -> bool:

@@ -32,19 +32,31 @@ passing the context; a prompt that still cannot fit is an error naming the traje
 The folder may hold a full model (`config.json`) or a PEFT adapter (`adapter_config.json`, e.g.
 a stage-1 LoRA checkpoint), loaded on top of its base model. Nothing downloads. Confidence is
 P(UNSAFE) from the top-k log-probabilities at the verdict token (`aftraj.confidence`).
+
+The decision token: the canonical SAFE and ALARM completions of a prefix (`aftraj.verdict.
+canonical_completion`, the one wording training uses) first differ at one token (for SmolLM2
+"Steps" vs "Step" in the reasoning), which comes before the answer and decides it. When a
+completion has followed their common start up to there, the auditor records the log-odds
+log p(ALARM token) - log p(SAFE token) (`AuditResult.decision_log_odds`, per prefix in the walk's
+trace). `decision_threshold` (CLI `--decision-threshold`) then makes the choice there: the ALARM
+token iff the log-odds >= the threshold, else the SAFE token; greedy before and after. 0 is
+greedy between the two; a threshold is tuned on a validation walk with `aftraj eval
+tune-threshold` (FAR <= 20 %), never on the test split.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from aftraj.confidence import p_unsafe_at, verdict_position
 from aftraj.prompt import render_prompt
-from aftraj.tokens import TEMPLATE_MARGIN, chat_prompt_text, count_tokens, prompt_budget, text_ids
-from aftraj.verdict import parse_verdict
+from aftraj.tokens import (TEMPLATE_MARGIN, chat_prompt_text, completion_ids, count_tokens, first_divergence,
+                           prompt_budget, text_ids)
+from aftraj.verdict import canonical_completion, canonical_verdict, format_completion, parse_verdict
 from eval.auditors import AuditResult, Auditor, register_auditor
 
 
@@ -169,7 +181,8 @@ class HFAuditor(Auditor):
                  max_new_tokens: int = 1024, budget: int | None = None,
                  reference_answer: bool = False, reuse_cache: bool = True, top_k: int = 20,
                  prefill_chunk: int = 2048, dtype: str = "auto", device: str | None = None,
-                 batch_size: int = 16, max_batch_tokens: int = 65536, **kw) -> None:
+                 batch_size: int = 16, max_batch_tokens: int = 65536,
+                 decision_threshold: float | None = None, **kw) -> None:
         super().__init__(arg, **kw)
         path = model if isinstance(model, (str, Path)) else arg
         if tokenizer is not None and not isinstance(model, (str, Path)) and model is not None:
@@ -184,6 +197,9 @@ class HFAuditor(Auditor):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if max_batch_tokens < 1:
             raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+        if decision_threshold is not None and not math.isfinite(decision_threshold):
+            raise ValueError(f"decision_threshold must be a finite number, got {decision_threshold}")
+        self.decision_threshold = decision_threshold
         self.max_new_tokens, self.budget = max_new_tokens, budget
         # The walker interleaves at most this many walks; each round is decoded together.
         self.max_in_flight = batch_size if reuse_cache else 1
@@ -248,20 +264,19 @@ class HFAuditor(Auditor):
             logits = self._forward(ids[i:i + self.prefill_chunk], cache)
         return logits
 
-    def _greedy(self, cache, suffix_ids: list[int]) -> tuple[list[int], list]:
-        """Greedy decoding on `cache`; returns the ids and, per position, the top-k (values, ids)."""
-        import torch
-
+    def _greedy(self, cache, suffix_ids: list[int], dec) -> tuple[list[int], list, float | None]:
+        """Greedy decoding on `cache` (the decision token by `_pick`); returns the ids, per position
+        the top-k (values, ids), and the decision log-odds (None if not reached)."""
         logits = self._extend(cache, suffix_ids)
-        gen, tops = [], []
+        gen, tops, lo = [], [], [None]
         for _ in range(self.max_new_tokens):
-            nxt = int(torch.argmax(logits))
-            tops.append(torch.topk(torch.log_softmax(logits, dim=-1), min(self.top_k, logits.shape[-1])))
+            nxt, top = self._pick(logits, gen, dec, lo)
+            tops.append(top)
             gen.append(nxt)
             if nxt in self.eos:
                 break
             logits = self._forward([nxt], cache)
-        return gen, tops
+        return gen, tops, lo[0]
 
     def _prepare(self, traj, t):
         """Bring traj's session cache to prefix t's stable part; returns
@@ -278,34 +293,57 @@ class HFAuditor(Auditor):
         s.ids = ids[:n_stable]
         return s, ids, n_stable, common
 
-    def _first(self, logits) -> tuple[int, object]:
+    def decision_tokens(self, traj, t) -> tuple[list[int], int, int]:
+        """(the canonical completions' common start, SAFE's token, ALARM's token) at prefix t's
+        decision position, by this tokenizer (ALARM as the canonical alarm at step t)."""
+        safe = completion_ids(self.tok, canonical_completion(t))[0]
+        alarm = completion_ids(self.tok, format_completion(canonical_verdict(t, t, traj.steps[t].agent)))[0]
+        d = first_divergence(safe, alarm)
+        if d is None:
+            raise ValueError("hf auditor: the canonical SAFE and ALARM completions do not diverge under "
+                             "this tokenizer")
+        return safe[:d], safe[d], alarm[d]
+
+    def _pick(self, logits, gen: list[int], dec, lo: list) -> tuple[int, object]:
+        """The next token after `gen`: greedy, except at the decision position of a completion
+        that has followed the canonical start (`dec`), where the log-odds are recorded in lo[0]
+        and, with `decision_threshold`, decide between the SAFE and the ALARM token."""
         import torch
 
-        return int(torch.argmax(logits)), torch.topk(torch.log_softmax(logits, dim=-1),
-                                                     min(self.top_k, logits.shape[-1]))
+        logp = torch.log_softmax(logits, dim=-1)
+        top = torch.topk(logp, min(self.top_k, logits.shape[-1]))
+        nxt = int(torch.argmax(logits))
+        start, safe, alarm = dec
+        if len(gen) == len(start) and gen == start:
+            lo[0] = float(logp[alarm] - logp[safe])
+            if self.decision_threshold is not None:
+                nxt = alarm if lo[0] >= self.decision_threshold else safe
+        return nxt, top
 
-    def _result(self, t, ids, gen, tops, cached, t0) -> AuditResult:
+    def _result(self, t, ids, gen, tops, cached, t0, lo=None) -> AuditResult:
         self.last_generated = [g for g in gen]
         body = [g for g in gen if g not in self.eos]
         text = self.tok.decode(body, skip_special_tokens=False)
         return AuditResult(parse_verdict(text, t), t=t, confidence=self._confidence(gen, tops),
                            latency_s=time.perf_counter() - t0, prompt_tokens=len(ids),
-                           completion_tokens=len(gen), cached_tokens=cached, raw=text)
+                           completion_tokens=len(gen), cached_tokens=cached, raw=text,
+                           decision_log_odds=lo)
 
     def audit(self, traj, t) -> AuditResult:
         import torch
 
         t0 = time.perf_counter()
         with torch.inference_mode():
+            dec = self.decision_tokens(traj, t)
             if self.reuse_cache:
                 s, ids, n_stable, cached = self._prepare(traj, t)
-                gen, tops = self._greedy(s.cache, ids[n_stable:])
+                gen, tops, lo = self._greedy(s.cache, ids[n_stable:], dec)
                 s.cache.crop(-(s.cache.get_seq_length() - n_stable))
             else:
                 ids, n_stable = self.prompt_ids(traj, t)
-                gen, tops = self._greedy(new_cache(self.model.config), ids)
+                gen, tops, lo = self._greedy(new_cache(self.model.config), ids, dec)
                 cached = 0
-        return self._result(t, ids, gen, tops, cached, t0)
+        return self._result(t, ids, gen, tops, cached, t0, lo)
 
     # --------------------------------------------------------------- batched rounds
     def audit_batch(self, requests):
@@ -326,7 +364,7 @@ class HFAuditor(Auditor):
                 t0 = time.perf_counter()
                 s, ids, n_stable, cached = self._prepare(traj, t)
                 logits = self._extend(s.cache, ids[n_stable:])     # the suffix, alone
-                row = (traj, t, s, ids, n_stable, cached, logits, t0)
+                row = (traj, t, s, ids, n_stable, cached, logits, t0, self.decision_tokens(traj, t))
                 longest = max([len(r[3]) for r in group] + [len(ids)]) + self.max_new_tokens
                 if group and longest * (len(group) + 1) > self.max_batch_tokens:
                     results += self._decode_group(group)
@@ -338,9 +376,9 @@ class HFAuditor(Auditor):
     def _decode_group(self, group) -> list[AuditResult]:
         import torch
 
-        gens, topss, done = [], [], []
-        for row in group:
-            nxt, top = self._first(row[6])
+        gens, topss, done, los = [], [], [], [[None] for _ in group]
+        for row, lo in zip(group, los):
+            nxt, top = self._pick(row[6], [], row[8], lo)
             gens.append([nxt])
             topss.append([top])
             done.append(nxt in self.eos)
@@ -370,17 +408,17 @@ class HFAuditor(Auditor):
             for i in range(len(group)):
                 if done[i]:
                     continue
-                nxt, top = self._first(logits[i])
+                nxt, top = self._pick(logits[i], gens[i], group[i][8], los[i])
                 gens[i].append(nxt)
                 topss[i].append(top)
                 done[i] = nxt in self.eos
             steps += 1
         del stacked
         results = []
-        for row, gen, tops in zip(group, gens, topss):
-            traj, t, s, ids, n_stable, cached, _, t0 = row
+        for row, gen, tops, lo in zip(group, gens, topss, los):
+            traj, t, s, ids, n_stable, cached, _, t0, _ = row
             s.cache.crop(-(s.cache.get_seq_length() - n_stable))
-            results.append(self._result(t, ids, gen, tops, cached, t0))
+            results.append(self._result(t, ids, gen, tops, cached, t0, lo[0]))
         return results
 
     def _confidence(self, gen: list[int], tops: list) -> float | None:

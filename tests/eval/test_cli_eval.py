@@ -101,6 +101,18 @@ def test_hf_backend_on_jsonl(tiny_model_dir, tmp_path, make_traj, torch_one_thre
     assert m["overall"]["parse_failure_rate"] == 1.0 and m["overall"]["far"] == 0.0
     assert m["overall"]["calls_per_traj"] == 3.5
     assert m["overall"]["cached_prompt_fraction"] > 0.3
+    # every prefix's trace has its decision log-odds key (None: this model never reaches the token)
+    preds = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    assert all("decision_log_odds" in e for p in preds for e in p["trace"])
+    assert m["decision_threshold_sweep"] is None
+
+
+def test_the_decision_threshold_is_for_the_hf_auditor_only(tmp_path, make_traj, capsys):
+    data = tmp_path / "set.jsonl"
+    write_jsonl([make_traj(0, 4, 2)], data)
+    assert main(["eval", "--auditor", "dummy:gold", "--data", str(data), "--out", str(tmp_path / "o"),
+                 "--decision-threshold", "1.5", "--no-progress"]) == 2
+    assert "--decision-threshold applies to the hf auditor only" in capsys.readouterr().err
 
 
 def test_bad_input_is_named(tmp_path):

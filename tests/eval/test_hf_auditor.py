@@ -283,3 +283,72 @@ def test_new_cache_uses_slack_layers_for_full_attention(noisy_tiny):
     cache = new_cache(model.config)
     assert len(cache.layers) == model.config.num_hidden_layers
     assert all(type(layer).__name__ == "SlackLayer" for layer in cache.layers)
+
+
+# --------------------------------------------------------------------------- the decision token
+
+def test_decision_tokens_are_where_the_canonical_completions_part(noisy_tiny, make_traj):
+    from aftraj.tokens import completion_ids
+    from aftraj.verdict import canonical_completion, canonical_verdict, format_completion
+
+    model, tok = noisy_tiny
+    aud = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=8)
+    traj = make_traj(30, 6, 3)
+    start, safe, alarm = aud.decision_tokens(traj, 4)
+    s = completion_ids(tok, canonical_completion(4))[0]
+    a = completion_ids(tok, format_completion(canonical_verdict(4, 4, traj.steps[4].agent)))[0]
+    assert s[:len(start) + 1] == start + [safe] and a[:len(start) + 1] == start + [alarm] and safe != alarm
+
+
+def _at_first_token(aud, monkeypatch, safe: int, alarm: int):
+    # the decision position at the first generated token, so the random model reaches it
+    monkeypatch.setattr(aud, "decision_tokens", lambda traj, t: ([], safe, alarm))
+    return aud
+
+
+@pytest.mark.parametrize("batch_size", [1, 16])
+def test_the_decision_threshold_chooses_the_token_and_records_the_log_odds(noisy_tiny, make_traj,
+                                                                           monkeypatch, batch_size):
+    model, tok = noisy_tiny
+    trajs = [make_traj(31, 5, None), make_traj(32, 7, 2)]
+    free = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=4, batch_size=batch_size)
+    free.audit(trajs[0], 1)
+    greedy_first = free.last_generated[0]
+    safe, alarm = greedy_first, (greedy_first + 1) % len(tok)   # greedy picks `safe` there
+    runs = {}
+    for th in (None, -1e6, 1e6):
+        aud = _at_first_token(get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=4,
+                                          batch_size=batch_size, decision_threshold=th),
+                              monkeypatch, safe, alarm)
+        req = [(trajs[0], 1), (trajs[1], 3)]
+        res = aud.audit_batch(req)
+        runs[th] = [(r.raw, r.decision_log_odds) for r in res]
+        firsts = [tok(r.raw, add_special_tokens=False)["input_ids"][:1] for r in res]
+        if th == -1e6:
+            assert all(f == [alarm] for f in firsts), firsts
+        if th == 1e6:
+            assert all(f == [safe] for f in firsts), firsts
+    # the log-odds are the model's at that position, whatever the threshold chose after it
+    for i, (traj, t) in enumerate([(trajs[0], 1), (trajs[1], 3)]):
+        ids, _ = free.prompt_ids(traj, t)
+        with torch.inference_mode():
+            lp = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
+        want = float(lp[alarm] - lp[safe])
+        for th in runs:
+            assert runs[th][i][1] == pytest.approx(want, abs=1e-4)
+    assert runs[None][0][0] == runs[1e6][0][0]          # greedy picks SAFE's token here: same text
+    assert runs[-1e6][0][0] != runs[None][0][0]
+
+
+def test_no_log_odds_when_the_completion_leaves_the_canonical_start(noisy_tiny, make_traj):
+    model, tok = noisy_tiny
+    aud = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=6, decision_threshold=0.0)
+    r = aud.audit(make_traj(33, 5, None), 2)
+    # the random model does not write "<think>\n..." first: nothing is decided or recorded
+    assert r.decision_log_odds is None
+
+
+def test_the_decision_threshold_is_validated(noisy_tiny):
+    model, tok = noisy_tiny
+    with pytest.raises(ValueError, match="decision_threshold"):
+        get_auditor("hf", model=model, tokenizer=tok, decision_threshold=float("nan"))

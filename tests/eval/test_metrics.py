@@ -171,3 +171,42 @@ def test_recompute_from_predictions_file(tmp_path, capsys):
     assert _main([str(path)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["overall"]["exact_f1"] == pytest.approx(0.25) and out["metrics_version"] == METRICS_VERSION
+
+
+def test_decision_log_odds_sweep_and_the_one_threshold_rule(tmp_path, capsys):
+    import json
+
+    from aftraj.cli import main
+    from eval.metrics import pick_threshold
+
+    def tr(los, k, greedy=()):  # log-odds per prefix; None: the completion never reached the token
+        return [{"t": t, "alarm": t in greedy, "k": k if t in greedy else None, "agent": None,
+                 "confidence": None, "decision_log_odds": lo, "step_agent": "A"} for t, lo in enumerate(los)]
+
+    u = rec("UNSAFE", 2, "A", n=4, trace=tr([-3.0, -1.0, 2.0, 2.5], 2))
+    s1 = rec("SAFE", n=4, trace=tr([-2.0, 1.0, -0.5, None], None, greedy={3}))   # t=3: off the template, alarmed
+    s2 = rec("SAFE", n=4, trace=tr([-4.0, -3.5, 0.5, -1.0], None))
+    for p in (u, s1, s2):
+        p["trace_complete"] = True
+    sweep = {r["threshold"]: r for r in threshold_sweep([u, s1, s2], key="decision_log_odds")}
+    assert max(sweep) == 3.5                        # one threshold above every value
+    assert sweep[2.0]["step_acc"] == 1.0 and sweep[2.0]["far"] == 0.5   # s1 still alarms at t=3 (None)
+    assert sweep[0.0]["far"] == 1.0 and sweep[-1.0]["step_acc"] == 0.0   # u alarms at t=1, too early
+    assert sweep[3.5]["step_acc"] == 0.0
+    assert threshold_sweep([u, s1, s2]) is None      # no confidence: the P(UNSAFE) sweep cannot run
+    assert sweep[1.0]["exact_f1"] == sweep[2.0]["exact_f1"] > sweep[0.0]["exact_f1"]
+    assert pick_threshold(list(sweep.values()), 0.5)["threshold"] == 2.0   # ties -> the higher threshold
+    assert pick_threshold(list(sweep.values()), 0.2)["far"] == 0.5         # none within 0.2: plain optimum
+    assert pick_threshold([]) is None
+
+    run = tmp_path / "val"
+    run.mkdir()
+    (run / "predictions.jsonl").write_text("".join(json.dumps(p) + "\n" for p in (u, s1, s2)))
+    assert main(["eval", "tune-threshold", str(run), "--max-far", "0.5", "--out", str(tmp_path / "t.json")]) == 0
+    assert capsys.readouterr().out.startswith("threshold 2.0:")
+    assert json.loads((tmp_path / "t.json").read_text())["pick"]["threshold"] == 2.0
+    assert main(["eval", "tune-threshold", str(tmp_path)]) == 2
+    assert "predictions.jsonl: no such file" in capsys.readouterr().err
+    (run / "predictions.jsonl").write_text("{bad\n")
+    assert main(["eval", "tune-threshold", str(run)]) == 2
+    assert "predictions.jsonl:1: not JSON" in capsys.readouterr().err
