@@ -52,6 +52,8 @@ _PY = os.path.realpath(sys.executable)
 
 # --------------------------------------------------------------------------- framing (parent)
 
+# sandbox_zygote.py keeps its own copy of _read_exact on purpose: it runs alone (`python -c` text)
+# and must never import this file, which holds ctypes.
 def _read_exact(fd, n):
     buf = b""
     while len(buf) < n:

@@ -55,6 +55,8 @@ OUTPUT_CAP = 1 << 20
 
 # --------------------------------------------------------------------------- framing (zygote only)
 
+# A copy of sandbox_runner.py's _read_exact on purpose: this file runs alone (`python -c` text) and
+# must never import the runner, which holds ctypes.
 def _read_exact(fd, n):
     buf = b""
     while len(buf) < n:
@@ -322,9 +324,12 @@ def _run_sample(workdir, read_roots, confine_files):
         for k in [k for k in vars(main) if not k.startswith("__")]:
             delattr(main, k)
 
-    def _short(e):
-        s = _type(e).__name__ + ": " + _str(e)
-        return s if _len(s) <= 300 else s[:300] + "..."
+    def _error(e):             # "error: <type>: <message>" (300 characters), or the type alone when str(e) raises
+        try:
+            s = _type(e).__name__ + ": " + _str(e)
+            return "error: " + (s if _len(s) <= 300 else s[:300] + "...")
+        except _BaseException:
+            return "error: " + _type(e).__name__
 
     if confine_files:
         _gc_disable()          # mode none: no finalizer may run inside a file check (see _make_hook)
@@ -341,10 +346,7 @@ def _run_sample(workdir, read_roots, confine_files):
         except _Timeout:
             load_err = "timeout"
         except _BaseException as e:
-            try:
-                load_err = "error: " + _short(e)
-            except _BaseException:
-                load_err = "error: " + _type(e).__name__
+            load_err = _error(e)
         finally:
             _setitimer(_ITIMER_REAL, 0)
     except _Timeout:
@@ -393,10 +395,7 @@ def _run_sample(workdir, read_roots, confine_files):
                         got = ""
                 res = "fail: assertion failed" + got
             except _BaseException as e:
-                try:
-                    res = "error: " + _short(e)
-                except _BaseException:
-                    res = "error: " + _type(e).__name__
+                res = _error(e)
             finally:
                 _setitimer(_ITIMER_REAL, 0)
         except _Timeout:
