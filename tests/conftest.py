@@ -29,6 +29,27 @@ def ww_trajs(ww_dir):
 
 
 @pytest.fixture(scope="session")
+def demo_cfg():
+    from aftraj.corpus.config import load_corpus_config
+
+    return load_corpus_config(REPO / "configs" / "corpus" / "demo-small.yaml")
+
+
+@pytest.fixture(scope="session")
+def demo_build(demo_cfg, tmp_path_factory):
+    """configs/corpus/demo-small.yaml built once for the session (~30-50 s on 2 busy cores; the
+    corpus tests and the Hub-dataset tests read it, none writes into it), with the content-blind
+    floors that `aftraj corpus build` passes (stats.json's floors_on_test). The folder holds an
+    unsplit `hf/` of earlier versions before the build, which the build must replace."""
+    from aftraj.corpus.build import build_corpus
+    from eval.auditors.floors import floor_scores
+
+    out = tmp_path_factory.mktemp("demo-corpus")
+    (out / "hf").mkdir()
+    return build_corpus(demo_cfg, out, floors=floor_scores)
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A randomly initialised tiny Qwen2 + locally trained tokenizer (a few seconds)."""
     from training.models import build_tiny_model

@@ -7,23 +7,16 @@ dataset_info", issue 25)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
 
-DEMO = Path(__file__).resolve().parents[2] / "configs" / "corpus" / "demo-small.yaml"
-
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    from aftraj.corpus.build import build_corpus
-    from aftraj.corpus.config import load_corpus_config
-
-    out = tmp_path_factory.mktemp("hub-corpus")
-    (out / "hf").mkdir()   # the unsplit folder of earlier versions is replaced
-    build_corpus(load_corpus_config(DEMO), out)
-    return out
+def built(demo_build):
+    """The session's demo build (tests/conftest.py), whose folder held an unsplit `hf/` of earlier
+    versions before the build."""
+    return demo_build.out
 
 
 def test_load_dataset_on_a_built_corpus(built, tmp_path):

@@ -1,32 +1,15 @@
-"""Fixtures for the corpus-builder tests: one demo build shared by the session, and the
-scripted machinery to replay its trajectories independently of the build."""
+"""Fixtures for the corpus-builder tests: the sandbox, in both isolation modes, and the real vLLM
+server. The demo build they share (`demo_cfg`, `demo_build`) is in tests/conftest.py, so that the
+Hub-dataset tests read the same build."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-DEMO = REPO / "configs" / "corpus" / "demo-small.yaml"
-
-
-@pytest.fixture(scope="session")
-def demo_cfg():
-    from aftraj.corpus.config import load_corpus_config
-
-    return load_corpus_config(DEMO)
-
-
-@pytest.fixture(scope="session")
-def demo_build(demo_cfg, tmp_path_factory):
-    """configs/corpus/demo-small.yaml built once (a few seconds), with the content-blind floors
-    that `aftraj corpus build` passes (stats.json's floors_on_test)."""
-    from aftraj.corpus.build import build_corpus
-    from eval.auditors.floors import floor_scores
-
-    out = tmp_path_factory.mktemp("demo-corpus")
-    return build_corpus(demo_cfg, out, floors=floor_scores)
 
 
 @pytest.fixture(scope="session")
@@ -34,6 +17,42 @@ def sandbox():
     from aftraj.corpus.sandbox import Sandbox
 
     return Sandbox(timeout_s=2.0, memory_mb=1024)
+
+
+# --------------------------------------------------------------------------- both isolation modes
+
+@functools.cache
+def _namespaces_available() -> bool:
+    from aftraj.corpus.sandbox import Sandbox
+
+    with Sandbox(timeout_s=2) as sb:
+        return sb.isolation == "namespaces"
+
+
+@pytest.fixture(scope="session")
+def namespaces() -> bool:
+    """Whether this kernel lets the sandbox use unprivileged user namespaces."""
+    return _namespaces_available()
+
+
+@pytest.fixture(params=["namespaces", "none"])
+def isolation(request):
+    """Each sandbox test in both isolation modes: the namespaces (where this kernel allows them)
+    and the audit-hook fallback ('none')."""
+    if request.param == "namespaces" and not _namespaces_available():
+        pytest.skip("this kernel refuses unprivileged user namespaces (the fallback is tested as 'none')")
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def make_sandbox():
+    """`make_sandbox(isolation, timeout_s=3, memory_mb=1024, **kw)`: a Sandbox in that mode."""
+    from aftraj.corpus.sandbox import Sandbox
+
+    def make(isolation: str, *, timeout_s: float = 3, memory_mb: int = 1024, **kw) -> Sandbox:
+        return Sandbox(timeout_s=timeout_s, memory_mb=memory_mb, isolation=isolation, **kw)
+
+    return make
 
 
 # The real vLLM CPU server fixture is owned by the evaluation tests (tests/eval/conftest.py);

@@ -1,6 +1,8 @@
 """The pipeline end to end on configs/corpus/demo-small.yaml: counts, the independent label
 check (>= 200 unsafe trajectories), family splits, every export format, stats, byte-identical
-rebuilds, the CLI. The 2k build is `slow` (and benchmarks/corpus_build.py)."""
+rebuilds, the CLI. The 2k build (~4 min on 2 busy cores) has the marker `heavy`, outside the
+default suite: `bash scripts/test.sh -m heavy tests/aftraj/corpus/test_corpus_build.py` (and
+benchmarks/corpus_build.py)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,9 @@ from pathlib import Path
 import pytest
 
 from aftraj.corpus.build import attach_provenance, build_corpus, load_tasks, precompute_tests, read_provenance
-from aftraj.corpus.config import ERROR_TYPES, load_corpus_config
+from aftraj.corpus.config import ERROR_TYPES, DomainCounts, load_corpus_config
 from aftraj.corpus.policies import ScriptedPolicy
 from aftraj.corpus.rollout import Turn, run_rollout
-from aftraj.corpus.sandbox import Sandbox
 from aftraj.corpus.templates import template_for
 from aftraj.readers import iter_aftraj_parquet, load_trajectories
 from aftraj.schema import from_hf_dataset, read_jsonl
@@ -27,13 +28,14 @@ REPO = Path(__file__).resolve().parents[3]
 
 # --------------------------------------------------------------------------- independent label check
 
-def verify_labels(trajs, cfg, seed):
+def verify_labels(trajs, cfg, seed, sb):
     """Replay the scripted policy from each unsafe trajectory as stored (not from the build's
     records): (a) the stored run reproduces and fails; (b) the decisive turn restored to its
-    safe version succeeds; (c) restoring any single earlier turn leaves it failing."""
-    tasks = {t.id: t for t in load_tasks(cfg, seed)}
-    sb = Sandbox()
-    precompute_tests(list(tasks.values()), sb)
+    safe version succeeds; (c) restoring any single earlier turn leaves it failing. `sb`: a
+    sandbox of the test's own (not the build's); its cache may be warm from an earlier check, as
+    a sample's result depends only on its code, its tests and the limits."""
+    tasks = {t.id: t for t in load_tasks(cfg, seed, sb)}
+    precompute_tests([tasks[f] for f in sorted({t.family_id for t in trajs if t.label.unsafe})], sb)
     policy = ScriptedPolicy(cfg.slips)
     problems, n = [], 0
     for tr in trajs:
@@ -75,25 +77,25 @@ def _with_provenance(folder):
     return [attach_provenance(t, prov[t.id]) for t in load_trajectories(folder / "corpus.jsonl")]
 
 
-def test_labels_pass_the_independent_replay_check(demo_build, demo_cfg):
+def test_labels_pass_the_independent_replay_check(demo_build, demo_cfg, sandbox):
     trajs = _with_provenance(demo_build.out)
-    n, problems = verify_labels(trajs, demo_cfg, demo_cfg.seed)
+    n, problems = verify_labels(trajs, demo_cfg, demo_cfg.seed, sandbox)
     assert n >= 200
     assert problems == []
 
 
-def test_the_check_catches_a_wrong_label(demo_build, demo_cfg):
+def test_the_check_catches_a_wrong_label(demo_build, demo_cfg, sandbox):
     trajs = _with_provenance(demo_build.out)
     unsafe = [t for t in trajs if t.label.unsafe and t.label.decisive_step >= 3][:20]
     moved = [replace(t, label=replace(t.label, decisive_step=t.label.decisive_step - 1,
                                       decisive_agent=t.steps[t.label.decisive_step - 1].agent)) for t in unsafe]
-    n, problems = verify_labels(moved, demo_cfg, demo_cfg.seed)
+    n, problems = verify_labels(moved, demo_cfg, demo_cfg.seed, sandbox)
     assert n == 20 and len({p[0] for p in problems}) == 20
 
 
 # --------------------------------------------------------------------------- contents
 
-def test_counts_domains_sources(demo_build, demo_cfg):
+def test_counts_domains_sources(demo_build, demo_cfg, sandbox):
     trajs = [demo_build.full(t) for t in demo_build.trajectories]
     assert 300 <= len(trajs) <= 700
     doms = Counter(t.domain for t in trajs)
@@ -115,7 +117,7 @@ def test_counts_domains_sources(demo_build, demo_cfg):
     # thins: the small demo may hold none (the 2k build holds every type)
     assert set(types) >= set(ERROR_TYPES) - {"premature_termination"}
     # coding draws real tasks from HumanEval, each problem in one family only
-    he = Counter(f["task_id"] for t in load_tasks(demo_cfg, 0) if t.domain == "coding"
+    he = Counter(f["task_id"] for t in load_tasks(demo_cfg, 0, sandbox) if t.domain == "coding"
                  for f in t.data["functions"] if f["source"] == "humaneval")
     assert len(he) >= 50 and max(he.values()) == 1
 
@@ -197,8 +199,17 @@ def _digest(folder: Path) -> dict:
 def test_rebuild_is_byte_identical(demo_build, demo_cfg, tmp_path):
     build_corpus(demo_cfg, tmp_path / "again", floors=floor_scores)
     assert _digest(tmp_path / "again") == _digest(demo_build.out)
-    other = build_corpus(demo_cfg, None, seed=1)
-    assert [t.id for t in other.trajectories] != [t.id for t in demo_build.trajectories]
+
+
+def test_another_seed_builds_another_corpus(demo_build, demo_cfg):
+    """Seed 1, on 8 generated tasks a domain: other families, other trajectories, other task texts
+    (family ids carry the seed, so a few tasks show it as well as the second demo-sized build that
+    this test used to make)."""
+    small = replace(demo_cfg, tasks=DomainCounts(math=8, coding=8, agentic=8, humaneval=False))
+    other = build_corpus(small, None, seed=1)
+    assert other.trajectories
+    assert not {t.id for t in other.trajectories} & {t.id for t in demo_build.trajectories}
+    assert {t.task for t in other.trajectories} - {t.task for t in demo_build.trajectories}
 
 
 def test_cli(tmp_path, capsys):
@@ -217,9 +228,15 @@ def test_cli(tmp_path, capsys):
     assert "tasks.maths" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-def test_the_2k_scripted_corpus(tmp_path):
-    """configs/corpus/aftraj-2k-scripted.yaml: >= 2,000 trajectories, about half safe, labels verified."""
+@pytest.mark.heavy
+def test_the_2k_scripted_corpus(tmp_path, sandbox):
+    """configs/corpus/aftraj-2k-scripted.yaml: >= 2,000 trajectories, about half safe, labels verified.
+    ~4 min on 2 busy cores, so not in the default suite (marker `heavy`); the demo-sized tests above
+    make the same kinds of checks on ~450 trajectories (the replay check, stats, floors), with looser
+    bounds (per-domain KS <= 0.25; premature terminations may be absent).
+
+        bash scripts/test.sh -m heavy tests/aftraj/corpus/test_corpus_build.py
+    """
     cfg = load_corpus_config(REPO / "configs/corpus/aftraj-2k-scripted.yaml")
     res = build_corpus(cfg, tmp_path / "k2", floors=floor_scores)
     tot = res.stats["total"]
@@ -227,7 +244,7 @@ def test_the_2k_scripted_corpus(tmp_path):
     assert {t.domain for t in res.trajectories} == {"math", "coding", "agentic"}
     full = [res.full(t) for t in res.trajectories]
     assert {t.label.provenance["injection_type"] for t in full if t.label.label_source == "injected"} == set(ERROR_TYPES)
-    n, problems = verify_labels(full, cfg, cfg.seed)
+    n, problems = verify_labels(full, cfg, cfg.seed, sandbox)
     assert n >= 900 and problems == []
     assert tot["lengths"]["ks_safe_vs_unsafe"] <= 0.2
     for d, p in res.stats["per_domain"].items():

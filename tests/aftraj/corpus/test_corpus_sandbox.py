@@ -130,32 +130,14 @@ def test_sandbox_escapes_are_refused(code):
 # --------------------------------------------------------------------------- attacks (issue 14)
 # Each attack sets R = 'escaped' only if it worked; its test is `assert R == 'escaped'`, so an
 # attack is contained when the run does not pass. Every one runs in both isolation modes: the
-# namespaces (where this kernel allows them) and the audit-hook fallback (isolation='none').
+# namespaces (where this kernel allows them) and the audit-hook fallback (isolation='none'): the
+# `isolation` and `make_sandbox` fixtures of conftest.py, shared with test_sandbox_threats.py.
 
 import os  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def _namespaces_available() -> bool:
-    with Sandbox(timeout_s=2) as sb:
-        return sb.isolation == "namespaces"
-
-
-_NS = _namespaces_available()
-
-
-@pytest.fixture(params=[pytest.param("namespaces", marks=pytest.mark.skipif(
-    not _NS, reason="this kernel refuses unprivileged user namespaces (the fallback is tested as 'none')")),
-    "none"])
-def isolation(request):
-    return request.param
-
-
-def _sandbox(isolation, **kw):
-    return Sandbox(timeout_s=kw.pop("timeout_s", 3), memory_mb=kw.pop("memory_mb", 1024), isolation=isolation, **kw)
 
 
 ATTACKS = {
@@ -208,8 +190,8 @@ ATTACKS = {
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
-def test_attack_is_contained(name, isolation):
-    with _sandbox(isolation) as sb:
+def test_attack_is_contained(name, isolation, make_sandbox):
+    with make_sandbox(isolation) as sb:
         if name == "thread" and not sb.limits_processes:
             pytest.xfail("documented gap: the host's root in mode 'none' is exempt from RLIMIT_NPROC and "
                          "Python < 3.13 raises no audit event for a thread")
@@ -217,23 +199,23 @@ def test_attack_is_contained(name, isolation):
     assert not run.passed, (name, isolation, run.results)
 
 
-def test_write_outside_the_working_folder_is_contained(isolation, tmp_path):
+def test_write_outside_the_working_folder_is_contained(isolation, tmp_path, make_sandbox):
     tmp_path.chmod(0o777)
     target = tmp_path / "escaped.txt"
     code = (f"T = {str(target)!r}\ntry:\n    open(T, 'w').write('x')\nexcept OSError:\n    pass\n"
             "import os\nos.makedirs('sub', exist_ok=True)\nopen('sub/own.txt', 'w').write('ok')\n")
-    with _sandbox(isolation) as sb:
+    with make_sandbox(isolation) as sb:
         run = sb.run(code, ("assert open(T).read() == 'x'", "assert open('sub/own.txt').read() == 'ok'"))
     assert not target.exists()
     assert run.results[0] != "pass" and run.results[1] == "pass", run.results   # its own folder works
 
 
-def test_a_200_mb_file_is_refused(isolation):
+def test_a_200_mb_file_is_refused(isolation, make_sandbox):
     name = f"aftraj-sandbox-big-{os.getpid()}"
     code = (f"import os\nN = {name!r}\ndef write():\n    with open(N, 'wb') as f:\n"
             "        for _ in range(200):\n            f.write(b'\\0' * (1 << 20))\n    return os.path.getsize(N)\n")
     try:
-        with _sandbox(isolation, timeout_s=20) as sb:
+        with make_sandbox(isolation, timeout_s=20) as sb:
             run = sb.run(code, ("assert write() >= 200 << 20",))
     finally:
         for folder in ("/tmp", os.getcwd()):   # where the old sandbox left it
@@ -244,42 +226,42 @@ def test_a_200_mb_file_is_refused(isolation):
     assert not run.passed and "File too large" in run.results[0], run.results
 
 
-def test_signalling_the_parent_is_contained(isolation):
+def test_signalling_the_parent_is_contained(isolation, make_sandbox):
     if isolation == "none":
         pytest.xfail("documented gap: without a pid namespace pidfd_send_signal reaches same-user processes")
     code = (f"import os, signal\nR = ''\nfor pid in (os.getppid(), {os.getpid()}):\n"
             "    try:\n        signal.pidfd_send_signal(os.pidfd_open(pid), 0)\n        R = 'escaped'\n"
             "    except OSError:\n        pass\n")
-    with _sandbox(isolation) as sb:
+    with make_sandbox(isolation) as sb:
         run = sb.run(code, ("assert R == 'escaped'",))
     assert not run.passed, run.results
 
 
-def test_kill_of_the_parent_is_refused(isolation):
+def test_kill_of_the_parent_is_refused(isolation, make_sandbox):
     code = f"import os\ntry:\n    os.kill({os.getpid()}, 0)\n    R = 'escaped'\nexcept OSError:\n    R = ''\n"
-    with _sandbox(isolation) as sb:
+    with make_sandbox(isolation) as sb:
         run = sb.run(code, ("assert R == 'escaped'",))
     assert not run.passed
 
 
-def test_patched_builtins_and_hidden_tests_do_not_reach_another_sample(isolation):
+def test_patched_builtins_and_hidden_tests_do_not_reach_another_sample(isolation, make_sandbox):
     evil = ("import builtins, __main__\nbuiltins.exec = lambda *a, **k: None\n"
             "L = repr(vars(__main__))\n")
     wrong = "def add(a, b):\n    return a - b\n"
-    with _sandbox(isolation) as sb:
+    with make_sandbox(isolation) as sb:
         runs = sb.run_many([(evil, ("assert 'SECRET-7781' in L",)),
                             (wrong, ("assert add(1, 2) == 3  # SECRET-7781",))])
     assert not runs[0].passed, runs[0].results      # the other sample's hidden test is not visible
     assert not runs[1].passed, runs[1].results      # and the patched exec did not make it pass
 
 
-def test_ignoring_sigalrm_is_bounded_in_wall_time(isolation):
+def test_ignoring_sigalrm_is_bounded_in_wall_time(isolation, make_sandbox):
     stall = ("import os, signal, time\ndef f():\n    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
              "    os.close(1)\n    os.close(2)\n    time.sleep(3600)\n")   # and its output pipe closed
     spin = "import signal\ndef f():\n    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n    while True:\n        pass\n"
     good = [(f"def f():\n    return {i}\n", (f"assert f() == {i}",)) for i in range(8)]
     t0 = time.monotonic()
-    with _sandbox(isolation, timeout_s=0.5, workers=2) as sb:
+    with make_sandbox(isolation, timeout_s=0.5, workers=2) as sb:
         runs = sb.run_many([(stall, ("f()",)), (spin, ("f()",))] + good)
     took = time.monotonic() - t0
     assert [r.results[0].startswith("crashed") for r in runs[:2]] == [True, True], [r.results for r in runs[:2]]
@@ -287,11 +269,11 @@ def test_ignoring_sigalrm_is_bounded_in_wall_time(isolation):
     assert took < 6.0, took      # the bound is timeout * (1 + tests) + 1 s per sample, not a batch budget
 
 
-def test_runner_killed_by_a_sample_is_replaced(isolation):
+def test_runner_killed_by_a_sample_is_replaced(isolation, make_sandbox):
     """In the fallback a sample can signal a runner of its own uid (not as root: the sample is
     nobody); the sample is a crash or refused, and the next one runs."""
     kill = "import os, signal\nsignal.pidfd_send_signal(os.pidfd_open(os.getppid()), signal.SIGKILL)\n"
-    with _sandbox(isolation) as sb:
+    with make_sandbox(isolation) as sb:
         runs = sb.run_many([(kill, ("assert True",))])
         after = sb.run(*GOOD)
     # namespaces: no target; mode none: a crash, or refused where the sample is nobody and the runner root
@@ -308,31 +290,31 @@ def test_isolation_is_reported_and_checked():
         assert sb.isolation in ("namespaces", "none")
 
 
-def test_common_stdlib_works_inside(isolation):
+def test_common_stdlib_works_inside(isolation, make_sandbox):
     code = ("import collections, typing, hashlib, decimal, json, re, math, itertools, heapq, datetime, random\n"
             "P = collections.namedtuple('P', 'a b')\nT = typing.TypeVar('T')\n"
             "def f():\n    return (P(1, 2).b, hashlib.sha256(b'x').hexdigest()[:4], str(decimal.Decimal('1.5') * 2),"
             " json.dumps([1]), math.comb(5, 2))\n")
-    with _sandbox(isolation) as sb:
+    with make_sandbox(isolation) as sb:
         run = sb.run(code, ("assert f() == (2, '2d71', '3.0', '[1]', 10)",))
     assert run.passed, run.results
 
 
-def test_the_environment_is_empty_and_descriptors_closed(isolation):
+def test_the_environment_is_empty_and_descriptors_closed(isolation, make_sandbox):
     code = ("import os\nE = dict(os.environ)\ndef is_open(fd):\n    try:\n        os.fstat(fd)\n        return True\n"
             "    except OSError:\n        return False\nFDS = [fd for fd in range(64) if is_open(fd)]\n")
-    with _sandbox(isolation) as sb:   # Python itself sets LC_CTYPE when the environment has no locale
+    with make_sandbox(isolation) as sb:   # Python itself sets LC_CTYPE when the environment has no locale
         run = sb.run(code, ("assert set(E) <= {'LC_CTYPE'}", "assert FDS == [1, 2]"))
     assert run.results == ("pass", "pass"), run.results
 
 
-def test_files_of_one_sample_are_gone_for_the_next(isolation):
+def test_files_of_one_sample_are_gone_for_the_next(isolation, make_sandbox):
     """Samples run one after another in the same runner: the working folder and /tmp are fresh."""
     write = ("import os, tempfile\nopen('left.txt', 'w').write('x')\n"
              "T = tempfile.gettempdir()\nopen(os.path.join(T, 'left-tmp.txt'), 'w').write('x')\n")
     look = ("import os, tempfile\nF = [os.path.exists('left.txt'), "
             "os.path.exists(os.path.join(tempfile.gettempdir(), 'left-tmp.txt'))]\n")
-    with _sandbox(isolation, workers=1) as sb:
+    with make_sandbox(isolation, workers=1) as sb:
         first = sb.run(write, ("assert open('left.txt').read() == 'x'",))
         second = sb.run(look, ("assert F == [False, False]",))
     assert first.results == ("pass",) and second.results == ("pass",), (first.results, second.results)

@@ -74,10 +74,10 @@ def test_every_domain_has_one_predicate_per_type():
     assert all(tuple(sorted(p)) == tuple(sorted(ERROR_TYPES)) for p in PREDICATES.values())
 
 
-def test_built_corpus_holds_clean_safe_runs_and_visible_injections(demo_build, demo_cfg):
+def test_built_corpus_holds_clean_safe_runs_and_visible_injections(demo_build, demo_cfg, sandbox):
     from aftraj.corpus.build import load_tasks
 
-    tasks = {t.id: t for t in load_tasks(demo_cfg, demo_cfg.seed)}
+    tasks = {t.id: t for t in load_tasks(demo_cfg, demo_cfg.seed, sandbox)}   # HumanEval screened once a session
     from aftraj.corpus.rollout import Turn
 
     n_inj = 0

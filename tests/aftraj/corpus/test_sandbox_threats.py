@@ -14,28 +14,9 @@ from pathlib import Path
 import pytest
 
 import aftraj.corpus.sandbox as sandbox_module
-from aftraj.corpus.sandbox import Sandbox, SandboxError
+from aftraj.corpus.sandbox import SandboxError
 
 ROOT = os.geteuid() == 0
-
-
-def _namespaces_available() -> bool:
-    with Sandbox(timeout_s=2) as sb:
-        return sb.isolation == "namespaces"
-
-
-_NS = _namespaces_available()
-
-
-@pytest.fixture(params=[pytest.param("namespaces", marks=pytest.mark.skipif(
-    not _NS, reason="this kernel refuses unprivileged user namespaces (the fallback is tested as 'none')")),
-    "none"])
-def isolation(request):
-    return request.param
-
-
-def _sandbox(isolation, **kw):
-    return Sandbox(timeout_s=kw.pop("timeout_s", 3), memory_mb=kw.pop("memory_mb", 1024), isolation=isolation, **kw)
 
 
 # --------------------------------------------------------------------------- 6: raw memory
@@ -54,17 +35,17 @@ TYPE_WALK = (
     "T = walk()\n")
 
 
-def test_no_ctypes_class_is_reachable_through_the_type_graph(isolation):
+def test_no_ctypes_class_is_reachable_through_the_type_graph(isolation, make_sandbox):
     """Issue 23 (6): the runner had imported ctypes; dropping it from sys.modules left CDLL, Union,
     _SimpleCData and c_char_p reachable from object.__subclasses__()."""
     code = TYPE_WALK + ("F = sorted(n for n, k in T.items() if k.__module__ in ('ctypes', '_ctypes')\n"
                         "           or n in ('CDLL', 'Union', 'c_char_p', '_SimpleCData', 'PyCFuncPtr'))\n")
-    with _sandbox(isolation) as sb:
+    with make_sandbox(isolation) as sb:
         run = sb.run(code, ("assert len(T) > 200", "assert F == []"))
     assert run.results == ("pass", "pass"), run.results     # the walk works, and finds no ctypes class
 
 
-def test_a_union_read_of_any_address_fails(isolation):
+def test_a_union_read_of_any_address_fails(isolation, make_sandbox):
     """The attack itself: a Union of a size_t and a char* built from the classes the walk finds
     reads any address (here a bytes object's buffer) with no audit event."""
     code = TYPE_WALK + (
@@ -78,7 +59,7 @@ def test_a_union_read_of_any_address_fails(isolation):
         "    u = P()\n    u.n = id(secret) + 32\n"
         "    R = 'escaped' if u.p.startswith(b'SECRET') else ''\n"
         "except KeyError:\n    pass\n")
-    with _sandbox(isolation) as sb:
+    with make_sandbox(isolation) as sb:
         run = sb.run(code, ("assert R == 'escaped'",))
     assert not run.passed, run.results
 
@@ -103,20 +84,20 @@ CRAFTED_CODE = {
 
 
 @pytest.mark.parametrize("name", sorted(CRAFTED_CODE))
-def test_a_crafted_code_object_is_refused(name, isolation):
-    with _sandbox(isolation) as sb:
+def test_a_crafted_code_object_is_refused(name, isolation, make_sandbox):
+    with make_sandbox(isolation) as sb:
         run = sb.run(CRAFTED_CODE[name], ("assert R == 'escaped'",))
     assert not run.passed and "sandbox" in run.results[0], run.results
 
 
-def test_imports_still_compile_the_sample_s_own_modules(isolation):
+def test_imports_still_compile_the_sample_s_own_modules(isolation, make_sandbox):
     """marshal.loads is refused but for the stdlib's own .pyc files: a module the sample writes
     (compiled from its source) and a stdlib module the zygote did not preload (where the sample's
     uid can read the stdlib) still import."""
     code = ("import os, sys\nopen('helper_mod.py', 'w').write('def twice(x):\\n    return 2 * x\\n')\n"
             "sys.path.insert(0, os.getcwd())\nimport helper_mod\n"
             "try:\n    import sched\n    S = sched.scheduler is not None\nexcept ImportError as e:\n    S = str(e)\n")
-    with _sandbox(isolation) as sb:
+    with make_sandbox(isolation) as sb:
         stdlib_readable = isolation == "namespaces" or not ROOT
         run = sb.run(code, ("assert helper_mod.twice(4) == 8", "assert S is True" if stdlib_readable else "assert S"))
     assert run.results == ("pass", "pass"), run.results
@@ -210,29 +191,29 @@ ANSWER = (
 
 
 @pytest.mark.parametrize("name", sorted(PARSERS))
-def test_code_that_parses_the_hidden_tests_learns_nothing(name, isolation):
+def test_code_that_parses_the_hidden_tests_learns_nothing(name, isolation, make_sandbox):
     """Issue 23 (7): a sample that only parses the tests passed 3 of 3 `assert f(x) == y` tests.
     The tests now reach the sample's process only after it is loaded and frozen, and no second
     audit hook, gc walk or frame access is allowed."""
-    with _sandbox(isolation) as sb:
+    with make_sandbox(isolation) as sb:
         run = sb.run(PARSERS[name] + ANSWER, HIDDEN)
     assert run.n_passed == 0, run.results
 
 
-def test_a_second_audit_hook_is_never_added(isolation):
+def test_a_second_audit_hook_is_never_added(isolation, make_sandbox):
     # CPython drops a hook whose addition a hook refused, silently: what counts is that it sees nothing
     code = ("import sys\nSEEN = []\ntry:\n    sys.addaudithook(lambda e, a: SEEN.append(e))\nexcept Exception:\n"
             "    pass\ncompile('1', 'x', 'exec')\nopen\n")
-    with _sandbox(isolation) as sb:
+    with make_sandbox(isolation) as sb:
         run = sb.run(code, ("compile('2', 'y', 'exec')\nassert SEEN == []",))
     assert run.results == ("pass",), run.results
 
 
-def test_the_tests_run_and_report_as_before(isolation):
+def test_the_tests_run_and_report_as_before(isolation, make_sandbox):
     """The tests arriving after the load change nothing for honest code: results, their order,
     a load error repeated per test, a test that times out, and non-ASCII tests."""
     good = "def f(x):\n    return {3: 9041, 5: 7723, 8: 1187}.get(x, 0)\n"
-    with _sandbox(isolation, timeout_s=1) as sb:
+    with make_sandbox(isolation, timeout_s=1) as sb:
         runs = sb.run_many([(good, HIDDEN + ("assert f(1) == 'é'",)),
                             ("raise ValueError('at load')\n", ("assert True", "assert True")),
                             ("import time\ndef f():\n    time.sleep(5)\n", ("f()", "assert 1"))])
@@ -244,12 +225,12 @@ def test_the_tests_run_and_report_as_before(isolation):
 # --------------------------------------------------------------------------- 8: mode none as root
 
 @pytest.mark.skipif(not ROOT, reason="the promise is about the host's root")
-def test_mode_none_as_root_runs_the_sample_as_nobody():
+def test_mode_none_as_root_runs_the_sample_as_nobody(make_sandbox):
     """Issue 23 (8): as the host's root, mode none ran samples as root (nobody could not read the
     stdlib), where RLIMIT_NPROC does not bind: a thread could race the hook's path check."""
     code = ("import os, threading\nU = (os.getuid(), os.geteuid(), os.getgid(), os.getgroups())\nT = ''\ntry:\n"
             "    threading.Thread(target=lambda: None).start()\n    T = 'started'\nexcept Exception:\n    pass\n")
-    with _sandbox("none") as sb:
+    with make_sandbox("none") as sb:
         assert sb.limits_processes and sb.sample_uid == sandbox_module.NONE_MODE_UID
         run = sb.run(code, (f"assert U == ({sandbox_module.NONE_MODE_UID},) * 3 + ([],)", "assert T == ''"))
     assert run.results == ("pass", "pass"), run.results
@@ -287,7 +268,7 @@ RACE = (
     "signal.setitimer(signal.ITIMER_PROF, 0)\nHOW.append(tries)\n")
 
 
-def test_the_symlink_swap_race_reads_nothing_outside(tmp_path):
+def test_the_symlink_swap_race_reads_nothing_outside(tmp_path, make_sandbox):
     """Issue 23 (8), mode none: symlinks cannot be made, no thread starts, no file is opened
     while a handler of the sample could run inside the check, and as the host's root the
     sample is nobody (the file outside is the builder's own, mode 0600)."""
@@ -297,31 +278,31 @@ def test_the_symlink_swap_race_reads_nothing_outside(tmp_path):
     (outside / "s.txt").chmod(0o600)
     for p in (tmp_path, outside):
         p.chmod(0o755)
-    with _sandbox("none", timeout_s=10) as sb:
+    with make_sandbox("none", timeout_s=10) as sb:
         run = sb.run(RACE.format(out=str(outside)), ("assert R == 'escaped', HOW",))
     assert not run.passed, run.results
 
 
 @pytest.mark.skipif(not ROOT, reason="the promise is about the host's root")
-def test_mode_none_as_root_is_refused_when_the_sample_cannot_leave_root(monkeypatch):
+def test_mode_none_as_root_is_refused_when_the_sample_cannot_leave_root(monkeypatch, make_sandbox):
     """Where the sample cannot become the unprivileged uid, mode none refuses to run it at all,
     with an error that says why (here: uid 2**32-1, which setresuid takes as 'unchanged')."""
     monkeypatch.setattr(sandbox_module, "NONE_MODE_UID", 2 ** 32 - 1)
     with pytest.raises(SandboxError, match=r"isolation 'none' as the host's root runs every sample as uid 4294967295"):
-        with _sandbox("none") as sb:
+        with make_sandbox("none") as sb:
             sb.run("X = 1\n", ("assert X == 1",))
 
 
-def test_the_namespace_init_ignores_the_sample():
+def test_the_namespace_init_ignores_the_sample(make_sandbox, namespaces):
     """Namespaces: the samples of one runner share a pid namespace whose init only waits; a
     sample that sends it SIGKILL and SIGSTOP changes nothing (the kernel drops them), and the
     next sample runs."""
-    if not _NS:
+    if not namespaces:
         pytest.skip("this kernel refuses unprivileged user namespaces")
     code = ("import os, signal\nP = os.getppid()\nfd = os.pidfd_open(1)\n"
             "for sig in (signal.SIGSTOP, signal.SIGKILL, signal.SIGTERM):\n    signal.pidfd_send_signal(fd, sig)\n"
             "R = 'alive'\n")
-    with _sandbox("namespaces", workers=1) as sb:
+    with make_sandbox("namespaces", workers=1) as sb:
         first = sb.run(code, ("assert R == 'alive' and P == 0",))
         second = sb.run("X = 2\n", ("assert X == 2",))
     assert first.results == ("pass",) and second.results == ("pass",), (first.results, second.results)
