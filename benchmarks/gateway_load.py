@@ -4,21 +4,40 @@ ledger. Each run posts `--events` events in batches of `--batch` (one request ea
 in flight per run); latency is client-side per request (post to verdict).
 
     python benchmarks/gateway_load.py                      # 50 runs x 400 events, batches of 10
-    python benchmarks/gateway_load.py --runs 50 --events 200 --batch 1
+    python benchmarks/gateway_load.py --rate 1000          # 1,000 events/s offered (open loop)
+    python benchmarks/gateway_load.py --rate 1000 --contend 1 --trace
+    python benchmarks/gateway_load.py --rate 1000 --variant before=HEAD~1 --variant now=.
 
 Last line: `events_per_s=… p50_ms=… p99_ms=…`. Targets on 2 cores: >= 1,000 events/s and
-p99 <= 20 ms. The load generator runs on the same machine and shares its cores. Closed loop
-(default) measures capacity: with 50 requests always in flight, latency is queueing (Little's
-law: 50 / requests per second). `--rate 1000` offers 1,000 events/s open loop (agents post a
-step, then think), which is the latency a deployment sees below capacity. `--contend N` runs N
-CPU-bound processes (a pure-Python loop each) beside the gateway for the whole measurement and
-says so in the figure line (`contention=N`), with the load average before and after.
+p99 <= 20 ms. The load generator is a second process on the same machine (it shares the cores).
+Closed loop (default) measures capacity: with 50 requests always in flight, latency is queueing
+(Little's law: 50 / requests per second). `--rate 1000` offers 1,000 events/s open loop (agents
+post a step, then think), which is the latency a deployment sees below capacity. `--contend N`
+runs N CPU-bound processes (a pure-Python loop each) beside the gateway for the whole
+measurement and says so in the figure line (`contention=N`), with the load average before and
+after.
+
+Where the time goes: every request's client send and receive times and the gateway's own
+`latency_ms` (arrival in the app to the verdict) are kept; `--trace` also starts the gateway
+with timers around its phases (the hop to the threads, parsing, the ledger's commit, the fold,
+the verdict's commit, the hop back; `time.perf_counter` is the system's monotonic clock, one
+time line for both processes) and prints each phase's p50/p99 and the mean of each over the
+slowest 1 % of requests. `--variant LABEL=REV` (repeatable; `.` is the working tree, any other
+value a git revision, run from `git archive`) starts one gateway per variant and sends the load
+to them in turn, `--segments` slices each (interleaved: A B A B …), so variants are compared
+under the same conditions within one run; `LABEL=REV+switch=MS` also sets the interpreter's
+switch interval in that gateway (the gateway's own setting is replaced), `+autocheckpoint=N`
+SQLite's `wal_autocheckpoint` on its connections, `+gc=freeze` freezes what the gateway's start
+made (`gc.freeze()`), `+ckpt_every=S` the threaded ledger's checkpoint interval. The trace also counts the gateway's garbage collections of generations 1
+and 2 and how many of the slowest 1 % they overlap.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
+import json
 import os
 import signal
 import socket
@@ -28,15 +47,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-import orjson
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from serve.config import hash_key  # noqa: E402
-
 KEY = "bench-key"
 
 
@@ -46,68 +57,336 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def start_gateway(tmp: Path, auditor: dict | None = None) -> tuple[subprocess.Popen, str]:
-    port = _port()
-    cfg = tmp / "gw.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "kind": "gateway", "host": "127.0.0.1", "port": port, "ledger_url": f"sqlite:///{tmp / 'ledger.db'}",
-        "api_keys": [{"name": "bench", "sha256": hash_key(KEY)}], "auditor": auditor or {"backend": "none"},
-        "limits": {"rate_per_s": 1e6, "burst": 1000000}}))
-    proc = subprocess.Popen([sys.executable, "-m", "aftraj.cli", "serve", "gateway", "--config", str(cfg)],
-                            cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
+# --------------------------------------------------------------------------- the gateway process
+
+def _install_trace(out: str, db: str) -> None:
+    """In the gateway process: timers around the service's phases, one JSON line a request
+    written to `out` as it is answered (uvicorn ends on SIGTERM by the signal: no atexit);
+    times from `time.perf_counter`, CPU seconds of the thread."""
+    import threading
+
+    from aftraj import ledger as L
+    from serve import service as S
+
+    G, perf, cpu = S.GatewayService, time.perf_counter, time.thread_time
+    recs: dict = {}
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    cur = threading.local()
+    shm: list = []
+
+    def backfill():
+        """SQLite's WAL index: (nBackfill, mxFrame): a checkpoint moves nBackfill."""
+        if not shm:
+            try:
+                shm.append(os.open(db + "-shm", os.O_RDONLY))
+            except OSError:
+                return None
+        b = os.pread(shm[0], 100, 0)
+        return int.from_bytes(b[96:100], sys.byteorder), int.from_bytes(b[16:20], sys.byteorder)
+
+    def phase(name, fn):
+        def wrapped(*a, **k):
+            rec = getattr(cur, "rec", None)
+            w0, c0, b0 = perf(), cpu(), backfill() if name in ("append", "store") else None
+            try:
+                return fn(*a, **k)
+            finally:
+                if rec is not None:
+                    rec[name] = (perf() - w0, cpu() - c0)
+                    if b0 is not None:
+                        b1 = backfill()
+                        if b1 is not None and b1[0] != b0[0]:
+                            rec[name + "_ckpt"] = b1[0] - b0[0]
+        return wrapped
+
+    orig_commit = G._commit
+
+    def _commit(self, r, run_id, items, t0=None):
+        rec = cur.rec = {"t0": t0, "start": perf()}
+        c0 = cpu()
         try:
-            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise RuntimeError("gateway did not start")
+            return orig_commit(self, r, run_id, items, t0)
+        finally:
+            rec.update(end=perf(), cpu=cpu() - c0, run=r.key.split("/", 1)[1], seq=r.state.last_seq)
+            cur.rec = None
+            recs[(rec["run"], rec["seq"])] = rec
+
+    orig_ingest = G.ingest
+
+    async def ingest(self, owner, run_id, items, *, t0=None):
+        v = await orig_ingest(self, owner, run_id, items, t0=t0)
+        rec = recs.pop((run_id, v["seq"]), None)
+        if rec is not None:
+            rec["back"] = perf()
+            os.write(fd, (json.dumps(rec) + "\n").encode())
+        return v
+
+    gc_t0 = [0.0]
+
+    def on_gc(phase_, info):               # collections of the older generations, as lines of their own
+        if phase_ == "start":
+            gc_t0[0] = perf()
+        elif info["generation"] >= 1:
+            os.write(fd, (json.dumps({"gc": info["generation"], "start": gc_t0[0], "end": perf(),
+                                      "collected": info["collected"]}) + "\n").encode())
+    gc.callbacks.append(on_gc)
+    G._commit, G.ingest = _commit, ingest
+    G._parse_batch = phase("parse", G._parse_batch)
+    G._fold_new = phase("fold", G._fold_new)
+    G._store_verdict = phase("store", G._store_verdict)
+    L.SqlLedger.append_batch = phase("append", L.SqlLedger.append_batch)
 
 
-async def load(url: str, runs: int, events: int, batch: int, rate: float | None):
+def _as_gateway(argv: list[str]) -> int:
+    """`gateway_load.py --as-gateway ROOT CONFIG [switch_ms=…] [autocheckpoint=…] [trace=FILE]`:
+    the gateway, from the code at ROOT, with the benchmark's settings."""
+    root, cfg, *opts = argv
+    sys.path.insert(0, root)
+    o = dict(x.split("=", 1) for x in opts)
+    if "switch_ms" in o:
+        sys.setswitchinterval(float(o["switch_ms"]) / 1000)
+        sys.setswitchinterval = lambda _s: None        # the gateway's own setting is replaced
+    if "autocheckpoint" in o:
+        import sqlalchemy as sa
+
+        from aftraj import ledger as L
+
+        init = L.SqlLedger.__init__
+
+        def __init__(self, *a, **k):
+            init(self, *a, **k)
+            sa.event.listen(self.engine, "connect", lambda c, _r: c.execute(
+                f"PRAGMA wal_autocheckpoint={int(o['autocheckpoint'])}"))
+            self.engine.dispose()                       # pooled connections reopen with it
+        L.SqlLedger.__init__ = __init__
+    if "ckpt_every" in o:                   # the threaded ledger's checkpoint interval (s)
+        from aftraj import ledger as L
+
+        cinit = L.Checkpointer.__init__
+
+        def ck_init(self, *a, **k):
+            cinit(self, *a, **k)
+            self.every_s = float(o["ckpt_every"])
+        L.Checkpointer.__init__ = ck_init
+    if o.get("gc") == "freeze":             # what startup made is never collected again
+        import serve.router  # noqa: F401
+        import uvicorn  # noqa: F401
+
+        gc.collect()
+        gc.freeze()
+    if "trace" in o:
+        import yaml
+
+        db = yaml.safe_load(Path(cfg).read_text())["ledger_url"][len("sqlite:///"):]
+        _install_trace(o["trace"], db)
+    from aftraj.cli import main
+
+    return main(["serve", "gateway", "--config", cfg])
+
+
+class Variant:
+    def __init__(self, spec: str):
+        label, _, rest = spec.partition("=")
+        rev, *opts = (rest or ".").split("+")
+        self.label, self.rev, self.opts = label, rev, opts
+        self.lat: list[float] = []
+        self.server: list[float] = []
+        self.sent: dict = {}                      # (run, seq) -> (send, receive) perf_counter
+        self.overhead: list[float] = []
+        self.events = 0
+        self.busy_s = 0.0
+        self.trace: Path | None = None
+
+    def start(self, tmp: Path, auditor: dict | None, trace: bool) -> None:
+        import httpx
+        import yaml
+
+        d = tmp / self.label
+        d.mkdir()
+        root = REPO
+        if self.rev != ".":                    # the revision's code, from git (the index is not touched)
+            root = d / "src"
+            root.mkdir()
+            tar = subprocess.run(["git", "-C", str(REPO), "archive", self.rev, "aftraj", "serve", "configs"],
+                                 check=True, capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(root)], input=tar, check=True)
+        sys.path.insert(0, str(REPO))
+        from serve.config import hash_key
+
+        port = _port()
+        cfg = d / "gw.yaml"
+        cfg.write_text(yaml.safe_dump({
+            "kind": "gateway", "host": "127.0.0.1", "port": port, "ledger_url": f"sqlite:///{d / 'ledger.db'}",
+            "api_keys": [{"name": "bench", "sha256": hash_key(KEY)}], "auditor": auditor or {"backend": "none"},
+            "limits": {"rate_per_s": 1e6, "burst": 1000000}}))
+        opts = [o.replace("switch=", "switch_ms=") for o in self.opts]
+        if trace:
+            self.trace = d / "trace.jsonl"
+            opts.append(f"trace={self.trace}")
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--as-gateway", str(root),
+                                      str(cfg), *opts], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+                                     start_new_session=True)
+        self.url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"gateway {self.label} exited {self.proc.returncode}")
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise RuntimeError(f"gateway {self.label} did not start")
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(timeout=30)
+
+
+# --------------------------------------------------------------------------- the load
+
+def _events(run: str, lo: int, hi: int) -> list[dict]:
+    return [{"event_id": f"{run}/{i}", "seq": i, "kind": ("tool_call" if i % 3 == 1 else "tool_result"
+             if i % 3 == 2 else "message"), "agent": "abc"[i % 3],
+             "parent_id": f"{run}/{i - 1}" if i % 3 == 2 else None,
+             "payload": ({"content": "", "tool": "search", "arguments": {"q": f"x{i}"}} if i % 3 == 1
+                         else {"content": f"result {i}", "tool": "search", "result_ids": [f"d{i}"]}
+                         if i % 3 == 2 else {"content": f"message {i} " * 8})}
+            for i in range(lo, hi)]
+
+
+async def load(variants: list[Variant], runs: int, events: int, batch: int, rate: float | None, segments: int):
+    """Each variant's runs post their batches; the batches are cut into `segments` slices per
+    variant, sent to the variants in turn (A's first slice, B's first, A's second, …)."""
+    import httpx
+    import orjson
+
     headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
     limits = httpx.Limits(max_connections=runs, max_keepalive_connections=runs)
-    async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=60) as c:
-        ids = [f"load-{i}" for i in range(runs)]
-        for r in ids:
-            (await c.post("/v1/runs", content=orjson.dumps({"run_id": r, "task": "load test",
-                                                            "agents": ["a", "b", "c"]}))).raise_for_status()
-        lat: list[float] = []
-        overhead: list[float] = []       # gateway latency minus the model call (auditor on)
-        n_events = 0
-
+    ids = [f"load-{i}" for i in range(runs)]
+    clients = [httpx.AsyncClient(base_url=v.url, headers=headers, limits=limits, timeout=60) for v in variants]
+    try:
+        for v, c in zip(variants, clients):
+            for r in ids:
+                (await c.post("/v1/runs", content=orjson.dumps({"run_id": r, "task": "load test",
+                                                                "agents": ["a", "b", "c"]}))).raise_for_status()
+        starts = list(range(1, events + 1, batch))
         interval = runs * batch / rate if rate else 0.0     # open loop: each run's batch period
+        cuts = [round(i * len(starts) / segments) for i in range(segments + 1)]
 
-        async def one(k: int, run: str):
-            nonlocal n_events
+        async def one(v: Variant, c, k: int, run: str, slice_: list[int]):
             start = time.perf_counter() + interval * k / runs  # staggered
-            for j, lo in enumerate(range(1, events + 1, batch)):
+            for j, lo in enumerate(slice_):
                 if interval:
                     await asyncio.sleep(max(0.0, start + j * interval - time.perf_counter()))
-                evs = [{"event_id": f"{run}/{i}", "seq": i, "kind": ("tool_call" if i % 3 == 1 else "tool_result"
-                        if i % 3 == 2 else "message"), "agent": "abc"[i % 3],
-                        "parent_id": f"{run}/{i - 1}" if i % 3 == 2 else None,
-                        "payload": ({"content": "", "tool": "search", "arguments": {"q": f"x{i}"}} if i % 3 == 1
-                                    else {"content": f"result {i}", "tool": "search", "result_ids": [f"d{i}"]}
-                                    if i % 3 == 2 else {"content": f"message {i} " * 8})}
-                       for i in range(lo, min(lo + batch, events + 1))]
+                evs = _events(run, lo, min(lo + batch, events + 1))
                 body = orjson.dumps({"events": evs})
                 t0 = time.perf_counter()
                 r = await c.post(f"/v1/runs/{run}/events", content=body)
-                lat.append(1000 * (time.perf_counter() - t0))
+                t1 = time.perf_counter()
+                v.lat.append(1000 * (t1 - t0))
                 r.raise_for_status()
-                v = r.json()
-                if v.get("model_latency_ms") is not None:
-                    overhead.append(v["latency_ms"] - v["model_latency_ms"])
-                n_events += len(evs)
+                d = r.json()
+                v.server.append(d["latency_ms"])
+                v.sent[(run, d["seq"])] = (t0, t1)
+                if d.get("model_latency_ms") is not None:
+                    v.overhead.append(d["latency_ms"] - d["model_latency_ms"])
+                v.events += len(evs)
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(one(k, r) for k, r in enumerate(ids)))
-        return time.perf_counter() - t0, lat, n_events, overhead
+        for s in range(segments):
+            for v, c in zip(variants, clients):
+                t0 = time.perf_counter()
+                await asyncio.gather(*(one(v, c, k, r, starts[cuts[s]:cuts[s + 1]]) for k, r in enumerate(ids)))
+                v.busy_s += time.perf_counter() - t0
+                if len(variants) > 1:
+                    await asyncio.sleep(0.2)
+    finally:
+        for c in clients:
+            await c.aclose()
+
+
+# --------------------------------------------------------------------------- the report
+
+def _pct(xs, q):
+    import numpy as np
+
+    return float(np.percentile(np.asarray(xs, dtype=float), q)) if len(xs) else float("nan")
+
+
+CLIENT_GC: list[tuple[int, float, float]] = []      # the load generator's own collections (gen >= 1)
+
+
+def _client_gc(phase_, info, _t0=[0.0]):
+    if phase_ == "start":
+        _t0[0] = time.perf_counter()
+    elif info["generation"] >= 1:
+        CLIENT_GC.append((info["generation"], _t0[0], time.perf_counter()))
+
+
+PHASES = (("send->app", "send", "t0"), ("app->thread", "t0", "start"), ("thread", "start", "end"),
+          ("thread->loop", "end", "back"), ("loop->recv", "back", "recv"))
+
+
+def report_trace(v: Variant) -> None:
+    """Each phase's p50/p99 over all requests and its mean over the slowest 1 %."""
+    if v.trace is None or not v.trace.exists():
+        print(f"[{v.label}] no trace written")
+        return
+    rows, gcs = [], []
+    for line in v.trace.read_text().splitlines():
+        rec = json.loads(line)
+        if "gc" in rec:
+            gcs.append(rec)
+            continue
+        sr = v.sent.get((rec["run"], rec["seq"]))
+        if sr is None or rec.get("back") is None:
+            continue
+        rec["send"], rec["recv"] = sr
+        rows.append(rec)
+    if not rows:
+        print(f"[{v.label}] trace: no request matched")
+        return
+    for rec in rows:
+        rec["total"] = rec["recv"] - rec["send"]
+    rows.sort(key=lambda r: r["total"])
+    tail = rows[-max(1, len(rows) // 100):]
+    names = [p[0] for p in PHASES] + ["parse", "append", "fold", "store", "cpu"]
+
+    def val(rec, n):
+        for name, a, b in PHASES:
+            if name == n:
+                return 1000 * (rec[b] - rec[a])
+        if n == "cpu":
+            return 1000 * rec["cpu"]
+        return 1000 * rec[n][0] if n in rec else 0.0
+
+    print(f"[{v.label}] trace of {len(rows)} requests, ms: phase p50 / p99 / mean over the slowest "
+          f"{len(tail)} (total {_pct([1000 * r['total'] for r in tail], 0):.1f}-{1000 * tail[-1]['total']:.1f})")
+    print("  " + "  ".join(f"{n}={_pct([val(r, n) for r in rows], 50):.2f}/{_pct([val(r, n) for r in rows], 99):.2f}/"
+                           f"{sum(val(r, n) for r in tail) / len(tail):.2f}" for n in names))
+    ck = [r for r in rows if r.get("append_ckpt") or r.get("store_ckpt")]
+    if ck:
+        ck_ms = [1000 * r["total"] for r in ck]
+        print(f"  checkpoints seen in {len(ck)} requests: their latency p50={_pct(ck_ms, 50):.1f} "
+              f"max={max(ck_ms):.1f} ms; in the slowest 1 %: {sum(1 for r in tail if r in ck)}")
+    for g in (1, 2):
+        d = [1000 * (x["end"] - x["start"]) for x in gcs if x["gc"] == g]
+        hit = sum(1 for r in tail if any(x["gc"] == g and x["start"] < r["recv"] and x["end"] > r["send"] for x in gcs))
+        if d:
+            print(f"  gc generation {g}: {len(d)} collections, p50={_pct(d, 50):.1f} max={max(d):.1f} ms; "
+                  f"overlapping the slowest 1 %: {hit}")
+    hit = sum(1 for r in tail if any(s_ < r["recv"] and e_ > r["send"] for _, s_, e_ in CLIENT_GC))
+    if CLIENT_GC:
+        d = [1000 * (e_ - s_) for _, s_, e_ in CLIENT_GC]
+        print(f"  load generator's gc (gen >= 1): {len(d)} collections, max={max(d):.1f} ms; "
+              f"overlapping the slowest 1 %: {hit}")
+    for r in tail[-5:]:
+        print("  slowest: " + " ".join(f"{n}={val(r, n):.1f}" for n in names)
+              + (" checkpoint" if r in ck else ""))
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--as-gateway":
+        sys.exit(_as_gateway(sys.argv[2:]))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--events", type=int, default=400, help="events per run")
@@ -118,32 +397,54 @@ def main() -> None:
     ap.add_argument("--contend", type=int, default=0, help="CPU-bound processes to run beside the gateway")
     ap.add_argument("--rate", type=float, help="open loop: offered events/s over all runs (default: "
                     "closed loop, each run posts its next batch as soon as the last is answered)")
+    ap.add_argument("--trace", action="store_true", help="time the gateway's phases (see the docstring)")
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL=REV[+switch=MS][+autocheckpoint=N][+gc=freeze][+ckpt_every=S]",
+                    help="one gateway per variant, the load sent to each in turn (default: one, the working tree)")
+    ap.add_argument("--segments", type=int, help="slices of each variant's load (default 1, 4 with variants)")
     args = ap.parse_args()
-    import numpy as np
 
+    variants = [Variant(s) for s in args.variant] or [Variant("gateway=.")]
+    if len({v.label for v in variants}) != len(variants):
+        ap.error("--variant labels must differ")
+    segments = args.segments or (4 if len(variants) > 1 else 1)
     with tempfile.TemporaryDirectory() as tmp:
         auditor = ({"backend": "openai", "base_url": args.auditor_url, "model": args.auditor_model,
                     "deadline_s": 120.0, "max_tokens": 4, "tokenizer": "approx"} if args.auditor_url else None)
-        proc, url = start_gateway(Path(tmp), auditor)
-        load_before = os.getloadavg()[0]
-        hogs = [subprocess.Popen([sys.executable, "-c", "while True:\n    pass"]) for _ in range(args.contend)]
+        started = []
         try:
-            wall, lat, n, overhead = asyncio.run(load(url, args.runs, args.events, args.batch, args.rate))
+            for v in variants:
+                v.start(Path(tmp), auditor, args.trace)
+                started.append(v)
+            load_before = os.getloadavg()[0]
+            hogs = [subprocess.Popen([sys.executable, "-c", "while True:\n    pass"]) for _ in range(args.contend)]
+            gc.callbacks.append(_client_gc)
+            try:
+                asyncio.run(load(variants, args.runs, args.events, args.batch, args.rate, segments))
+            finally:
+                for h in hogs:
+                    h.kill()
+                    h.wait()
         finally:
-            for h in hogs:
-                h.kill()
-                h.wait()
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-    lat_a = np.array(lat)
+            for v in started:
+                v.stop()
+        for v in variants if args.trace else ():
+            report_trace(v)
+    for v in variants:
+        gap = [c - s for c, s in zip(v.lat, v.server)]
+        label = f"[{v.label}: {v.rev}{''.join('+' + o for o in v.opts)}] " if len(variants) > 1 else ""
+        print(f"{label}gateway latency_ms p50={_pct(v.server, 50):.2f} p99={_pct(v.server, 99):.2f}; "
+              f"client minus gateway p50={_pct(gap, 50):.2f} p99={_pct(gap, 99):.2f}; max_ms={max(v.lat):.1f}")
     print(f"runs={args.runs} events_per_run={args.events} batch={args.batch} offered={args.rate or 'closed-loop'} "
-          f"requests={len(lat)} "
-          f"events={n} wall_s={wall:.2f} cores={os.cpu_count()} contention={args.contend} "
+          f"requests={sum(len(v.lat) for v in variants)} events={sum(v.events for v in variants)} "
+          f"segments={segments} cores={os.cpu_count()} contention={args.contend} "
           f"load_avg_before={load_before:.2f} load_avg_after={os.getloadavg()[0]:.2f}")
-    last = f"events_per_s={n / wall:.0f} p50_ms={np.percentile(lat_a, 50):.2f} p99_ms={np.percentile(lat_a, 99):.2f}"
-    if overhead:
-        last += f" overhead_p50_ms={np.percentile(np.array(overhead), 50):.2f}"
-    print(last)
+    for v in variants:
+        label = f"[{v.label}] " if len(variants) > 1 else ""
+        last = (f"{label}events_per_s={v.events / v.busy_s:.0f} p50_ms={_pct(v.lat, 50):.2f} "
+                f"p99_ms={_pct(v.lat, 99):.2f}")
+        if v.overhead:
+            last += f" overhead_p50_ms={_pct(v.overhead, 50):.2f}"
+        print(last)
 
 
 if __name__ == "__main__":

@@ -96,6 +96,12 @@ def run_gateway(args) -> int:
     # thread that holds it (parsing, folding) from delaying the loop by the default 5 ms a turn
     sys.setswitchinterval(0.0005)
     app = build_app(_service(cfg))
+    # what the start made (modules, the app: ~all objects at first) is never traversed again by
+    # a full collection: those paused every thread (p50 59 ms, max 84 ms at 1,000 events/s)
+    import gc
+
+    gc.collect()
+    gc.freeze()
     config = uvicorn.Config(app, log_level="warning", access_log=False,
                             http=header_timeout_protocol(cfg.limits.header_timeout_s),
                             timeout_keep_alive=5)

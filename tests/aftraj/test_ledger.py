@@ -464,3 +464,107 @@ def test_jsonl_catch_up_skips_refused_and_repeated_records(tmp_path):
     f = Folder(ledger=JsonlLedger(p))
     assert f.catch_up() == 3
     assert f.states["r"].last_seq == 2 and f.states["r"].n_events == 3
+
+
+# --------------------------------------------------------------------------- issue 23 item 5: the gateway's writes
+
+def test_threaded_ledger_checkpoints_off_the_commits_and_loses_nothing(tmp_path):
+    """threaded=True: no connection checkpoints inside its commit (wal_autocheckpoint=0), the
+    checkpointer does (after commits, every frame of the WAL checkpointed by close()), and 6
+    threads writing at once through the in-process lock store every event, in order per run."""
+    import threading
+
+    led = SqlLedger(f"sqlite:///{tmp_path / 'l.db'}", id_scope="run", threaded=True, busy_timeout_s=10)
+    led.checkpointer.every_s = 0.01
+    with led.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 0
+    errors = []
+
+    def writer(k):
+        try:
+            for i in range(30):
+                led.append_many([parse_event(good(i * 2 + j, run=f"r{k}")) for j in range(2)])
+        except Exception as e:      # noqa: BLE001 (reported below)
+            errors.append(e)
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(led) == 360
+    assert all([e.seq for e in led.iter_run(f"r{k}")] == list(range(60)) for k in range(6))
+    led.close()
+    busy, frames, done = led.checkpointer.last
+    assert led.checkpointer.runs >= 1 and led.checkpointer.error is None and frames == done > 0
+    plain = SqlLedger(f"sqlite:///{tmp_path / 'p.db'}")
+    assert plain.checkpointer is None
+    with plain.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 1000     # SQLite's own
+
+
+def test_threaded_ledger_bounds_the_wait_behind_another_process_lock(tmp_path):
+    """A write lock held by another process: the writer waiting in SQLite and the one waiting
+    for the in-process lock both fail as 'database is locked' (the gateway's 503) within their
+    bound, and the ledger writes again once the lock is gone."""
+    import sqlite3
+    import threading
+    import time
+
+    from sqlalchemy.exc import OperationalError
+
+    led = SqlLedger(f"sqlite:///{tmp_path / 'l.db'}", threaded=True, busy_timeout_s=0.3)
+    led.append(parse_event(good(0)))
+    other = sqlite3.connect(str(tmp_path / "l.db"), isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")
+    out = []
+
+    def writer(i):
+        t0 = time.perf_counter()
+        try:
+            led.append(parse_event(good(i)))
+            out.append(("ok", 0.0))
+        except OperationalError as e:
+            out.append(("locked" if "locked" in str(e) else str(e), time.perf_counter() - t0))
+    try:
+        threads = [threading.Thread(target=writer, args=(i,)) for i in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert sorted(s for s, _ in out) == ["locked", "locked"] and max(dt for _, dt in out) < 2.0, out
+    assert led.append(parse_event(good(1))) is True and led.last_seq("r") == 1
+    led.close()
+
+
+def test_append_batch_commits_what_then_writes_with_the_events_or_nothing(tmp_path):
+    """`then` runs inside the events' transaction: its rows are committed with them in one
+    commit; if it raises, neither the events nor its rows are stored (seqs it assigned are
+    cleared), and the batch is not retried."""
+    import sqlalchemy as sa
+
+    led = SqlLedger(f"sqlite:///{tmp_path / 'l.db'}", threaded=True)
+    extra = sa.Table("extra", led.metadata, sa.Column("k", sa.Integer, primary_key=True))
+    led.metadata.create_all(led.engine)
+    commits = []
+    sa.event.listen(led.engine, "commit", lambda _c: commits.append(1))
+    calls = []
+
+    def then(conn, added, before):
+        calls.append((list(added), dict(before)))
+        conn.execute(extra.insert().values(k=len(calls)))
+    out, before = led.append_batch([parse_event(good(0)), parse_event(good(1))], then=then)
+    assert out == [True, True] and calls == [([True, True], {"r": -1})] and len(commits) == 1
+
+    def failing(conn, added, before):
+        conn.execute(extra.insert().values(k=99))
+        raise RuntimeError("refused after the insert")
+    ev = parse_event(good(2, seq=None))
+    with pytest.raises(RuntimeError):
+        led.append_batch([ev], then=failing)
+    assert ev.seq is None and led.last_seq("r") == 1 and len(led) == 2
+    with led.engine.connect() as conn:
+        assert [k for (k,) in conn.execute(sa.select(extra.c.k))] == [1]
+    led.close()
