@@ -229,7 +229,9 @@ class GatewayService:
             if path and path != ":memory:":
                 os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         # tenants' ids never meet; a held lock makes a write wait at most ledger_timeout_s
-        self.ledger = SqlLedger(cfg.ledger_url, id_scope="run", busy_timeout_s=lim.ledger_timeout_s)
+        # threaded: the service's threads write through one in-process lock (no busy-handler
+        # sleeps) and SQLite's WAL checkpoints run on the ledger's own thread, not in a request
+        self.ledger = SqlLedger(cfg.ledger_url, id_scope="run", busy_timeout_s=lim.ledger_timeout_s, threaded=True)
         self._sa = sa
         md = self.ledger.metadata
         self.runs_table = sa.Table(
@@ -243,6 +245,13 @@ class GatewayService:
             sa.Column("seq", sa.BigInteger, primary_key=True),
             sa.Column("record", sa.LargeBinary, nullable=False))
         md.create_all(self.ledger.engine)
+        # a verdict stored with its events: a seq answered already (another process) keeps its verdict
+        dialect = self.ledger.engine.dialect.name
+        if dialect in ("sqlite", "postgresql"):
+            ins = __import__(f"sqlalchemy.dialects.{dialect}", fromlist=["insert"]).insert
+            self._insert_verdict = ins(self.verdicts_table).on_conflict_do_nothing()
+        else:
+            self._insert_verdict = self.verdicts_table.insert()
         self.keys = KeyRing(cfg.api_keys)
         self.limiter = RateLimiter(lim.rate_per_s, lim.burst)
         self.fail_limiter = RateLimiter(lim.auth_failures_per_s, lim.auth_failure_burst)
@@ -350,7 +359,7 @@ class GatewayService:
             raise GatewayError(422, f"run: {e.field}: {e.message}", field=e.field) from None
         t = self.runs_table
         try:
-            with self.ledger.engine.begin() as conn:       # the run and its run_started, or neither
+            with self.ledger.write() as conn:       # the run and its run_started, or neither
                 conn.execute(t.insert().values(run_id=key, owner=owner, record=orjson.dumps(rec)))
                 self.ledger._store(conn, [started])
         except self._sa.exc.IntegrityError:
@@ -572,8 +581,22 @@ class GatewayService:
         event, the stored verdict when the batch added nothing, and, with no auditor to ask, the
         new verdict and its JSON, stored too)."""
         events = self._parse_batch(run_id, items, r.key)
+        early: list = []           # (verdict, JSON) when it was stored with the events
+
+        def with_events(conn, added, before):
+            """Auditor off and nothing came in between: fold and answer inside the events'
+            transaction, so the verdict is committed with them (one commit a request). The
+            fold cannot refuse what `_parse_batch` passed; if anything here raises, nothing is
+            committed and the caller drops the run's state (rebuilt from the ledger)."""
+            if self.client is not None or sum(added) != len(events) or before.get(r.key) != r.state.last_seq:
+                return
+            self._fold_new(r, events)
+            v, data = self._answer(r, len(events), 0, t0)
+            conn.execute(self._insert_verdict.values(run_id=r.key, seq=v["seq"], record=data))
+            early.append((v, data))
+
         try:
-            added, before = self.ledger.append_batch(events)
+            added, before = self.ledger.append_batch(events, then=with_events)
         except LedgerError as e:
             i = next((j for j, ev in enumerate(events) if e.message.find(repr(ev.event_id)) >= 0), None)
             raise GatewayError(409, f"{e.code}: {e.message}".replace(f"{r.key!r}", f"{r.run_id!r}"),
@@ -581,6 +604,8 @@ class GatewayService:
                                field=e.field) from None
         except EventError as e:            # unwritable (checked before: only a store's own refusal)
             raise GatewayError(422, f"{e.field}: {e.message}", field=e.field) from None
+        if early:
+            return added, None, *early[0]
         n_new = sum(added)
         if n_new == len(events) and before.get(r.key) == r.state.last_seq:
             self._fold_new(r, events)      # nothing came in between: fold what we stored
@@ -589,15 +614,18 @@ class GatewayService:
         stored = self._stored_verdict(r.key, r.state.last_seq) if n_new == 0 else None
         if stored is not None or self.client is not None:
             return added, stored, None, None
-        seq = r.state.last_seq
-        v = self._verdict_tail(r, *self._verdict_head(r, seq), t0)
-        v.update(accepted=n_new, duplicates=len(added) - n_new)
-        data = orjson.dumps(v)
+        v, data = self._answer(r, n_new, len(added) - n_new, t0)
         try:
-            self._store_verdict(r.key, seq, data)
+            self._store_verdict(r.key, v["seq"], data)
         except self._sa.exc.OperationalError:
-            log.warning("run %s: verdict for seq %s not stored (ledger busy)", r.key, seq)
+            log.warning("run %s: verdict for seq %s not stored (ledger busy)", r.key, v["seq"])
         return added, None, v, data
+
+    def _answer(self, r: _Run, accepted: int, duplicates: int, t0: float):
+        """The fold's verdict (auditor off) for the run's newest prefix and its JSON."""
+        v = self._verdict_tail(r, *self._verdict_head(r, r.state.last_seq), t0)
+        v.update(accepted=accepted, duplicates=duplicates)
+        return v, orjson.dumps(v)
 
     async def ingest(self, owner: str, run_id: str, items: list | bytes, *, t0: float | None = None) -> dict:
         """`items`: the batch's events, or the raw POST body (parsed on the threads). `t0`: the
@@ -770,7 +798,7 @@ class GatewayService:
     def _store_verdict(self, key: str, seq: int, data: bytes) -> None:
         t = self.verdicts_table
         try:
-            with self.ledger.engine.begin() as conn:
+            with self.ledger.write() as conn:
                 conn.execute(t.insert().values(run_id=key, seq=seq, record=data))
         except self._sa.exc.IntegrityError:
             pass       # another process answered this prefix first; its verdict stands
@@ -906,7 +934,7 @@ class GatewayService:
         if self.client is not None:
             await self.client.aclose()
         self.pool.shutdown(wait=False, cancel_futures=True)
-        self.ledger.engine.dispose()
+        self.ledger.close()
 
 
 __all__ = ["GatewayError", "GatewayService", "KeyRing", "Metrics", "RateLimiter", "storage_key"]

@@ -673,3 +673,24 @@ def test_a_sqlite_read_never_holds_the_write_lock(tmp_path):
     other.execute("ROLLBACK")
     assert [e.seq for e in it] == [1, 2]
     other.close()
+
+
+def test_auditor_off_one_commit_a_request_holds_events_and_verdict(tmp_path):
+    """Auditor off: the batch and its verdict are committed together (one commit a request, it
+    was two), and what is stored is what was answered; a resend gets the stored verdict back
+    (no new commit of a verdict) and the next batch still folds on top."""
+    import sqlalchemy as sa
+
+    svc = GatewayService(make_cfg(tmp_path, auditor=AuditorConfig(backend="none")))
+    commits = []
+    sa.event.listen(svc.ledger.engine, "commit", lambda _c: commits.append(1))
+    with TestClient(build_app(svc)) as c:
+        run = new_run(c)
+        commits.clear()
+        v = c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 1), ev(run, 2)]}, headers=A).json()
+        assert len(commits) == 1 and v["seq"] == 2 and v["t"] == 1 and v["accepted"] == 2
+        assert svc.verdicts(run, owner="a") == [v]
+        again = c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 2)]}, headers=A).json()
+        assert again["duplicates"] == 1 and again["seq"] == 2 and svc.verdicts(run, owner="a") == [v]
+        v3 = c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 3)]}, headers=A).json()
+        assert v3["t"] == 2 and [x["seq"] for x in svc.verdicts(run, owner="a")] == [2, 3]
