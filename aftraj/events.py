@@ -393,9 +393,11 @@ def parse_event(d: Any) -> Event:
 _ID_FIELDS = ("event_id", "run_id", "agent", "parent_id")
 
 
-def check_foldable(ev: Event) -> None:
+def check_foldable(ev: Event, index: int = 0, run_id: str | None = None) -> Step:
     """Everything a store and the fold will need of `ev`, checked before it is stored (the
-    gateway's rule: what is committed always folds). Raises EventError naming the field:
+    gateway's rule: what is committed always folds). Returns the step it built,
+    `event_to_step(ev, index, run_id or ev.run_id)` (a caller that knows where the event will
+    fold reuses it instead of building it twice). Raises EventError naming the field:
     a NUL or a lone surrogate in an id or the agent (PostgreSQL and UTF-8 refuse them), meta or
     payload that cannot be written as JSON (a lone surrogate, nesting orjson cannot write), or
     an event the step conversion refuses (meta nested deeper than 32 levels, a non-finite
@@ -416,7 +418,7 @@ def check_foldable(ev: Event) -> None:
         except TypeError as e:      # orjson.JSONEncodeError: a surrogate, or nested too deep
             _bad(f, f"cannot be written as JSON: {e}")
     try:
-        event_to_step(ev, 0, ev.run_id)
+        return event_to_step(ev, index, run_id or ev.run_id)
     except SchemaError as e:
         field = e.field
         if field.startswith("step."):

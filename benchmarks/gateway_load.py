@@ -135,6 +135,63 @@ def _install_trace(out: str, db: str) -> None:
     G._fold_new = phase("fold", G._fold_new)
     G._store_verdict = phase("store", G._store_verdict)
     L.SqlLedger.append_batch = phase("append", L.SqlLedger.append_batch)
+    L.SqlLedger._store = phase("sql", L.SqlLedger._store)
+
+    class TimedLock:
+        """The threaded ledger's write lock, with the wait for it as the request's `lock` phase."""
+
+        def __init__(self, lock):
+            self.lock = lock
+
+        def acquire(self, *a, **k):
+            w0, rec = perf(), getattr(cur, "rec", None)
+            try:
+                got = self.lock.acquire(*a, **k)
+                self.t_held = perf()
+                return got
+            finally:
+                if rec is not None:
+                    rec["lock"] = (perf() - w0, 0.0)
+
+        def release(self):
+            held = perf() - self.t_held
+            self.lock.release()
+            if held > 0.010:                # a long hold, and by which thread
+                os.write(fd, (json.dumps({"hold": held, "end": perf(), "by": threading.current_thread().name})
+                              + "\n").encode())
+
+        def __enter__(self):
+            return self.acquire()
+
+        def __exit__(self, *exc):
+            self.release()
+
+    init = L.SqlLedger.__init__
+
+    def __init__(self, *a, **k):
+        init(self, *a, **k)
+        if self._write_lock is not None:
+            self._write_lock = TimedLock(self._write_lock)
+            if self.checkpointer is not None:
+                self.checkpointer.lock = self._write_lock
+    L.SqlLedger.__init__ = __init__
+
+
+def _cpu_times() -> list[int] | None:
+    """The machine's CPU times (/proc/stat's first line, in ticks), None where there is none."""
+    try:
+        return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+
+
+def _steal_pct(before, after) -> str:
+    """The share of CPU time the hypervisor gave to others during the measurement ("steal"): on
+    a shared VM it comes in waves, and a wave puts 50-150 ms stalls into the tail."""
+    if not before or not after or len(before) < 8:
+        return "n/a"
+    total = sum(after) - sum(before)
+    return f"{100 * (after[7] - before[7]) / total:.1f}" if total > 0 else "n/a"
 
 
 def _as_gateway(argv: list[str]) -> int:
@@ -159,6 +216,14 @@ def _as_gateway(argv: list[str]) -> int:
                 f"PRAGMA wal_autocheckpoint={int(o['autocheckpoint'])}"))
             self.engine.dispose()                       # pooled connections reopen with it
         L.SqlLedger.__init__ = __init__
+    if "sync" in o:                         # the writers' PRAGMA synchronous (the checkpointer keeps its own)
+        from aftraj import ledger as L
+
+        sinit = L.SqlLedger.__init__
+
+        def s_init(self, *a, **k):
+            sinit(self, *a, **{**k, "sqlite_sync": o["sync"]})
+        L.SqlLedger.__init__ = s_init
     if "ckpt_every" in o:                   # the threaded ledger's checkpoint interval (s)
         from aftraj import ledger as L
 
@@ -218,8 +283,9 @@ class Variant:
         cfg.write_text(yaml.safe_dump({
             "kind": "gateway", "host": "127.0.0.1", "port": port, "ledger_url": f"sqlite:///{d / 'ledger.db'}",
             "api_keys": [{"name": "bench", "sha256": hash_key(KEY)}], "auditor": auditor or {"backend": "none"},
-            "limits": {"rate_per_s": 1e6, "burst": 1000000}}))
-        opts = [o.replace("switch=", "switch_ms=") for o in self.opts]
+            "limits": {"rate_per_s": 1e6, "burst": 1000000,
+                       **{"worker_threads": int(o[len("workers="):]) for o in self.opts if o.startswith("workers=")}}}))
+        opts = [o.replace("switch=", "switch_ms=") for o in self.opts if not o.startswith("workers=")]
         if trace:
             self.trace = d / "trace.jsonl"
             opts.append(f"trace={self.trace}")
@@ -331,11 +397,14 @@ def report_trace(v: Variant) -> None:
     if v.trace is None or not v.trace.exists():
         print(f"[{v.label}] no trace written")
         return
-    rows, gcs = [], []
+    rows, gcs, holds = [], [], []
     for line in v.trace.read_text().splitlines():
         rec = json.loads(line)
         if "gc" in rec:
             gcs.append(rec)
+            continue
+        if "hold" in rec:
+            holds.append(rec)
             continue
         sr = v.sent.get((rec["run"], rec["seq"]))
         if sr is None or rec.get("back") is None:
@@ -349,7 +418,7 @@ def report_trace(v: Variant) -> None:
         rec["total"] = rec["recv"] - rec["send"]
     rows.sort(key=lambda r: r["total"])
     tail = rows[-max(1, len(rows) // 100):]
-    names = [p[0] for p in PHASES] + ["parse", "append", "fold", "store", "cpu"]
+    names = [p[0] for p in PHASES] + ["parse", "append", "lock", "sql", "fold", "store", "cpu"]
 
     def val(rec, n):
         for name, a, b in PHASES:
@@ -379,6 +448,12 @@ def report_trace(v: Variant) -> None:
         d = [1000 * (e_ - s_) for _, s_, e_ in CLIENT_GC]
         print(f"  load generator's gc (gen >= 1): {len(d)} collections, max={max(d):.1f} ms; "
               f"overlapping the slowest 1 %: {hit}")
+    if holds:
+        by: dict = {}
+        for h in holds:
+            by.setdefault(h["by"].split("_")[0], []).append(1000 * h["hold"])
+        print("  the ledger's write lock held > 10 ms: " + "; ".join(
+            f"{k}: {len(d)} times, max {max(d):.1f} ms" for k, d in sorted(by.items())))
     for r in tail[-5:]:
         print("  slowest: " + " ".join(f"{n}={val(r, n):.1f}" for n in names)
               + (" checkpoint" if r in ck else ""))
@@ -398,7 +473,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, help="open loop: offered events/s over all runs (default: "
                     "closed loop, each run posts its next batch as soon as the last is answered)")
     ap.add_argument("--trace", action="store_true", help="time the gateway's phases (see the docstring)")
-    ap.add_argument("--variant", action="append", default=[], metavar="LABEL=REV[+switch=MS][+autocheckpoint=N][+gc=freeze][+ckpt_every=S]",
+    ap.add_argument("--variant", action="append", default=[], metavar="LABEL=REV[+switch=MS][+autocheckpoint=N][+gc=freeze][+ckpt_every=S][+sync=MODE][+workers=N]",
                     help="one gateway per variant, the load sent to each in turn (default: one, the working tree)")
     ap.add_argument("--segments", type=int, help="slices of each variant's load (default 1, 4 with variants)")
     args = ap.parse_args()
@@ -415,12 +490,13 @@ def main() -> None:
             for v in variants:
                 v.start(Path(tmp), auditor, args.trace)
                 started.append(v)
-            load_before = os.getloadavg()[0]
+            load_before, cpu_before = os.getloadavg()[0], _cpu_times()
             hogs = [subprocess.Popen([sys.executable, "-c", "while True:\n    pass"]) for _ in range(args.contend)]
             gc.callbacks.append(_client_gc)
             try:
                 asyncio.run(load(variants, args.runs, args.events, args.batch, args.rate, segments))
             finally:
+                cpu_after = _cpu_times()
                 for h in hogs:
                     h.kill()
                     h.wait()
@@ -437,7 +513,8 @@ def main() -> None:
     print(f"runs={args.runs} events_per_run={args.events} batch={args.batch} offered={args.rate or 'closed-loop'} "
           f"requests={sum(len(v.lat) for v in variants)} events={sum(v.events for v in variants)} "
           f"segments={segments} cores={os.cpu_count()} contention={args.contend} "
-          f"load_avg_before={load_before:.2f} load_avg_after={os.getloadavg()[0]:.2f}")
+          f"load_avg_before={load_before:.2f} load_avg_after={os.getloadavg()[0]:.2f} "
+          f"steal_pct={_steal_pct(cpu_before, cpu_after)}")
     for v in variants:
         label = f"[{v.label}] " if len(variants) > 1 else ""
         last = (f"{label}events_per_s={v.events / v.busy_s:.0f} p50_ms={_pct(v.lat, 50):.2f} "

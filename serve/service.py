@@ -495,12 +495,17 @@ class GatewayService:
             raise r.broken from None
         self._grow(r, new)
 
-    def _fold_new(self, r: _Run, events) -> None:
+    def _fold_new(self, r: _Run, events, checked: dict | None = None) -> None:
+        """Fold `events` onto the run. `checked`: {(id(event), index, seq): step} that
+        `check_foldable` built at parse time, reused where the step index and the event's seq
+        (the ledger assigns a missing one) are those it was built with."""
         new = []
         for ev in events:
             fold(r.state, ev)
             r.step_at.append(len(r.steps))
-            step = event_to_step(ev, len(r.steps), r.key)
+            step = checked.get((id(ev), len(r.steps), ev.seq)) if checked else None
+            if step is None:
+                step = event_to_step(ev, len(r.steps), r.key)
             r.steps.append(step)
             new.append(step)
         self._grow(r, new)
@@ -542,9 +547,12 @@ class GatewayService:
             raise GatewayError(422, "events: must be a non-empty list of event objects", field="events")
         return items
 
-    def _parse_batch(self, run_id: str, items: list | bytes, key: str | None = None) -> list:
+    def _parse_batch(self, run_id: str, items: list | bytes, key: str | None = None,
+                     checked: dict | None = None, start: int = 0) -> list:
         """Validate a batch (blocking: runs on the threads): every check that can refuse an
-        event runs here, before anything is stored."""
+        event runs here, before anything is stored. `checked`, if given, collects each event's
+        step as `check_foldable` built it at step index `start + i` (where it folds when
+        nothing comes in between), for `_fold_new`."""
         if isinstance(items, (bytes, bytearray, memoryview)):
             items = self._parse_body(bytes(items))
         lim = self.cfg.limits.max_events_per_batch
@@ -564,7 +572,7 @@ class GatewayService:
                                        event_index=i, event_id=eid, field="run_id")
             try:
                 ev = parse_event(d)
-                check_foldable(ev)
+                step = check_foldable(ev, start + len(events), key)
             except EventError as e:
                 raise GatewayError(422, f"event {i} ({eid or 'no event_id'}): {e.field}: {e.message}",
                                    event_index=i, event_id=eid, field=e.field) from None
@@ -572,6 +580,8 @@ class GatewayService:
                 raise GatewayError(422, f"event {i} ({eid}): seq 0 and synthetic events are the gateway's "
                                         f"(run_started); a run's events take seq >= 1",
                                    event_index=i, event_id=eid, field="seq" if ev.seq == 0 else "meta")
+            if checked is not None:
+                checked[(id(ev), start + len(events), ev.seq)] = step   # the ledger may assign a seq
             events.append(ev)
         return events
 
@@ -580,7 +590,8 @@ class GatewayService:
         the threads, under the run's lock): one hop to the threads a request. Returns (added per
         event, the stored verdict when the batch added nothing, and, with no auditor to ask, the
         new verdict and its JSON, stored too)."""
-        events = self._parse_batch(run_id, items, r.key)
+        checked: dict = {}
+        events = self._parse_batch(run_id, items, r.key, checked, len(r.steps))
         early: list = []           # (verdict, JSON) when it was stored with the events
 
         def with_events(conn, added, before):
@@ -590,7 +601,7 @@ class GatewayService:
             committed and the caller drops the run's state (rebuilt from the ledger)."""
             if self.client is not None or sum(added) != len(events) or before.get(r.key) != r.state.last_seq:
                 return
-            self._fold_new(r, events)
+            self._fold_new(r, events, checked)
             v, data = self._answer(r, len(events), 0, t0)
             conn.execute(self._insert_verdict.values(run_id=r.key, seq=v["seq"], record=data))
             early.append((v, data))
@@ -608,7 +619,7 @@ class GatewayService:
             return added, None, *early[0]
         n_new = sum(added)
         if n_new == len(events) and before.get(r.key) == r.state.last_seq:
-            self._fold_new(r, events)      # nothing came in between: fold what we stored
+            self._fold_new(r, events, checked)      # nothing came in between: fold what we stored
         else:
             self._catch_up(r)              # another process (or a resend): read the ledger
         stored = self._stored_verdict(r.key, r.state.last_seq) if n_new == 0 else None

@@ -62,3 +62,32 @@ def test_two_writers_on_one_database_store_each_event_once(tmp_path):
     for t in ts:
         t.join()
     assert sum(news) == 300 and len(writers[0]) == 300 and writers[1].last_seq("r") == 299
+
+
+def test_sqlite_driver_errors_are_sqlalchemy_errors_and_a_key_violation_is_retried_once(tmp_path):
+    """SQLite's batches run as plain SQL on the driver's cursor; what the driver raises reaches
+    callers as SQLAlchemy's exceptions (the gateway answers 503 on OperationalError, and the
+    two-writer race is retried on IntegrityError), with the batch rolled back and the seqs it
+    assigned cleared."""
+    import sqlite3
+
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path / 'l.db'}"
+    led = SqlLedger(url)
+    led.append_many([parse_event(rec(0))])
+    tries = []
+    with led.engine.begin() as c:           # a trigger that refuses run "bad" (SQLITE_CONSTRAINT)
+        c.exec_driver_sql("CREATE TRIGGER refuse BEFORE INSERT ON aftraj_events WHEN NEW.run_id = 'bad' "
+                          "BEGIN SELECT RAISE(ABORT, 'refused by trigger'); END")
+    real = led._store_in
+    led._store_in = lambda *a: tries.append(1) or real(*a)
+    batch = [parse_event(rec(0, run="bad", seq=None)), parse_event(rec(1, run="bad", seq=None))]
+    with pytest.raises(sa.exc.IntegrityError, match="refused by trigger") as e:
+        led.append_many(batch)
+    assert isinstance(e.value.orig, sqlite3.IntegrityError) and len(tries) == 2    # retried once
+    assert [ev.seq for ev in batch] == [None, None] and led.runs() == ["r"]
+    with led.engine.begin() as c:
+        c.exec_driver_sql("DROP TABLE aftraj_events")
+    with pytest.raises(sa.exc.OperationalError, match="no such table"):
+        led.append_many([parse_event(rec(1))])

@@ -694,3 +694,38 @@ def test_auditor_off_one_commit_a_request_holds_events_and_verdict(tmp_path):
         assert again["duplicates"] == 1 and again["seq"] == 2 and svc.verdicts(run, owner="a") == [v]
         v3 = c.post(f"/v1/runs/{run}/events", json={"events": [ev(run, 3)]}, headers=A).json()
         assert v3["t"] == 2 and [x["seq"] for x in svc.verdicts(run, owner="a")] == [2, 3]
+
+
+@pytest.mark.parametrize("with_seq", [True, False])
+def test_the_step_checked_at_parse_time_is_the_step_the_fold_keeps(tmp_path, with_seq, monkeypatch):
+    """The fold reuses the step `check_foldable` built while the batch was parsed (it was built
+    twice): the run's steps equal a fresh `event_to_step` of each stored event at its index,
+    also when the ledger assigned the seq (a step built before that would differ: meta
+    carries a seq that is not the index); and a batch whose index moved (the run grew in
+    between) builds its steps again instead of reusing stale ones."""
+    from aftraj.events import event_to_step
+
+    import serve.service as S
+
+    svc = GatewayService(make_cfg(tmp_path, auditor=AuditorConfig(backend="none")))
+    built = []
+    real = S.event_to_step
+    monkeypatch.setattr(S, "event_to_step", lambda *a, **k: built.append(a[1]) or real(*a, **k))
+    with TestClient(build_app(svc)) as c:
+        run = new_run(c)
+        for lo in (1, 4):
+            batch = [{**ev(run, i)} for i in range(lo, lo + 3)]
+            if not with_seq:
+                for e in batch:
+                    e.pop("seq")
+            assert c.post(f"/v1/runs/{run}/events", json={"events": batch}, headers=A).status_code == 200
+        r = svc.runs[f"a/{run}"]
+        stored = [e for e in svc.ledger.iter_run(r.key) if e.seq > 0]
+        assert len(r.steps) == 6 and list(r.steps) == [event_to_step(e, i, r.key) for i, e in enumerate(stored)]
+        assert built == ([] if with_seq else list(range(6)))     # the fold built none, or each once
+        # a stale parse (the run has grown since): the fold builds the step for its real index
+        checked: dict = {}
+        events = svc._parse_batch(run, [ev(run, 7)], r.key, checked, start=2)
+        built.clear()
+        svc._fold_new(r, events, checked)
+        assert built == [6] and r.steps[6] == event_to_step(events[0], 6, r.key)
