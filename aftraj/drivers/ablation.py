@@ -176,7 +176,7 @@ class Runner:
                "peak_rss_gb": round(peak_kb / 2**20, 2),
                "finished_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
         self.marker(name).write_text(json.dumps(rec, indent=1) + "\n")
-        self._say(f"[{name}] {wall:.0f} s")
+        self._say(f"[{name}] {wall:.0f} s, peak memory {rec['peak_rss_gb']:.1f} GiB")
         return rec
 
     def _say(self, msg: str) -> None:
@@ -451,6 +451,9 @@ class Ablation:
         phases = [json.loads(p.read_text()) for p in sorted((self.out / "phases").glob("*.json"),
                                                               key=lambda p: p.stat().st_mtime)]
         summary = self._summary(res, models, phases, wall)
+        peaks = [p["peak_rss_gb"] for p in phases if p.get("peak_rss_gb") is not None]
+        self.r._say(f"[ablation] {len(phases)} phases in {wall:.0f} s; peak memory of a phase "
+                    f"{max(peaks, default=0):.1f} GiB ({max(phases, key=lambda p: p.get('peak_rss_gb') or 0)['phase'] if peaks else '–'})")
         (self.report / "ablation.json").write_text(json.dumps(summary, indent=1) + "\n")
         (self.report / "ablation.md").write_text(render_markdown(summary), encoding="utf-8")
         shutil.copy(self.out / "ablation_config.yaml", self.report / "ablation_config.yaml")

@@ -6,6 +6,7 @@ tests/test_demo_quick.py."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -57,12 +58,14 @@ def test_bounds_accept_their_edge(tmp_path):
     assert (cfg.heldout_sample, cfg.val_sample, cfg.stage1_steps) == (1, 0, 1)
 
 
-def test_a_phase_runs_once_and_a_failure_leaves_no_marker(tmp_path, monkeypatch):
-    r = ab.Runner(tmp_path, echo=False)
+def test_a_phase_runs_once_and_a_failure_leaves_no_marker(tmp_path, monkeypatch, capsys):
+    r = ab.Runner(tmp_path)
     rec = r.run("ok", ["summary", "who_and_when"])
     assert rec["wall_s"] >= 0 and r.done("ok")["argv"] == ["aftraj", "summary", "who_and_when"]
     # the child's own peak memory (a Python process with the package loaded: tens of MiB, < 4 GiB)
     assert 0.01 < rec["peak_rss_gb"] < 8
+    assert re.fullmatch(rf"\[ok\] \d+ s, peak memory {rec['peak_rss_gb']:.1f} GiB", capsys.readouterr().out.splitlines()[-1])
+    r.echo = False
     assert "Who" in (tmp_path / "logs" / "ok.log").read_text() or (tmp_path / "logs" / "ok.log").stat().st_size > 0
 
     def boom(*a, **kw):
