@@ -122,3 +122,31 @@ def test_final_folder_loads_in_aftraj_eval_hf(runs, handmade_corpus, tmp_path):
                  "--max-new-tokens", "4", "--no-progress", "--n-boot", "20"]) == 0
     m = json.loads((out / "metrics.json").read_text())
     assert m["overall"]["n"] == 2
+
+
+def test_micro_batches_of_one_completion_train_the_same_step(tmp_path, init_dir, handmade_corpus):
+    """`micro_batch_size: 1` (the CPU configs) runs each of a step's completions through its own
+    forward/backward, TRL accumulating, instead of one padded batch (SDPA's masked path: 16.9 GiB
+    for one SmolLM2 step): the same completions are generated once a step, and one step trains
+    the same weights as the padded batch."""
+    from safetensors.torch import load_file
+
+    from training.stage2.config import Stage2Config
+    from training.stage2.trl_engine import grpo_args
+
+    args = grpo_args(Stage2Config(prompts_per_step=2, num_generations=4, gradient_accumulation_steps=3,
+                                  micro_batch_size=2), tmp_path / "x", progress=False)
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.steps_per_generation,
+            args.generation_batch_size) == (2, 12, 12, 24)       # 2 prompts x 4 x 3 generated a step
+    with pytest.raises(Exception, match="micro_batch_size"):
+        Stage2Config(prompts_per_step=2, num_generations=4, micro_batch_size=3)
+    whole, single = tmp_path / "whole", tmp_path / "single"
+    assert _train(init_dir, handmade_corpus, whole, "--max-steps", "1") == 0
+    assert _train(init_dir, handmade_corpus, single, "--max-steps", "1", "--set", "micro_batch_size=1") == 0
+    a = load_file(str(whole / "final" / "model.safetensors"))
+    b = load_file(str(single / "final" / "model.safetensors"))
+    base = load_file(str(init_dir / "model.safetensors"))
+    moved = [k for k in a if not torch.equal(a[k], base[k])]
+    assert moved and all(torch.allclose(a[k], b[k], atol=1e-5, rtol=1e-4) for k in a), \
+        max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert _metrics(whole)[1]["reward"] == pytest.approx(_metrics(single)[1]["reward"])   # the same completions

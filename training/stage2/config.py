@@ -57,6 +57,10 @@ class Stage2Config(ModelConfig):
     epsilon: float = 0.2
     prompts_per_step: int = 2            # prompts per optimizer step (x num_generations completions)
     gradient_accumulation_steps: int = 1
+    # TRL: completions in one forward/backward (null: prompts_per_step x num_generations, one
+    # padded batch). The optimizer step and the generation batch stay the same; 1 runs each
+    # completion alone: the padded batch of 4 took SDPA's masked path, 16.9 GiB for SmolLM2 on CPU
+    micro_batch_size: int | None = None
     learning_rate: float = 1e-5
     weight_decay: float = 0.0
     optimizer: str = "adamw_torch"
@@ -101,6 +105,11 @@ class Stage2Config(ModelConfig):
         for k in ("seed", "warmup_steps"):
             if getattr(self, k) < 0:
                 raise ConfigError(f"must be >= 0, got {getattr(self, k)}", key=k)
+        if self.micro_batch_size is not None and (
+                self.micro_batch_size < 1 or self.prompts_per_step * self.num_generations % self.micro_batch_size):
+            raise ConfigError(f"must divide prompts_per_step x num_generations "
+                              f"({self.prompts_per_step * self.num_generations}), got {self.micro_batch_size}",
+                              key="micro_batch_size")
         for k in ("save_total_limit", "max_trajectories"):
             v = getattr(self, k)
             if v is not None and v < 1:

@@ -107,12 +107,17 @@ def grpo_args(cfg: Stage2Config, out: Path, *, progress: bool):
     """TRL's GRPOConfig from ours (one place for the mapping)."""
     from trl import GRPOConfig
 
+    # a step's completions (prompts_per_step x G, times gradient_accumulation_steps) are generated
+    # at once; `micro_batch_size` of them go through each forward/backward (TRL accumulates)
+    group = cfg.prompts_per_step * cfg.num_generations
+    micro = cfg.micro_batch_size or group
+    accumulate = cfg.gradient_accumulation_steps * (group // micro)
     return GRPOConfig(
         output_dir=str(out), seed=cfg.seed, data_seed=cfg.seed, max_steps=cfg.max_steps,
         logging_steps=cfg.logging_steps, save_strategy="steps", save_steps=cfg.save_steps,
         save_total_limit=cfg.save_total_limit, report_to=list(cfg.report_to) or "none",
-        per_device_train_batch_size=cfg.prompts_per_step * cfg.num_generations,
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=accumulate,
+        steps_per_generation=accumulate,
         num_generations=cfg.num_generations, max_completion_length=cfg.max_completion_length,
         temperature=cfg.temperature, top_p=cfg.top_p, beta=cfg.beta, epsilon=cfg.epsilon,
         loss_type=cfg.loss_type, learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay,
