@@ -27,6 +27,13 @@ produces one repeated token, which would make the comparison vacuous).
     .venv/bin/python benchmarks/walk_cost.py --model ~/.cache/agentforesight/models/smollm2-135m \
         --data runs/ablation-cpu/corpus/test.jsonl --format auto --steps 0 --trajectories 4 \
         --max-new-tokens 128 --batch-size 4 --threads 2 --no-reencode --compare-cache
+  (e) with --compare-drafts: (b) (and (c)) again without drafts (`draft_tokens=0`: one forward a
+      generated token instead of verifying the canonical completion's next tokens in one); prints
+      both times, their ratio and whether the completions are equal (a trained auditor follows
+      its canonical completions, a random model does not: measure with a warmed model):
+    .venv/bin/python benchmarks/walk_cost.py --model out/demo/ablation/warmup/final \
+        --data out/demo/ablation/corpus/test.jsonl --format auto --steps 0 --trajectories 2 \
+        --max-new-tokens 128 --batch-size 2 --threads 2 --no-reencode --compare-drafts
 Last line: walk_reencode_s=… walk_reuse_s=… ratio=… verdicts_equal=true|false
 """
 
@@ -65,6 +72,8 @@ def main(argv=None) -> int:
                     help="skip (a), the from-scratch re-encoding (slow with a real model)")
     ap.add_argument("--compare-cache", action="store_true",
                     help="also walk with transformers' DynamicCache and print the ratio (d)")
+    ap.add_argument("--compare-drafts", action="store_true",
+                    help="also walk without drafts (draft_tokens=0) and print the ratio (e)")
     ap.add_argument("--trajectories", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--model", help="a local model folder (default: a freshly built tiny Qwen2)")
@@ -189,6 +198,21 @@ def main(argv=None) -> int:
                          f"batched_cache_speedup={dyn_b[1] / batched_s:.2f}" if dyn_b else "")
                       + f" cache_equal={'true' if same else 'false'}")
 
+    # --- (e) the same walks without drafts (draft_tokens=0: one forward a generated token)
+    drafts_line = None
+    if args.compare_drafts:
+        reuse.draft_tokens = bat.draft_tokens = 0
+        try:
+            nd_got, nd_raw, nd_s = walk_one_by_one()
+            nd_b = walk_batched() if args.batch_size > 0 else None
+        finally:
+            reuse.draft_tokens = bat.draft_tokens = 64
+        same = nd_got == got and (nd_b is None or nd_b[0] == braw)
+        drafts_line = (f"drafts_off_s={nd_s:.2f} drafts_on_s={reuse_s:.2f} drafts_speedup={nd_s / reuse_s:.2f}"
+                       + (f" batched_drafts_off_s={nd_b[1]:.2f} batched_drafts_on_s={batched_s:.2f} "
+                          f"batched_drafts_speedup={nd_b[1] / batched_s:.2f}" if nd_b else "")
+                       + f" drafts_equal={'true' if same else 'false'}")
+
     # --- report
     equal = all(got[k] == ref[k] for k in ref)
     mismatches = [k for k in ref if got[k] != ref[k]]
@@ -202,6 +226,8 @@ def main(argv=None) -> int:
         print(batched_line)
     if cache_line:
         print(cache_line)
+    if drafts_line:
+        print(drafts_line)
     print(f"walk_reencode_s={reencode_s:.2f} walk_reuse_s={reuse_s:.2f} "
           f"ratio={reencode_s / reuse_s:.2f} verdicts_equal={'true' if equal else 'false'}")
     return 0 if equal else 1

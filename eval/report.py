@@ -190,10 +190,13 @@ def write_markdown(metrics: dict, path: Path) -> None:
             ci = f" [{auc['ci'][0]:.3f}, {auc['ci'][1]:.3f}]" if auc.get("ci") else ""
             lines += [f"Per-step stratified ROC AUC of {score_name(metrics)} from step {auc['start_step']} ({what}): "
                       f"**{auc['auc']:.3f}**{ci} over {auc['n_steps']} steps.", ""]
-    sweep = metrics.get("threshold_sweep")
-    if sweep:
-        lines += [f"### Threshold sweep (ALARM when {score_name(metrics)} ≥ θ)", "", "| θ | FAR | Step-Acc | Exact-F1 |",
-                  "|---|---|---|---|"]
+    for key, title in (("threshold_sweep", f"Threshold sweep (ALARM when {score_name(metrics)} ≥ θ)"),
+                       ("decision_threshold_sweep", "Decision-token sweep (ALARM when the decision token's "
+                        "log p(ALARM) − log p(SAFE) ≥ θ; `aftraj eval tune-threshold`, `--decision-threshold`)")):
+        sweep = metrics.get(key)
+        if not sweep:
+            continue
+        lines += [f"### {title}", "", "| θ | FAR | Step-Acc | Exact-F1 |", "|---|---|---|---|"]
         step = max(1, len(sweep) // 15)
         for row in sweep[::step]:
             lines.append(f"| {row['threshold']:.3f} | {_fmt('far', row['far'])} | "

@@ -52,6 +52,7 @@ class EvalConfig:
     max_new_tokens: int = 1024
     budget: int | None = None
     decision_threshold: float | None = None   # hf: ALARM iff the decision-token log-odds >= it
+    draft_tokens: int | None = None   # hf: canonical-completion tokens verified per forward (0: off)
     reference_answer: bool = False
     max_in_flight: int = 32
     all_prefixes: bool = False
@@ -166,7 +167,7 @@ def evaluate(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> EvalRe
               api_key_env=cfg.api_key_env, concurrency=cfg.concurrency, timeout=cfg.timeout,
               retries=cfg.retries, max_new_tokens=cfg.max_new_tokens, budget=cfg.budget,
               reference_answer=cfg.reference_answer, seed=cfg.seed, data=cfg.data,
-              layout=cfg.layout, decision_threshold=cfg.decision_threshold)
+              layout=cfg.layout, decision_threshold=cfg.decision_threshold, draft_tokens=cfg.draft_tokens)
     if cfg.decision_threshold is not None and parse_spec(cfg.auditor)[0] != "hf":
         raise UsageError(f"--decision-threshold applies to the hf auditor only, not {cfg.auditor!r}")
     try:

@@ -82,6 +82,9 @@ def register(sub) -> None:
     p.add_argument("--decision-threshold", type=float, metavar="LOG_ODDS",
                    help="hf: at the decision token choose ALARM iff log p(ALARM) - log p(SAFE) >= this "
                         "(tune it on a validation walk: `aftraj eval tune-threshold`); default: greedy")
+    p.add_argument("--draft-tokens", type=int, metavar="N",
+                   help="hf: verify up to N tokens of the canonical SAFE/ALARM completion per forward "
+                        "(greedy speculative decoding: the same tokens, fewer forwards; 0 turns it off; default 64)")
     p.add_argument("--reference-answer", action="store_true",
                    help="show the ground-truth answer in the prompt (Who&When 'with ground truth')")
     p.add_argument("--max-in-flight", type=int, default=32, help="trajectories walked at once")

@@ -29,6 +29,17 @@ stage 2 use it) of the model's context (`context_length`: config max_position_em
 real tokenizer model_max_length) less max_new_tokens, so a long prefix gets the bounded view (coverage stamped) instead of silently
 passing the context; a prompt that still cannot fit is an error naming the trajectory and prefix.
 
+Drafts (`draft_tokens`, CLI `--draft-tokens`, default 64; 0 turns them off): a trained auditor
+mostly writes one of two canonical completions, the prefix's SAFE one or its ALARM at the last
+step (`drafts`). While a completion has followed one of them, each forward feeds the last token
+with the draft's next tokens and keeps the run the model's own greedy choices confirm (greedy
+speculative decoding with a draft that costs nothing): the tokens are the greedy ones, and the
+~50-token SAFE completion takes a few forwards instead of ~50. In a batched round each row takes
+its own draft, padded and masked; the positions a row rejected stay masked. The tests assert
+drafted == plain greedy token for token in float32 on CPU (log-odds and confidence to float
+rounding: a many-token forward sums in another order); `benchmarks/walk_cost.py --compare-drafts`
+prints the ratio.
+
 The folder may hold a full model (`config.json`) or a PEFT adapter (`adapter_config.json`, e.g.
 a stage-1 LoRA checkpoint), loaded on top of its base model. Nothing downloads. Confidence is
 P(UNSAFE) from the top-k log-probabilities at the verdict token (`aftraj.confidence`).
@@ -182,7 +193,7 @@ class HFAuditor(Auditor):
                  reference_answer: bool = False, reuse_cache: bool = True, top_k: int = 20,
                  prefill_chunk: int = 2048, dtype: str = "auto", device: str | None = None,
                  batch_size: int = 16, max_batch_tokens: int = 65536,
-                 decision_threshold: float | None = None, **kw) -> None:
+                 decision_threshold: float | None = None, draft_tokens: int = 64, **kw) -> None:
         super().__init__(arg, **kw)
         path = model if isinstance(model, (str, Path)) else arg
         if tokenizer is not None and not isinstance(model, (str, Path)) and model is not None:
@@ -199,7 +210,9 @@ class HFAuditor(Auditor):
             raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
         if decision_threshold is not None and not math.isfinite(decision_threshold):
             raise ValueError(f"decision_threshold must be a finite number, got {decision_threshold}")
-        self.decision_threshold = decision_threshold
+        if draft_tokens < 0:
+            raise ValueError(f"draft_tokens must be >= 0, got {draft_tokens}")
+        self.decision_threshold, self.draft_tokens = decision_threshold, draft_tokens
         self.max_new_tokens, self.budget = max_new_tokens, budget
         # The walker interleaves at most this many walks; each round is decoded together.
         self.max_in_flight = batch_size if reuse_cache else 1
@@ -264,19 +277,29 @@ class HFAuditor(Auditor):
             logits = self._forward(ids[i:i + self.prefill_chunk], cache)
         return logits
 
-    def _greedy(self, cache, suffix_ids: list[int], dec) -> tuple[list[int], list, float | None]:
-        """Greedy decoding on `cache` (the decision token by `_pick`); returns the ids, per position
-        the top-k (values, ids), and the decision log-odds (None if not reached)."""
-        logits = self._extend(cache, suffix_ids)
-        gen, tops, lo = [], [], [None]
-        for _ in range(self.max_new_tokens):
-            nxt, top = self._pick(logits, gen, dec, lo)
-            tops.append(top)
-            gen.append(nxt)
-            if nxt in self.eos:
-                break
-            logits = self._forward([nxt], cache)
-        return gen, tops, lo[0]
+    def _greedy(self, cache, suffix_ids: list[int], dec, drafts=()) -> tuple[list[int], list, float | None]:
+        """Greedy decoding on `cache` (the decision token by `_pick`; `drafts` verified as in
+        `_propose`); returns the ids, per position the top-k (values, ids), and the decision
+        log-odds (None if not reached)."""
+        import torch
+
+        rows = self._extend(cache, suffix_ids)[None]    # rows[j]: the next token after gen + prop[:j]
+        gen, tops, lo, prop = [], [], [None], []
+        while True:
+            for j in range(rows.shape[0]):
+                nxt, top = self._pick(rows[j], gen, dec, lo)
+                tops.append(top)
+                gen.append(nxt)
+                if nxt in self.eos or len(gen) >= self.max_new_tokens:
+                    return gen, tops, lo[0]
+                if j >= len(prop) or nxt != prop[j]:
+                    break
+            if len(prop) > j:                # the draft's tokens after the first miss: out of the cache
+                cache.crop(-(len(prop) - j))
+            prop = self._propose(gen, drafts)
+            x = torch.tensor([[gen[-1], *prop]], dtype=torch.long, device=self.device)
+            rows = self.model(input_ids=x, cache=cache, use_cache=True,
+                              logits_to_keep=x.shape[1]).logits[0].float()
 
     def _prepare(self, traj, t):
         """Bring traj's session cache to prefix t's stable part; returns
@@ -293,11 +316,17 @@ class HFAuditor(Auditor):
         s.ids = ids[:n_stable]
         return s, ids, n_stable, common
 
+    def drafts(self, traj, t) -> tuple[list[int], list[int]]:
+        """The canonical SAFE completion of prefix t and its canonical ALARM (at step t, blaming
+        step t's agent), as token ids closed by EOS: the decision token's two sides, and the
+        drafts that decoding verifies (see `_propose`)."""
+        return (completion_ids(self.tok, canonical_completion(t))[0],
+                completion_ids(self.tok, format_completion(canonical_verdict(t, t, traj.steps[t].agent)))[0])
+
     def decision_tokens(self, traj, t) -> tuple[list[int], int, int]:
         """(the canonical completions' common start, SAFE's token, ALARM's token) at prefix t's
         decision position, by this tokenizer (ALARM as the canonical alarm at step t)."""
-        safe = completion_ids(self.tok, canonical_completion(t))[0]
-        alarm = completion_ids(self.tok, format_completion(canonical_verdict(t, t, traj.steps[t].agent)))[0]
+        safe, alarm = self.drafts(traj, t)
         d = first_divergence(safe, alarm)
         if d is None:
             raise ValueError("hf auditor: the canonical SAFE and ALARM completions do not diverge under "
@@ -320,6 +349,22 @@ class HFAuditor(Auditor):
                 nxt = alarm if lo[0] >= self.decision_threshold else safe
         return nxt, top
 
+    def _propose(self, gen: list[int], drafts) -> list[int]:
+        """The tokens a draft expects after `gen` (up to `draft_tokens`, and no further than
+        `max_new_tokens` allows): the continuation of the first draft that `gen` has followed
+        so far, else none. Decoding feeds them with the last token in one forward and keeps
+        the longest run the model's own choices confirm (greedy speculative decoding: the
+        tokens are the greedy ones; the canonical SAFE completion of a trained auditor, ~50
+        tokens, then costs one forward instead of ~50)."""
+        room = min(self.draft_tokens, self.max_new_tokens - len(gen) - 1)
+        if room <= 0:
+            return []
+        m = len(gen)
+        for d in drafts:
+            if len(d) > m and d[:m] == gen:
+                return d[m:m + room]
+        return []
+
     def _result(self, t, ids, gen, tops, cached, t0, lo=None) -> AuditResult:
         self.last_generated = [g for g in gen]
         body = [g for g in gen if g not in self.eos]
@@ -335,13 +380,14 @@ class HFAuditor(Auditor):
         t0 = time.perf_counter()
         with torch.inference_mode():
             dec = self.decision_tokens(traj, t)
+            drafts = self.drafts(traj, t) if self.draft_tokens else ()
             if self.reuse_cache:
                 s, ids, n_stable, cached = self._prepare(traj, t)
-                gen, tops, lo = self._greedy(s.cache, ids[n_stable:], dec)
+                gen, tops, lo = self._greedy(s.cache, ids[n_stable:], dec, drafts)
                 s.cache.crop(-(s.cache.get_seq_length() - n_stable))
             else:
                 ids, n_stable = self.prompt_ids(traj, t)
-                gen, tops, lo = self._greedy(new_cache(self.model.config), ids, dec)
+                gen, tops, lo = self._greedy(new_cache(self.model.config), ids, dec, drafts)
                 cached = 0
         return self._result(t, ids, gen, tops, cached, t0, lo)
 
@@ -364,7 +410,8 @@ class HFAuditor(Auditor):
                 t0 = time.perf_counter()
                 s, ids, n_stable, cached = self._prepare(traj, t)
                 logits = self._extend(s.cache, ids[n_stable:])     # the suffix, alone
-                row = (traj, t, s, ids, n_stable, cached, logits, t0, self.decision_tokens(traj, t))
+                row = (traj, t, s, ids, n_stable, cached, logits, t0, self.decision_tokens(traj, t),
+                       self.drafts(traj, t) if self.draft_tokens else ())
                 longest = max([len(r[3]) for r in group] + [len(ids)]) + self.max_new_tokens
                 if group and longest * (len(group) + 1) > self.max_batch_tokens:
                     results += self._decode_group(group)
@@ -374,6 +421,11 @@ class HFAuditor(Auditor):
         return results
 
     def _decode_group(self, group) -> list[AuditResult]:
+        """Decode a round's rows together: their caches stacked with left padding (pads masked),
+        each row at its own positions. With drafts (`_propose`), a forward feeds each row its
+        last token and its draft's next tokens (rows padded to the longest, padding masked);
+        each row keeps the run its own greedy choices confirm, and the positions it rejected
+        are masked from then on."""
         import torch
 
         gens, topss, done, los = [], [], [], [[None] for _ in group]
@@ -381,7 +433,7 @@ class HFAuditor(Auditor):
             nxt, top = self._pick(row[6], [], row[8], lo)
             gens.append([nxt])
             topss.append([top])
-            done.append(nxt in self.eos)
+            done.append(nxt in self.eos or self.max_new_tokens <= 1)
         lengths = [len(r[3]) for r in group]          # each row's cache now holds its whole prompt
         width = max(lengths)
         n_layers = len(group[0][2].cache.layers)
@@ -397,26 +449,42 @@ class HFAuditor(Auditor):
         mask = torch.zeros(len(group), width, dtype=torch.long, device=self.device)
         for i, n in enumerate(lengths):
             mask[i, width - n:] = 1
-        steps = 1
-        while not all(done) and steps < self.max_new_tokens:
-            x = torch.tensor([[g[-1]] for g in gens], dtype=torch.long, device=self.device)
-            mask = torch.cat([mask, torch.ones(len(group), 1, dtype=torch.long, device=self.device)], 1)
-            pos = torch.tensor([[n + steps - 1] for n in lengths], dtype=torch.long, device=self.device)
+        fed = list(lengths)                           # each row's valid positions in the stacked cache
+        pad_id = next(iter(self.eos))
+        while not all(done):
+            props = [[] if done[i] else self._propose(gens[i], group[i][9]) for i in range(len(group))]
+            width_new = 1 + max(len(p) for p in props)
+            x = torch.full((len(group), width_new), pad_id, dtype=torch.long, device=self.device)
+            new_mask = torch.zeros(len(group), width_new, dtype=torch.long, device=self.device)
+            pos = torch.zeros(len(group), width_new, dtype=torch.long, device=self.device)
+            for i, p in enumerate(props):
+                x[i, :1 + len(p)] = torch.tensor([gens[i][-1], *p])
+                if not done[i]:
+                    new_mask[i, :1 + len(p)] = 1
+                pos[i] = torch.arange(fed[i], fed[i] + width_new)
+            col = mask.shape[1]
+            mask = torch.cat([mask, new_mask], 1)
             out = self.model(input_ids=x, cache=stacked, attention_mask=mask, position_ids=pos,
-                             use_cache=True, logits_to_keep=1)
-            logits = out.logits[:, -1].float()
-            for i in range(len(group)):
+                             use_cache=True, logits_to_keep=width_new)
+            logits = out.logits.float()
+            for i, p in enumerate(props):
                 if done[i]:
                     continue
-                nxt, top = self._pick(logits[i], gens[i], group[i][8], los[i])
-                gens[i].append(nxt)
-                topss[i].append(top)
-                done[i] = nxt in self.eos
-            steps += 1
+                for j in range(1 + len(p)):
+                    nxt, top = self._pick(logits[i, j], gens[i], group[i][8], los[i])
+                    gens[i].append(nxt)
+                    topss[i].append(top)
+                    if nxt in self.eos or len(gens[i]) >= self.max_new_tokens:
+                        done[i] = True
+                        break
+                    if j >= len(p) or nxt != p[j]:
+                        break
+                mask[i, col + 1 + j:] = 0                # the draft's tokens after the first miss
+                fed[i] += 1 + j
         del stacked
         results = []
         for row, gen, tops, lo in zip(group, gens, topss, los):
-            traj, t, s, ids, n_stable, cached, _, t0, _ = row
+            traj, t, s, ids, n_stable, cached, _, t0, _, _ = row
             s.cache.crop(-(s.cache.get_seq_length() - n_stable))
             results.append(self._result(t, ids, gen, tops, cached, t0, lo[0]))
         return results

@@ -352,3 +352,72 @@ def test_the_decision_threshold_is_validated(noisy_tiny):
     model, tok = noisy_tiny
     with pytest.raises(ValueError, match="decision_threshold"):
         get_auditor("hf", model=model, tokenizer=tok, decision_threshold=float("nan"))
+
+
+def _drafted(aud, greedy, followed: bool):
+    """aud's drafts replaced (SAFE side, ALARM side): with `followed`, the prefix's own greedy
+    completion with its tokens from 5 on changed, then that greedy completion itself (a trained
+    auditor's canonical completion: the first draft is left at token 5, the second taken up);
+    else two drafts it never follows."""
+    def drafts(traj, t):
+        g = greedy[(traj.id, t)]
+        if followed:
+            return g[:5] + [(x + 1) % 50 for x in g[5:]], g
+        return [(x + 1) % 50 for x in g], [(x + 2) % 50 for x in g]
+    aud.drafts = drafts
+    return aud
+
+
+def _count_forwards(model):
+    n = [0]
+    h = model.register_forward_hook(lambda *a: n.__setitem__(0, n[0] + 1))
+    return n, h
+
+
+@pytest.mark.parametrize("followed", [True, False])
+def test_drafts_give_the_greedy_tokens_in_fewer_forwards(noisy_tiny, make_traj, followed):
+    """Greedy speculative decoding with the canonical completions as drafts: whether the model
+    follows a draft (left at token 5, then the other taken up) or never does, the tokens are
+    plain greedy's (confidences and decision log-odds to float32 rounding), one prefix at a time
+    and in batched rounds; a draft the model follows costs fewer forwards."""
+    model, tok = noisy_tiny
+    trajs = [make_traj(30, 9, None), make_traj(31, 6, 2), make_traj(32, 12, 5)]
+    prefixes = [(tr, t) for tr in trajs for t in range(len(tr.steps))]
+    first = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=24, batch_size=1, draft_tokens=0)
+    greedy = {}
+    for tr, t in prefixes:
+        first.audit(tr, t)
+        greedy[(tr.id, t)] = list(first.last_generated)
+    assert min(len(g) for g in greedy.values()) > 6       # long enough to test taking a draft up
+
+    def walk_one(aud):
+        n, h = _count_forwards(model)
+        try:
+            out = {}
+            for tr, t in prefixes:
+                r = aud.audit(tr, t)
+                out[(tr.id, t)] = (r.raw, r.completion_tokens, r.confidence, r.decision_log_odds)
+            return out, n[0]
+        finally:
+            h.remove()
+
+    kw = dict(model=model, tokenizer=tok, max_new_tokens=24)
+    ref, n_plain = walk_one(_drafted(get_auditor("hf", **kw, batch_size=1, draft_tokens=0), greedy, followed))
+    got, n_draft = walk_one(_drafted(get_auditor("hf", **kw, batch_size=1), greedy, followed))
+    # the same tokens; log-odds and confidence from a many-token forward agree to float32 rounding
+    assert {k: v[:2] for k, v in got.items()} == {k: v[:2] for k, v in ref.items()}
+    for k, (_, _, conf, lo) in ref.items():
+        assert got[k][2] == pytest.approx(conf, abs=1e-4) if conf is not None else got[k][2] is None
+        assert got[k][3] == pytest.approx(lo, abs=1e-4) if lo is not None else got[k][3] is None
+    assert ref[(trajs[0].id, 0)][3] is not None       # the decision position was reached and compared
+    if followed:
+        assert n_draft < n_plain / 2, (n_draft, n_plain)
+    many = _drafted(get_auditor("hf", **kw, batch_size=16), greedy, followed)
+    rounds = _walk_rounds(many, trajs, [0, 0, 0])
+    assert {(i, t): (raw, c) for i, t, raw, _, _, c, _ in rounds} == {k: v[:2] for k, v in ref.items()}
+
+
+def test_draft_tokens_is_validated(noisy_tiny):
+    model, tok = noisy_tiny
+    with pytest.raises(ValueError, match="draft_tokens"):
+        get_auditor("hf", model=model, tokenizer=tok, draft_tokens=-1)

@@ -198,6 +198,13 @@ def test_decision_log_odds_sweep_and_the_one_threshold_rule(tmp_path, capsys):
     assert pick_threshold(list(sweep.values()), 0.5)["threshold"] == 2.0   # ties -> the higher threshold
     assert pick_threshold(list(sweep.values()), 0.2)["far"] == 0.5         # none within 0.2: plain optimum
     assert pick_threshold([]) is None
+    from eval.report import build_metrics, write_markdown   # report.md shows the decision-token sweep
+
+    m = build_metrics([u, s1, s2], meta={"auditor": "hf"}, n_boot=10)
+    write_markdown(m, tmp_path / "report.md")
+    md = (tmp_path / "report.md").read_text()
+    assert "### Decision-token sweep" in md and "| 2.000 | 50.00 % | 100.00 % | 66.67 % |" in md
+    assert "### Threshold sweep" not in md           # no confidence: that sweep has no rows
 
     run = tmp_path / "val"
     run.mkdir()
