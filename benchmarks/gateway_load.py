@@ -357,11 +357,25 @@ class RawClient:
         self.head = "".join(f"{k}: {v}\r\n" for k, v in {"Host": f"{u.hostname}:{u.port}", **headers}.items())
         self.idle: list = []
 
+    reconnects = 0
+
     async def post(self, path: str, content: bytes) -> RawResponse:
-        conn = self.idle.pop() if self.idle else await asyncio.open_connection(self.host, self.port)
+        while self.idle and time.perf_counter() - self.idle[-1][1]._t_used > 4.0:
+            self.idle.pop()[1].close()      # older than the gateway's 5 s keep-alive: it closes them
+        reused = bool(self.idle)
+        conn = self.idle.pop() if reused else await asyncio.open_connection(self.host, self.port)
         reader, writer = conn
         writer.write(f"POST {path} HTTP/1.1\r\n{self.head}Content-Length: {len(content)}\r\n\r\n".encode() + content)
-        head = await reader.readuntil(b"\r\n\r\n")
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except (asyncio.IncompleteReadError, ConnectionError):
+            if not reused:
+                raise
+            # the server closed the idle connection first (as httpx does: resend on a new one;
+            # the gateway's batches are idempotent)
+            writer.close()
+            RawClient.reconnects += 1
+            return await self.post(path, content)
         lines = head.decode("latin-1").split("\r\n")
         fields = {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:] if x)}
         if "content-length" not in fields:
@@ -370,6 +384,7 @@ class RawClient:
         if fields.get("connection", "").lower() == "close":
             writer.close()
         else:
+            writer._t_used = time.perf_counter()
             self.idle.append(conn)
         return RawResponse(int(lines[0].split(" ", 2)[1]), body)
 
@@ -585,7 +600,7 @@ def main() -> None:
           f"requests={sum(len(v.lat) for v in variants)} events={sum(v.events for v in variants)} "
           f"segments={segments} cores={os.cpu_count()} contention={args.contend} client={args.client} "
           f"load_avg_before={load_before:.2f} load_avg_after={os.getloadavg()[0]:.2f} "
-          f"steal_pct={_steal_pct(cpu_before, cpu_after)} load_generator_cpu_ms_per_request="
+          f"steal_pct={_steal_pct(cpu_before, cpu_after)} reconnects={RawClient.reconnects} load_generator_cpu_ms_per_request="
           f"{1000 * (me1.user + me1.system - me0.user - me0.system) / max(1, sum(len(v.lat) for v in variants)):.2f}")
     for v in variants:
         label = f"[{v.label}] " if len(variants) > 1 else ""
