@@ -352,10 +352,11 @@ class HFAuditor(Auditor):
     def _propose(self, gen: list[int], drafts) -> list[int]:
         """The tokens a draft expects after `gen` (up to `draft_tokens`, and no further than
         `max_new_tokens` allows): the continuation of the first draft that `gen` has followed
-        so far, else none. Decoding feeds them with the last token in one forward and keeps
-        the longest run the model's own choices confirm (greedy speculative decoding: the
-        tokens are the greedy ones; the canonical SAFE completion of a trained auditor, ~50
-        tokens, then costs one forward instead of ~50)."""
+        so far, else of the last place in a draft that holds gen's last 3 tokens, else none.
+        Decoding feeds them with the last token in one forward and keeps the longest run the
+        model's own choices confirm (greedy speculative decoding: the tokens are the greedy
+        ones; the canonical SAFE completion of a trained auditor, ~50 tokens, then costs one
+        forward instead of ~50)."""
         room = min(self.draft_tokens, self.max_new_tokens - len(gen) - 1)
         if room <= 0:
             return []
@@ -363,6 +364,14 @@ class HFAuditor(Auditor):
         for d in drafts:
             if len(d) > m and d[:m] == gen:
                 return d[m:m + room]
+        # left both (e.g. "Step 0 to 2 shows no decisive error"): where the last 3 tokens occur
+        # in a draft, what follows them there (prompt-lookup style; still verified token by token)
+        if m >= 3:
+            tail = gen[-3:]
+            for d in drafts:
+                for i in range(len(d) - 3, -1, -1):
+                    if d[i:i + 3] == tail:
+                        return d[i + 3:i + 3 + room]
         return []
 
     def _result(self, t, ids, gen, tops, cached, t0, lo=None) -> AuditResult:

@@ -354,13 +354,17 @@ def test_the_decision_threshold_is_validated(noisy_tiny):
         get_auditor("hf", model=model, tokenizer=tok, decision_threshold=float("nan"))
 
 
-def _drafted(aud, greedy, followed: bool):
-    """aud's drafts replaced (SAFE side, ALARM side): with `followed`, the prefix's own greedy
-    completion with its tokens from 5 on changed, then that greedy completion itself (a trained
-    auditor's canonical completion: the first draft is left at token 5, the second taken up);
-    else two drafts it never follows."""
+def _drafted(aud, greedy, followed):
+    """aud's drafts replaced (SAFE side, ALARM side): with `followed` True, the prefix's own
+    greedy completion with its tokens from 5 on changed, then that greedy completion itself (a
+    trained auditor's canonical completion: the first draft is left at token 5, the second
+    taken up); "resync": the greedy completion with a token inserted at 5 (the completion
+    leaves it there, and its last 3 tokens are found again further on); else two drafts it
+    never follows."""
     def drafts(traj, t):
         g = greedy[(traj.id, t)]
+        if followed == "resync":
+            return g[:5] + [(g[5] + 1) % 50] + g[5:], [(x + 2) % 50 for x in g]
         if followed:
             return g[:5] + [(x + 1) % 50 for x in g[5:]], g
         return [(x + 1) % 50 for x in g], [(x + 2) % 50 for x in g]
@@ -374,7 +378,7 @@ def _count_forwards(model):
     return n, h
 
 
-@pytest.mark.parametrize("followed", [True, False])
+@pytest.mark.parametrize("followed", [True, "resync", False])
 def test_drafts_give_the_greedy_tokens_in_fewer_forwards(noisy_tiny, make_traj, followed):
     """Greedy speculative decoding with the canonical completions as drafts: whether the model
     follows a draft (left at token 5, then the other taken up) or never does, the tokens are
