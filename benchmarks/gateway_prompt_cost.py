@@ -1,7 +1,7 @@
 """Per-request cost of the gateway against the run's length (issue 23, item 3): one run posted
 one event a request up to step ~400, an `openai` auditor that answers at once (httpx's mock
 transport: no model, no network) with the default budget (8,160 tokens, counted by
-`approx_tokens`), the service in this process on a temporary SQLite ledger. Each step is ~200
+`approx_tokens`; `--tokenizer PATH`: the served model's tokenizer), the service in this process on a temporary SQLite ledger. Each step is ~200
 tokens, so from step ~40 on the prompt is the bounded view (older steps summarised).
 
     python benchmarks/gateway_prompt_cost.py                 # steps 41-60 vs 391-410
@@ -86,6 +86,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=410)
     ap.add_argument("--window", type=int, default=20, help="requests averaged around each point")
+    ap.add_argument("--tokenizer", default="approx",
+                    help="the auditor's counter: approx (default) or a tokenizer folder (the served model's)")
     args = ap.parse_args()
     lo, hi = 50, args.steps - 10
     windows = [range(lo - args.window // 2 + 1, lo + args.window // 2 + 1),
@@ -94,7 +96,7 @@ def main() -> None:
         cfg = GatewayConfig(ledger_url=f"sqlite:///{Path(tmp) / 'ledger.db'}",
                             api_keys=(ApiKey("bench", hash_key("bench-key")),),
                             auditor=AuditorConfig(backend="openai", base_url="http://auditor.test/v1",
-                                                  model="auditor", deadline_s=60.0, tokenizer="approx"))
+                                                  model="auditor", deadline_s=60.0, tokenizer=args.tokenizer))
         svc = GatewayService(cfg, transport=httpx.MockTransport(lambda req: httpx.Response(200, json=REPLY)))
         rendered: dict = {}
 
@@ -106,7 +108,7 @@ def main() -> None:
             rendered["uncached"] = await _one_run(svc, "uncached", args.steps, windows)   # restores _render
             await svc.aclose()
         asyncio.run(both())
-    print(f"one run, {args.steps} steps, 1 event a request, budget {cfg.auditor.budget} (approx_tokens), "
+    print(f"one run, {args.steps} steps, 1 event a request, budget {cfg.auditor.budget} (counted by {args.tokenizer}), "
           f"windows of {args.window} requests; cores={os.cpu_count()} load_avg={os.getloadavg()[0]:.2f}")
     ratios = {}
     for name, res in rendered.items():
