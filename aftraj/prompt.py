@@ -131,13 +131,14 @@ class PrefixCache:
     summary lines, the summary lines shown, and the bounded view's plan as far as it has walked.
     With it, a prefix over its budget costs the bounded view's work only, whatever the run's
     length: the whole body is neither rendered nor counted (with `approx_tokens`, whose count of
-    the whole is exact from the parts' lengths; another counter still counts the whole body to
-    decide whether it fits). The prompts are the same with or without it
+    the whole is exact from the parts' lengths; with a tokenizer, from the parts' counts where
+    each boundary is checked to add up, `prompt_tokens`). The prompts are the same with or without it
     (tests/aftraj/test_prompt_cache.py renders every prefix both ways). Valid for any
     trajectory: whatever does not match what it has seen (other steps, another counter) starts
     it afresh. One caller at a time."""
 
-    __slots__ = ("steps", "sig", "cum", "verb", "unit_cost", "unit_text", "plan_ends", "plan_t", "plan_avail")
+    __slots__ = ("steps", "sig", "cum", "verb", "unit_cost", "unit_text", "plan_ends", "plan_t", "plan_avail",
+                 "blk", "blk_cum", "dirty", "last_text", "head")
 
     def __init__(self) -> None:
         self._reset(None)
@@ -152,6 +153,11 @@ class PrefixCache:
         self.plan_ends: list[int] | None = None    # the view's boundaries after walking 0..plan_t
         self.plan_t = -1
         self.plan_avail = None
+        self.blk: list[int] = []                   # blk[i]: tokens of render_step(steps[i]) alone
+        self.blk_cum = [0]                         # blk_cum[i]: sum of blk[j] for j < i
+        self.dirty: int | None = None              # the first step whose boundary with the one before is not additive
+        self.last_text = ""                        # render_step of the last step counted
+        self.head: tuple[str, int, bool] | None = None   # (header, its tokens, header|step 0 additive)
 
     def sync(self, steps, count_tokens, render_step) -> None:
         """Keep what was learnt if `steps` extends the steps seen (same objects: a pointer
@@ -161,6 +167,38 @@ class PrefixCache:
         if self.sig != (count_tokens, render_step) or len(steps) < n or steps[:n] != self.steps:
             self._reset((count_tokens, render_step))
         self.steps = steps
+
+    def prompt_tokens(self, t: int, count_tokens, render_step, header: str, suffix: str) -> int | None:
+        """count_tokens(header + body + suffix) for prefix t, from counts of the parts, or None
+        where that is not exact. A tokenizer splits text into pieces before it merges them;
+        a step's block starts with "<step" and ends with a newline, so the blocks usually
+        split apart and the whole's count is the sum of theirs. Each boundary is checked
+        once: count(a + b) == count(a) + count(b) for the two blocks that meet there (and for
+        header | step 0, step t | suffix). Where one is not, None: the caller counts the whole.
+        Each request then counts its new step, the pair it makes, the last block with the
+        suffix, and the suffix: independent of the run's length."""
+        steps = self.steps
+        for i in range(len(self.blk), t + 1):
+            text = render_step(steps[i])
+            n = count_tokens(text)
+            if i and self.dirty is None and count_tokens(self.last_text + text) != self.blk[-1] + n:
+                self.dirty = i
+            self.blk.append(n)
+            self.blk_cum.append(self.blk_cum[-1] + n)
+            self.last_text = text
+        if self.dirty is not None and self.dirty <= t:
+            return None
+        if self.head is None or self.head[0] != header:
+            n_head = count_tokens(header)
+            first = render_step(steps[0])
+            self.head = (header, n_head, count_tokens(header + first) == n_head + self.blk[0])
+        if not self.head[2]:
+            return None
+        last = self.last_text if t == len(self.blk) - 1 else render_step(steps[t])
+        n_suffix = count_tokens(suffix)
+        if count_tokens(last + suffix) != self.blk[t] + n_suffix:
+            return None
+        return self.head[1] + self.blk_cum[t + 1] + n_suffix
 
     def body_chars(self, t: int, render_step) -> int:
         """len of the plain body for prefix t (steps 0..t rendered), each step rendered once."""
@@ -199,8 +237,14 @@ def render_prompt(traj: Trajectory, t: int, budget: int | None = None, *,
         over = approx_tokens(SYSTEM_PROMPT) + n_chars // 3 + 1 > budget
         body = None if over else "".join(render_step(s) for s in traj.steps[: t + 1])
     else:
-        body = "".join(render_step(s) for s in traj.steps[: t + 1])
-        over = budget is not None and count_tokens(SYSTEM_PROMPT) + count_tokens(header + body + suffix) > budget
+        n = (cache.prompt_tokens(t, count_tokens, render_step, header, suffix)
+             if budget is not None and cache is not None else None)
+        if n is not None:          # exact from the parts' counts (see PrefixCache.prompt_tokens)
+            over = count_tokens(SYSTEM_PROMPT) + n > budget
+            body = None if over else "".join(render_step(s) for s in traj.steps[: t + 1])
+        else:
+            body = "".join(render_step(s) for s in traj.steps[: t + 1])
+            over = budget is not None and count_tokens(SYSTEM_PROMPT) + count_tokens(header + body + suffix) > budget
     if over:
         body, coverage = _bounded_body(traj, t, budget, count_tokens, header, suffix, cache)
     stable = header + body

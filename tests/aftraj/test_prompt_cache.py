@@ -125,3 +125,35 @@ def test_over_budget_prefix_does_not_render_the_whole_run(monkeypatch):
     rendered.clear()
     render_prompt(_traj(steps[:301]), 300, SYS + 1500)      # without a cache: the whole run
     assert set(range(301)) <= set(rendered)
+
+
+def test_with_a_tokenizer_an_over_budget_prefix_counts_its_parts_not_the_whole(tiny_tokenizer):
+    """With a tokenizer (the served model's, in the gateway) the count of the whole prompt comes
+    from the blocks' counts where each boundary adds up (checked once a boundary): prefix 300 of
+    a long run counts no text longer than a few blocks and its bounded view, and the prompts
+    are the uncached ones. A counter whose parts never add up is counted whole, as before."""
+    seen = []
+
+    def count(s: str) -> int:
+        seen.append(len(s))
+        return len(tiny_tokenizer(s, add_special_tokens=False)["input_ids"])
+
+    steps = _steps(320, seed=4)
+    budget = count(SYSTEM_PROMPT) + 1500
+    cache = PrefixCache()
+    for t in range(300):
+        _same(_traj(steps[: t + 1]), t, budget, cache, count_tokens=count)
+    assert cache.dirty is None                      # this tokenizer's blocks split apart
+    whole = len("".join(prompt_mod.render_step(s) for s in steps[:301]))
+    seen.clear()
+    r = render_prompt(_traj(steps[:301]), 300, budget, cache=cache, count_tokens=count)
+    assert r.coverage is not None and max(seen) < whole / 5, (max(seen), whole)
+    assert r.messages == render_prompt(_traj(steps[:301]), 300, budget, count_tokens=count).messages
+
+    def lumpy(s: str) -> int:                      # the parts' counts never add up to the whole's
+        return len(s) // 7 + 1
+
+    cache = PrefixCache()
+    for t in range(0, 120, 3):
+        _same(_traj(steps[: t + 1]), t, 2 * SYS + 600, cache, count_tokens=lumpy)
+    assert cache.dirty == 1
