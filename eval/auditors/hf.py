@@ -286,14 +286,9 @@ class HFAuditor(Auditor):
         rows = self._extend(cache, suffix_ids)[None]    # rows[j]: the next token after gen + prop[:j]
         gen, tops, lo, prop = [], [], [None], []
         while True:
-            for j in range(rows.shape[0]):
-                nxt, top = self._pick(rows[j], gen, dec, lo)
-                tops.append(top)
-                gen.append(nxt)
-                if nxt in self.eos or len(gen) >= self.max_new_tokens:
-                    return gen, tops, lo[0]
-                if j >= len(prop) or nxt != prop[j]:
-                    break
+            j, done = self._take(rows, gen, tops, prop, dec, lo)
+            if done:
+                return gen, tops, lo[0]
             if len(prop) > j:                # the draft's tokens after the first miss: out of the cache
                 cache.crop(-(len(prop) - j))
             prop = self._propose(gen, drafts)
@@ -348,6 +343,21 @@ class HFAuditor(Auditor):
             if self.decision_threshold is not None:
                 nxt = alarm if lo[0] >= self.decision_threshold else safe
         return nxt, top
+
+    def _take(self, rows, gen: list[int], tops: list, prop: list[int], dec, lo: list) -> tuple[int, bool]:
+        """Consume a forward's predictions: rows[j] follows gen + prop[:j]. Appends the greedy
+        token (and its top-k) of each row while it confirms the draft; returns (j, done): the
+        last row used (prop[j:] were rejected) and whether the completion ended (EOS or
+        max_new_tokens)."""
+        for j in range(rows.shape[0]):
+            nxt, top = self._pick(rows[j], gen, dec, lo)
+            tops.append(top)
+            gen.append(nxt)
+            if nxt in self.eos or len(gen) >= self.max_new_tokens:
+                return j, True
+            if j >= len(prop) or nxt != prop[j]:
+                return j, False
+        return rows.shape[0] - 1, False
 
     def _propose(self, gen: list[int], drafts) -> list[int]:
         """The tokens a draft expects after `gen` (up to `draft_tokens`, and no further than
@@ -479,15 +489,7 @@ class HFAuditor(Auditor):
             for i, p in enumerate(props):
                 if done[i]:
                     continue
-                for j in range(1 + len(p)):
-                    nxt, top = self._pick(logits[i, j], gens[i], group[i][8], los[i])
-                    gens[i].append(nxt)
-                    topss[i].append(top)
-                    if nxt in self.eos or len(gens[i]) >= self.max_new_tokens:
-                        done[i] = True
-                        break
-                    if j >= len(p) or nxt != p[j]:
-                        break
+                j, done[i] = self._take(logits[i, :1 + len(p)], gens[i], topss[i], p, group[i][8], los[i])
                 mask[i, col + 1 + j:] = 0                # the draft's tokens after the first miss
                 fed[i] += 1 + j
         del stacked
