@@ -40,3 +40,92 @@ def pair_token_logps(model, prompt_ids: list[int], completions: list[list[int]],
         logits = first.expand(n, -1, -1)
     lp = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[..., None])[..., 0]
     return [lp[i, : len(c)] for i, c in enumerate(completions)]
+
+
+# --------------------------------------------------------------------------- packed prefixes
+
+class Pack:
+    """Token sequences that share their beginnings, packed into one row for one forward (every
+    prefix of a run: each prefix's prompt is the run's longest prompt up to its own last step,
+    then a few tokens of its own). The `base` sequence runs causally; each other sequence adds
+    only its tokens after its longest common prefix with the base, as a block that attends to
+    that common prefix and causally to itself, at the positions it has in its own sequence. So
+    the logits at `last[i]` are those of sequence i run alone (tests/aftraj/test_scoring_pack.py).
+
+        pack = Pack([ids_0, ids_1, ..., ids_T])       # base: the last (longest) one
+        logits = packed_logits(model, pack)           # (len(seqs), vocab): what follows each
+    """
+
+    def __init__(self, seqs: list[list[int]], base: int = -1):
+        if not seqs:
+            raise ValueError("Pack needs at least one sequence")
+        root = list(seqs[base])
+        if not root:
+            raise ValueError("Pack: the base sequence is empty")
+        ids, pos, last, blocks = list(root), list(range(len(root))), [], []
+        for s in seqs:
+            if not s:
+                raise ValueError("Pack: an empty sequence has no last token")
+            n = min(len(s), len(root))
+            share = next((j for j in range(n) if s[j] != root[j]), n)
+            if share == len(s):              # s is a prefix of the base: its last token is the base's
+                last.append(share - 1)
+                continue
+            start = len(ids)
+            ids.extend(s[share:])
+            pos.extend(range(share, len(s)))
+            blocks.append((start, len(ids), share))
+            last.append(len(ids) - 1)
+        self.ids, self.pos, self.last = ids, pos, last
+        self.base_len, self.blocks = len(root), blocks
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def mask(self, attn_implementation: str = "sdpa", dtype=None):
+        """The (1, 1, N, N) attention mask this model's attention reads as-is (transformers passes a
+        4D mask through): boolean for `sdpa` (True attends), additive float (0 / dtype min) for
+        `eager`. FlashAttention takes no arbitrary mask."""
+        import torch
+
+        n = len(self.ids)
+        keep = torch.zeros(n, n, dtype=torch.bool)
+        tri = torch.ones(n, n, dtype=torch.bool).tril_()
+        keep[: self.base_len, : self.base_len] = tri[: self.base_len, : self.base_len]
+        for start, end, share in self.blocks:
+            keep[start:end, :share] = True
+            keep[start:end, start:end] = tri[: end - start, : end - start]
+        if attn_implementation == "sdpa":
+            return keep[None, None]
+        if attn_implementation == "eager":
+            dtype = dtype or torch.float32
+            return torch.zeros(n, n, dtype=dtype).masked_fill_(~keep, torch.finfo(dtype).min)[None, None]
+        raise ValueError(f"a packed forward needs attn_implementation 'sdpa' or 'eager', got {attn_implementation!r}")
+
+
+def packed_inputs(model, pack: Pack, *, mask=None) -> dict:
+    """The keyword arguments of one packed forward (ids, positions, the 4D mask); `mask` reuses a
+    mask built before (`Pack.mask`)."""
+    import torch
+
+    device = next(model.parameters()).device
+    impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    if mask is None:
+        mask = pack.mask(impl, next(model.parameters()).dtype)
+    return {"input_ids": torch.tensor([pack.ids], device=device),
+            "position_ids": torch.tensor([pack.pos], device=device),
+            "attention_mask": mask.to(device), "use_cache": False}
+
+
+def packed_logits(model, pack: Pack, *, embeds=None, mask=None):
+    """(len(seqs), vocab) logits after each packed sequence's last token, from one forward (the
+    head runs at those positions only). `embeds` (1, N, d): the first layer's input in place of
+    the token embeddings (frozen-layer features, `training/stage1/features.py`)."""
+    import torch
+
+    kw = packed_inputs(model, pack, mask=mask)
+    if embeds is not None:
+        kw.pop("input_ids")
+        kw["inputs_embeds"] = embeds
+    out = model(**kw, logits_to_keep=torch.tensor(pack.last, device=kw["position_ids"].device))
+    return out.logits[0]

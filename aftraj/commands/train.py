@@ -11,7 +11,8 @@ from __future__ import annotations
 import importlib
 
 STAGES = {"warmup": "format warm-up, NOT in the paper (issue 11)",
-          "stage1": "BPPO on boundary pairs (DESIGN §5)", "stage2": "GRPO (DESIGN §5)"}
+          "stage1": "BPPO on boundary pairs (DESIGN §5)", "stage2": "GRPO (DESIGN §5)",
+          "prefixes": "decision training on every prefix, NOT in the paper (issue 21)"}
 
 
 def register(sub) -> None:

@@ -1,0 +1,69 @@
+"""Packed prefixes (aftraj.scoring.Pack): one forward over every prefix of a run gives each
+prefix's next-token logits as if it ran alone, with sdpa's boolean mask and eager's additive one,
+and through the top layers from frozen-layer features."""
+
+import pytest
+import torch
+
+from aftraj.scoring import Pack, packed_logits
+
+
+def _alone(model, seq):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([seq]), use_cache=False).logits[0, -1]
+
+
+def _seqs():
+    g = torch.Generator().manual_seed(0)
+    stable = torch.randint(5, 200, (40,), generator=g).tolist()
+    tail = lambda t: [3, 7 + t, 9, 11]                      # noqa: E731  a per-prefix suffix
+    # prefix t: the stable part up to its own end, then its own suffix (the last is the longest)
+    return [stable[: 10 + 10 * t] + tail(t) for t in range(4)] + [stable[:25]]
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_each_packed_sequence_has_the_logits_it_has_alone(tiny_model_dir, impl):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation=impl).eval()
+    seqs = _seqs()
+    pack = Pack(seqs, base=3)
+    assert len(pack) < sum(map(len, seqs))                   # the shared part runs once
+    assert pack.last[4] == 24                                # a prefix of the base ends inside it
+    with torch.no_grad():
+        got = packed_logits(model, pack)
+    assert got.shape[0] == len(seqs)
+    for i, s in enumerate(seqs):
+        torch.testing.assert_close(got[i], _alone(model, s), atol=1e-4, rtol=1e-4)
+    # a block that could see another block's tokens (no mask) gives other logits: the mask matters
+    with torch.no_grad():
+        leaky = model(input_ids=torch.tensor([pack.ids]), position_ids=torch.tensor([pack.pos]),
+                      use_cache=False).logits[0, pack.last]
+    assert not torch.allclose(leaky[1], got[1], atol=1e-3)
+
+
+def test_the_top_layers_from_frozen_features_give_the_same_logits(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from training.stage1.features import top_layers_only
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa").eval()
+    seqs = _seqs()
+    pack = Pack(seqs)
+    layers = model.model.layers
+    seen = []
+    h = layers[len(layers) - 1].register_forward_pre_hook(
+        lambda _m, a, kw: seen.append((a[0] if a else kw["hidden_states"]).detach().clone()), with_kwargs=True)
+    with torch.no_grad():
+        full = packed_logits(model, pack)
+    h.remove()
+    with torch.no_grad(), top_layers_only(model, 1):
+        top = packed_logits(model, pack, embeds=seen[0])
+    torch.testing.assert_close(top, full, atol=1e-5, rtol=1e-5)
+
+
+def test_bad_packs_are_refused():
+    with pytest.raises(ValueError, match="empty"):
+        Pack([[1, 2], []])
+    with pytest.raises(ValueError, match="attn_implementation"):
+        Pack([[1, 2, 3]]).mask("flash_attention_2")

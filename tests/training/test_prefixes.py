@@ -1,0 +1,101 @@
+"""Every-prefix decision training (training/prefixes): the rows a run gives, the packed forward
+the rows are read from (equal to the hf auditor's own prompt and decision tokens), and a run
+that learns the decision on its training prefixes and exports a model the eval loads."""
+
+import json
+
+import pytest
+import torch
+
+from aftraj.schema import write_jsonl
+from training.common import synthetic_trajectories
+from training.prefixes.config import load_prefixes_config
+from training.prefixes.trainer import auc, prefix_run, select_runs, train
+
+
+def test_rows_of_unsafe_and_safe_runs_match_what_the_hf_auditor_reads(tiny_model_dir, tiny_tokenizer):
+    from aftraj.scoring import packed_logits
+    from eval.auditors.hf import HFAuditor
+
+    trajs = synthetic_trajectories(8, seed=0)
+    unsafe = next(t for t in trajs if t.label.unsafe and t.label.decisive_step >= 2)
+    safe = next(t for t in trajs if not t.label.unsafe)
+    k = unsafe.label.decisive_step
+    r = prefix_run(unsafe, tiny_tokenizer, 4096)
+    assert r.ts == list(range(k + 1)) and r.alarm == [False] * k + [True]
+    s = prefix_run(safe, tiny_tokenizer, 4096)
+    assert s.ts == list(range(len(safe.steps))) and not any(s.alarm)
+    aud = HFAuditor(str(tiny_model_dir), max_new_tokens=8)
+    logits = packed_logits(aud.model, r.pack)
+    for i, t in enumerate(r.ts):
+        start, safe_tok, alarm_tok = aud.decision_tokens(unsafe, t)
+        ids, _ = aud.prompt_ids(unsafe, t)
+        assert (r.safe_tok[i], r.alarm_tok[i]) == (safe_tok, alarm_tok)
+        with torch.no_grad():
+            alone = aud.model(input_ids=torch.tensor([ids + start]), use_cache=False).logits[0, -1]
+        torch.testing.assert_close(logits[i], alone, atol=1e-4, rtol=1e-4)
+    # a prompt cap below k*'s prompt drops the unsafe run; a safe run keeps the prefixes within it
+    n_k = len(r.pack.ids) and r.pack.pos[r.pack.last[-1]]
+    assert prefix_run(unsafe, tiny_tokenizer, n_k - 5) is None
+    short = prefix_run(safe, tiny_tokenizer, s.pack.pos[s.pack.last[1]] - 2)
+    assert short is not None and short.ts == [0]
+
+
+def test_twins_come_first_among_safe_runs(tiny_tokenizer):
+    from aftraj.boundary import find_twins
+
+    cfg = load_prefixes_config("configs/prefixes/tiny-cpu.yaml", {"max_prompt_tokens": 4096})
+    trajs = synthetic_trajectories(12, seed=0)
+    twins = {t.id for t in find_twins(trajs).values()}
+    runs, n = select_runs(trajs, tiny_tokenizer, cfg, (None, 1))
+    safe_ids = [r.traj_id for r in runs if not any(r.alarm)]
+    assert n["safe"] == 1 and len(safe_ids) == 1
+    if twins:
+        assert safe_ids[0] in twins and n["twins"] == 1
+
+
+def test_auc():
+    assert auc([2.0, 3.0], [0.0, 1.0]) == 1.0
+    assert auc([0.0], [1.0]) == 0.0
+    assert auc([1.0], [1.0]) == 0.5
+    assert auc([], [1.0]) is None
+
+
+def test_a_run_learns_the_decision_on_every_training_prefix_and_exports(tmp_path, tiny_model_dir):
+    trajs = synthetic_trajectories(8, seed=0)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_jsonl(trajs, corpus / "train.jsonl")
+    write_jsonl(synthetic_trajectories(4, seed=1), corpus / "val.jsonl")
+    cfg = load_prefixes_config("configs/prefixes/tiny-cpu.yaml", {
+        "model": str(tiny_model_dir), "data": str(corpus), "output_dir": str(tmp_path / "run"),
+        "num_epochs": 30, "learning_rate": 3e-3, "runs_per_step": 8, "heldout_split": "val"})
+    res = train(cfg)
+    first, last = res.history[0], res.history[-1]
+    # before: no separation; after: every ALARM row above every SAFE row on average, by a margin
+    assert abs(first["log_odds_alarm_rows"] - first["log_odds_safe_rows"]) < 0.5
+    assert last["log_odds_alarm_rows"] > 0 > last["log_odds_safe_rows"]
+    assert last["log_odds_alarm_rows"] - last["log_odds_safe_rows"] > 1.0 and last["loss"] < first["loss"]
+    data = json.loads((tmp_path / "run" / "data.json").read_text())
+    assert data["rows"] > data["alarm_rows"] == 6 and data["packed_tokens"] < data["unpacked_tokens"]
+    assert data["heldout"]["unsafe"] >= 1 and data["heldout"]["after"]["auc"] is not None
+    rows = [json.loads(x) for x in (tmp_path / "run" / "heldout.jsonl").read_text().splitlines()]
+    assert {"log_odds_before", "log_odds_after", "step_agent"} <= set(rows[0])
+    # the export is a whole model the hf auditor loads, with the trained top layer
+    from transformers import AutoModelForCausalLM
+
+    before = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    after = AutoModelForCausalLM.from_pretrained(res.final_dir)
+    top = len(after.model.layers) - 1
+    assert not torch.equal(after.model.layers[top].mlp.up_proj.weight, before.model.layers[top].mlp.up_proj.weight)
+    assert torch.equal(after.model.layers[0].mlp.up_proj.weight, before.model.layers[0].mlp.up_proj.weight)
+
+
+@pytest.mark.parametrize("over, key", [({"finetune": "lora"}, "finetune"), ({"alarm_weight": "more"}, "alarm_weight"),
+                                       ({"attn_implementation": "flash_attention_2"}, "attn_implementation"),
+                                       ({"max_safe_runs": -1}, "max_safe_runs")])
+def test_bad_configs_name_the_key(over, key):
+    from aftraj.config import ConfigError
+
+    with pytest.raises(ConfigError, match=key):
+        load_prefixes_config("configs/prefixes/tiny-cpu.yaml", over)

@@ -1,0 +1,5 @@
+import sys
+
+from training.prefixes.cli import main
+
+sys.exit(main())

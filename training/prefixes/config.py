@@ -1,0 +1,85 @@
+"""Every-prefix decision training: the run's configuration (configs/prefixes/*.yaml), read by the
+one config layer `aftraj.config.load`.
+
+    from training.prefixes.config import load_prefixes_config
+    cfg = load_prefixes_config("configs/prefixes/tiny-cpu.yaml", {"num_epochs": 1})
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from aftraj.config import ConfigError, ModelConfig, check_types, load
+from training.stage1.config import EXPORT_DTYPES
+
+
+@dataclass
+class PrefixesConfig(ModelConfig):
+    # --- run
+    seed: int = 0
+    output_dir: str = "runs/prefixes"
+    logging_steps: int = 1
+
+    # --- model: the top `trainable_layers` decoder layers (and the final norm) train, from the
+    # input of the first of them, computed once for every token (frozen below)
+    trainable_layers: int = 2
+    export_dtype: str = "float32"
+
+    # --- data: TRAIN-split runs; unsafe runs give prefixes 0..k* (k* ALARM, the rest SAFE), safe
+    # runs every prefix (SAFE); prefixes whose chat prompt is longer than max_prompt_tokens are
+    # left out (full renders only: no bounded view), and an unsafe run whose k* prompt is
+    data: str = "builtin:synthetic"
+    synthetic_trajectories: int = 12
+    max_prompt_tokens: int = 1100
+    max_unsafe_runs: int | None = None     # the first N eligible unsafe runs of the split (None: all)
+    max_safe_runs: int | None = None       # likewise for safe runs
+    # held-out rows scored before and after training (the decision log-odds of every prefix,
+    # OUT/heldout.jsonl, and the ALARM-vs-SAFE AUC in data.json): a split of the corpus folder
+    # (`val`), or null
+    heldout_split: str | None = None
+    max_heldout_runs: int | None = None    # per kind (unsafe, safe), like max_unsafe_runs
+    # ALARM rows weigh `alarm_weight` each, SAFE rows 1 ("balanced": total SAFE rows / ALARM rows)
+    alarm_weight: float | str = "balanced"
+
+    # --- optimisation (AdamW, cosine to 0 after `warmup_steps` linear steps)
+    num_epochs: int = 3
+    runs_per_step: int = 4
+    learning_rate: float = 5e-5
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        self.check_model()
+        if self.finetune != "full":
+            raise ConfigError("every-prefix training fine-tunes the top layers fully: 'full'", key="finetune")
+        for k in ("logging_steps", "trainable_layers", "synthetic_trajectories", "max_prompt_tokens",
+                  "num_epochs", "runs_per_step"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"must be an integer >= 1, got {v!r}", key=k)
+        for k in ("max_unsafe_runs", "max_safe_runs", "max_heldout_runs"):
+            v = getattr(self, k)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise ConfigError(f"must be null or an integer >= 0, got {v!r}", key=k)
+        if not (self.alarm_weight == "balanced" or (isinstance(self.alarm_weight, (int, float))
+                                                    and not isinstance(self.alarm_weight, bool)
+                                                    and self.alarm_weight > 0)):
+            raise ConfigError(f"must be 'balanced' or a number > 0, got {self.alarm_weight!r}", key="alarm_weight")
+        if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
+            raise ConfigError(f"must be > 0, got {self.learning_rate!r}", key="learning_rate")
+        if self.export_dtype not in EXPORT_DTYPES:
+            raise ConfigError(f"must be one of {', '.join(EXPORT_DTYPES)}; got {self.export_dtype!r}",
+                              key="export_dtype")
+        if self.attn_implementation not in ("sdpa", "eager"):
+            raise ConfigError("a packed forward needs a mask the attention reads: 'sdpa' or 'eager'",
+                              key="attn_implementation")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def load_prefixes_config(path: str | Path, overrides: dict | None = None) -> PrefixesConfig:
+    return load(PrefixesConfig, path, overrides, what="every-prefix")

@@ -1,0 +1,297 @@
+"""Every-prefix decision training (see the package docstring). One packed forward a run
+(`aftraj.scoring.Pack`): the run's longest prompt once, then each prefix's own suffix tokens
+(~20) as a block that sees the prompt up to its own last step; the head runs at each prefix's
+decision position only. The input of the top `trainable_layers` layers is captured once for every
+packed token (the bottom is frozen), so a step runs those layers only.
+
+    from training.prefixes.trainer import train
+    res = train(load_prefixes_config("configs/prefixes/tiny-cpu.yaml"))
+
+Writes OUT/metrics.jsonl (one line a logged step), OUT/data.json (the rows' counts), OUT/final/
+(the whole model: `AutoModelForCausalLM.from_pretrained`, an `aftraj eval --auditor hf` model).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from aftraj.schema import Trajectory
+from training.prefixes.config import PrefixesConfig
+
+
+@dataclass
+class PrefixRun:
+    """One run's rows: prefix t, its decision tokens (SAFE's, ALARM's: the canonical completions'
+    first divergence), its target (True: ALARM), all in one `Pack`."""
+    traj_id: str
+    ts: list[int]
+    safe_tok: list[int]
+    alarm_tok: list[int]
+    alarm: list[bool]
+    pack: object
+
+    @property
+    def targets(self) -> list[int]:
+        return [a if y else s for s, a, y in zip(self.safe_tok, self.alarm_tok, self.alarm)]
+
+
+def prefix_run(traj: Trajectory, tok, max_prompt_tokens: int) -> PrefixRun | None:
+    """The rows of `traj`: unsafe, prefixes 0..k* (ALARM at k*, the canonical alarm at step t
+    blaming step t's agent, i.e. (k*, a*)); safe, every prefix. A prefix's ids are its chat
+    prompt (a full render, as the hf auditor reads it within its budget) and the canonical
+    completions' common start. Prefixes past max_prompt_tokens are dropped; None when nothing
+    is left, or when an unsafe run's k* is among the dropped."""
+    from aftraj.prompt import render
+    from aftraj.scoring import Pack
+    from aftraj.tokens import chat_prompt_ids
+    from aftraj.verdict import canonical_verdict, norm_agent
+    from eval.probe import decision_ids
+
+    lb = traj.label
+    k = lb.decisive_step if lb.unsafe else None
+    if k is not None and norm_agent(traj.steps[k].agent) != norm_agent(lb.decisive_agent or ""):
+        raise ValueError(f"trajectory {traj.id!r}: label.decisive_agent {lb.decisive_agent!r} is not "
+                         f"step {k}'s agent {traj.steps[k].agent!r}")
+    last = k if k is not None else len(traj.steps) - 1
+    seqs, ts, safe, alarm = [], [], [], []
+    for t in range(last + 1):
+        p = chat_prompt_ids(tok, render(traj, t))
+        if len(p) > max_prompt_tokens:
+            break                                   # prompts only grow with t
+        s, a, d = decision_ids(tok, t, canonical_verdict(t, t, traj.steps[t].agent))
+        seqs.append(p + s[:d])
+        ts.append(t)
+        safe.append(s[d])
+        alarm.append(a[d])
+    if not ts or (k is not None and ts[-1] != k):
+        return None
+    return PrefixRun(traj.id, ts, safe, alarm, [t == k for t in ts], Pack(seqs))
+
+
+def select_runs(trajs: list[Trajectory], tok, cfg: PrefixesConfig, caps: tuple | None = None) -> tuple[list[PrefixRun], dict]:
+    """The eligible runs, unsafe and safe, capped by `max_unsafe_runs` / `max_safe_runs` (`caps`),
+    and their counts. Unsafe runs in the split's order; safe runs the twins of those first (a twin
+    is identical up to k*-1 and differs at k*: the content control), then the rest in order."""
+    from aftraj.boundary import find_twins
+
+    runs, n = [], {"unsafe": 0, "safe": 0, "skipped_long": 0, "twins": 0}
+    cap = dict(zip(("unsafe", "safe"), caps or (cfg.max_unsafe_runs, cfg.max_safe_runs)))
+    twin_of = find_twins(trajs)
+    unsafe = [t for t in trajs if t.label.unsafe]
+    twins = {twin_of[t.id].id for t in unsafe if t.id in twin_of}
+    safe = [t for t in trajs if not t.label.unsafe]
+    safe = [t for t in safe if t.id in twins] + [t for t in safe if t.id not in twins]
+    for traj in unsafe + safe:
+        kind = "unsafe" if traj.label.unsafe else "safe"
+        if cap[kind] is not None and n[kind] >= cap[kind]:
+            continue
+        r = prefix_run(traj, tok, cfg.max_prompt_tokens)
+        if r is None:
+            n["skipped_long"] += 1
+            continue
+        n[kind] += 1
+        n["twins"] += traj.id in twins
+        runs.append(r)
+    rows = sum(len(r.ts) for r in runs)
+    alarms = sum(sum(r.alarm) for r in runs)
+    return runs, {**n, "rows": rows, "alarm_rows": alarms, "safe_rows": rows - alarms,
+                  "packed_tokens": sum(len(r.pack) for r in runs),
+                  "unpacked_tokens": sum(r.pack.pos[i] + 1 for r in runs for i in r.pack.last)}
+
+
+@__import__("torch").no_grad()
+def capture(model, runs: list[PrefixRun], n_top: int, *, progress: bool = False) -> list:
+    """Per run (features (1, N, d) = the input of decoder layer L - n_top for every packed token,
+    the mask, the decision log-odds ALARM − SAFE of the model as it is, one per row)."""
+    import torch
+
+    from aftraj.scoring import packed_logits
+
+    layers = model.model.layers
+    impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
+    seen: list = []
+    hook = layers[len(layers) - n_top].register_forward_pre_hook(
+        lambda _m, a, kw: seen.append((a[0] if a else kw["hidden_states"]).detach().clone()), with_kwargs=True)
+    out, t0 = [], time.perf_counter()
+    try:
+        for r in runs:
+            seen.clear()
+            mask = r.pack.mask(impl, next(model.parameters()).dtype)
+            lp = torch.log_softmax(packed_logits(model, r.pack, mask=mask).float(), -1)
+            idx = torch.arange(len(r.ts))
+            lo = (lp[idx, r.alarm_tok] - lp[idx, r.safe_tok]).tolist()
+            out.append((seen[0], mask, lo))
+            if progress and len(out) % 25 == 0:
+                print(json.dumps({"captured_runs": len(out), "of": len(runs), "s": round(time.perf_counter() - t0, 1)}),
+                      flush=True)
+    finally:
+        hook.remove()
+    return out
+
+
+def auc(pos: list[float], neg: list[float]) -> float | None:
+    """P(a positive scores above a negative), ties half: the rank statistic of ALARM rows' log-odds
+    against SAFE rows' (None without both)."""
+    if not pos or not neg:
+        return None
+    import bisect
+
+    neg = sorted(neg)
+    wins = sum(bisect.bisect_left(neg, v) + 0.5 * (bisect.bisect_right(neg, v) - bisect.bisect_left(neg, v))
+               for v in pos)
+    return wins / (len(pos) * len(neg))
+
+
+def heldout_summary(rows: list[dict], key: str) -> dict:
+    """ALARM-vs-SAFE AUC of `key` over held-out rows, and over agent steps only (a tool result is
+    never the decisive step here)."""
+    agent = [r for r in rows if r["step_agent"] != "environment"]
+    return {"auc": auc([r[key] for r in rows if r["alarm"]], [r[key] for r in rows if not r["alarm"]]),
+            "auc_agent_steps": auc([r[key] for r in agent if r["alarm"]], [r[key] for r in agent if not r["alarm"]])}
+
+
+def _weights(runs: list[PrefixRun], alarm_weight) -> float:
+    rows = sum(len(r.ts) for r in runs)
+    alarms = sum(sum(r.alarm) for r in runs)
+    if alarm_weight == "balanced":
+        return (rows - alarms) / alarms if alarms else 1.0
+    return float(alarm_weight)
+
+
+def _rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+
+
+@dataclass
+class PrefixesResult:
+    output_dir: Path
+    final_dir: Path
+    history: list[dict]
+    data: dict
+
+
+def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
+    import torch
+    import torch.nn.functional as F
+    from transformers import get_cosine_schedule_with_warmup
+
+    from aftraj.scoring import packed_logits
+    from training.common import export_folder, freeze_below, load_model, load_tokenizer, load_training_trajectories
+    from training.models import resolve_model_spec
+    from training.stage1.features import top_layers_only
+
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n", encoding="utf-8")
+    path = resolve_model_spec(cfg.model)
+    tok = load_tokenizer(path)
+    model = load_model(cfg, path)
+    trajs, src = load_training_trajectories(cfg.data, synthetic_n=cfg.synthetic_trajectories, seed=cfg.seed)
+    t0 = time.perf_counter()
+    runs, counts = select_runs(trajs, tok, cfg)
+    if not runs or counts["alarm_rows"] == 0:
+        raise ValueError(f"{src}: no unsafe run has its k* prompt within max_prompt_tokens="
+                         f"{cfg.max_prompt_tokens} ({counts})")
+    w_alarm = _weights(runs, cfg.alarm_weight)
+    held, held_trajs = [], {}
+    if cfg.heldout_split:
+        from aftraj.readers import load_trajectories
+
+        hp = Path(cfg.data) / f"{cfg.heldout_split}.jsonl"
+        if not hp.is_file():
+            raise FileNotFoundError(f"{hp}: heldout_split {cfg.heldout_split!r} needs this file in the corpus folder")
+        hts = load_trajectories(hp, "jsonl")
+        held_trajs = {t.id: t for t in hts}
+        held, hcounts = select_runs(hts, tok, cfg, (cfg.max_heldout_runs, cfg.max_heldout_runs))
+    model.eval()
+    t1 = time.perf_counter()
+    cached = capture(model, runs, cfg.trainable_layers, progress=progress)
+    held_cached = capture(model, held, cfg.trainable_layers, progress=progress)
+    data = {"source": src, **counts, "alarm_weight": w_alarm, "tokenize_s": round(t1 - t0, 1),
+            "capture_s": round(time.perf_counter() - t1, 1),
+            "feature_bytes": sum(f.numel() * f.element_size() for f, _, _ in cached),
+            "peak_rss_gib_after_capture": round(_rss_gib(), 2)}
+    if held:
+        data["heldout"] = {"split": cfg.heldout_split, **hcounts}
+    (out / "data.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    if progress:
+        print(json.dumps({"data": data}), flush=True)
+
+    n_trainable = freeze_below(model, cfg.trainable_layers)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    per_epoch = math.ceil(len(runs) / cfg.runs_per_step)
+    total = per_epoch * cfg.num_epochs
+    sched = get_cosine_schedule_with_warmup(opt, cfg.warmup_steps, total)
+    rng = random.Random(cfg.seed)
+    history, step = [], 0
+    model.train()
+    with (out / "metrics.jsonl").open("w", encoding="utf-8") as log:
+        for epoch in range(cfg.num_epochs):
+            order = list(range(len(runs)))
+            rng.shuffle(order)
+            for s in range(0, len(order), cfg.runs_per_step):
+                t_step = time.perf_counter()
+                batch = order[s:s + cfg.runs_per_step]
+                w_total = sum(len(runs[i].ts) - sum(runs[i].alarm) + w_alarm * sum(runs[i].alarm) for i in batch)
+                loss_sum, lo_a, lo_s = 0.0, [], []
+                for i in batch:
+                    r, (feat, mask, _) = runs[i], cached[i]
+                    with top_layers_only(model, cfg.trainable_layers):
+                        logits = packed_logits(model, r.pack, embeds=feat, mask=mask).float()
+                    ce = F.cross_entropy(logits, torch.tensor(r.targets), reduction="none")
+                    w = torch.tensor([w_alarm if y else 1.0 for y in r.alarm])
+                    loss = (w * ce).sum() / w_total
+                    loss.backward()
+                    loss_sum += float(loss.detach())
+                    with torch.no_grad():
+                        lp = torch.log_softmax(logits, -1)
+                        idx = torch.arange(len(r.ts))
+                        lo = (lp[idx, r.alarm_tok] - lp[idx, r.safe_tok]).tolist()
+                    lo_a += [v for v, y in zip(lo, r.alarm) if y]
+                    lo_s += [v for v, y in zip(lo, r.alarm) if not y]
+                gnorm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+                opt.step()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
+                step += 1
+                rec = {"step": step, "epoch": epoch + (s + len(batch)) / len(order), "loss": round(loss_sum, 5),
+                       "grad_norm": round(gnorm, 4), "lr": sched.get_last_lr()[0],
+                       "log_odds_alarm_rows": round(sum(lo_a) / len(lo_a), 4) if lo_a else None,
+                       "log_odds_safe_rows": round(sum(lo_s) / len(lo_s), 4) if lo_s else None,
+                       "step_s": round(time.perf_counter() - t_step, 3)}
+                history.append(rec)
+                if step % cfg.logging_steps == 0 or step == total:
+                    log.write(json.dumps(rec) + "\n")
+                    log.flush()
+                    if progress:
+                        print(json.dumps(rec), flush=True)
+    model.eval()
+    if held:
+        rows = []
+        with torch.no_grad(), top_layers_only(model, cfg.trainable_layers):
+            for r, (feat, mask, before) in zip(held, held_cached):
+                lp = torch.log_softmax(packed_logits(model, r.pack, embeds=feat, mask=mask).float(), -1)
+                idx = torch.arange(len(r.ts))
+                after = (lp[idx, r.alarm_tok] - lp[idx, r.safe_tok]).tolist()
+                steps = held_trajs[r.traj_id].steps
+                rows += [{"id": r.traj_id, "t": t, "alarm": y, "step_agent": steps[t].agent,
+                          "log_odds_before": round(b, 4), "log_odds_after": round(a, 4)}
+                         for t, y, b, a in zip(r.ts, r.alarm, before, after)]
+        with (out / "heldout.jsonl").open("w", encoding="utf-8") as f:
+            f.writelines(json.dumps(x) + "\n" for x in rows)
+        data["heldout"].update(before=heldout_summary(rows, "log_odds_before"),
+                               after=heldout_summary(rows, "log_odds_after"))
+    final = export_folder(model, tok, out / "final", lora=False, dtype=cfg.export_dtype)
+    summary = {"steps": step, "trainable_parameters": n_trainable, "train_s": round(time.perf_counter() - t1, 1),
+               "peak_rss_gib": round(_rss_gib(), 2)}
+    data.update(summary)
+    (out / "data.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return PrefixesResult(out, final, history, data)
