@@ -41,7 +41,8 @@ import yaml
 from aftraj.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
-MODEL_ROWS = ("raw base", "warmed base", "stage 1", "stage 2", "stage 1 + 2")
+MODEL_ROWS = ("raw base", "warmed base", "stage 1", "stage 2", "stage 1 + 2", "every prefix")
+PREFIXES_FROM = ("warmed base", "stage 1")
 BASELINE_ROWS = ("heuristic:position-prior", "heuristic:length", "rules")
 # (metrics.json key, column title, is a rate)
 COLUMNS = (("exact_f1", "Exact-F1", True), ("step_precision", "Precision", True),
@@ -56,10 +57,19 @@ class AblationConfig:
     corpus_config: str = "configs/corpus/demo-small.yaml"
     model: str = "builtin:smollm2-135m"
     # which trained rows to build and evaluate (the demo skips some to fit its time)
-    model_rows: list = field(default_factory=lambda: list(MODEL_ROWS))
+    model_rows: list = field(default_factory=lambda: list(MODEL_ROWS[:-1]))   # "every prefix" is opt-in
     warmup_config: str = "configs/warmup/smollm2-135m-cpu.yaml"
     stage1_config: str = "configs/stage1/smollm2-135m-cpu.yaml"
     stage2_config: str = "configs/stage2/smollm2-135m-cpu.yaml"
+    # the "every prefix" row (training/prefixes, NOT in the paper): decision training on every
+    # prefix, from the warmed base or from stage 1
+    prefixes_config: str = "configs/prefixes/smollm2-135m-cpu.yaml"
+    prefixes_from: str = "warmed base"
+    prefixes_set: list = field(default_factory=list)
+    # rows whose walks decide at a decision threshold (`aftraj eval --decision-threshold`) tuned on a
+    # val walk of every prefix of `threshold_sample` runs (`aftraj eval tune-threshold`, FAR <= 20 %)
+    threshold_rows: list = field(default_factory=list)
+    threshold_sample: int = 12
     # steps per training phase (None: the phase config's own) and how often a checkpoint is kept
     warmup_steps: int | None = None
     stage1_steps: int | None = None
@@ -94,7 +104,7 @@ class AblationConfig:
     def __post_init__(self) -> None:
         from aftraj.config import ConfigError
 
-        for k in ("heldout_sample", "ww_sample", "max_new_tokens", "eval_batch", "n_boot"):
+        for k in ("heldout_sample", "ww_sample", "max_new_tokens", "eval_batch", "n_boot", "threshold_sample"):
             if not isinstance(getattr(self, k), int) or getattr(self, k) < 1:
                 raise ConfigError(f"must be an integer >= 1, got {getattr(self, k)!r}", key=k)
         if not isinstance(self.probe, bool):
@@ -116,11 +126,17 @@ class AblationConfig:
             raise ConfigError(f"must be a non-empty list of distinct rows among {list(MODEL_ROWS)}, got "
                               f"{self.model_rows!r}", key="model_rows")
         self.model_rows = [r for r in MODEL_ROWS if r in self.model_rows]   # table order
-        for k in ("warmup_set", "stage1_set", "stage2_set"):
+        if self.prefixes_from not in PREFIXES_FROM:
+            raise ConfigError(f"must be one of {list(PREFIXES_FROM)}, got {self.prefixes_from!r}", key="prefixes_from")
+        if not isinstance(self.threshold_rows, list) or any(r not in self.model_rows for r in self.threshold_rows):
+            raise ConfigError(f"must be a list of rows among model_rows {self.model_rows}, got "
+                              f"{self.threshold_rows!r}", key="threshold_rows")
+        for k in ("warmup_set", "stage1_set", "stage2_set", "prefixes_set"):
             v = getattr(self, k)
             if not isinstance(v, list) or not all(isinstance(x, str) and "=" in x for x in v):
                 raise ConfigError(f"must be a list of KEY=VALUE strings, got {v!r}", key=k)
-        for k in ("corpus_config", "warmup_config", "stage1_config", "stage2_config", "rules_policy"):
+        for k in ("corpus_config", "warmup_config", "stage1_config", "stage2_config", "prefixes_config",
+                  "rules_policy"):
             if not (REPO / getattr(self, k)).is_file() and not Path(getattr(self, k)).is_file():
                 raise ConfigError(f"no such file: {getattr(self, k)}", key=k)
 
@@ -282,7 +298,7 @@ class Ablation:
         warmed = self.out / "warmup" / "final"
         rows = c.model_rows
         models = {"raw base": base, "warmed base": warmed}
-        if "stage 1" in rows or "stage 1 + 2" in rows:
+        if "stage 1" in rows or "stage 1 + 2" in rows or ("every prefix" in rows and c.prefixes_from == "stage 1"):
             r.run("stage 1", ["train", "stage1", "--config", c.stage1_config, "--data", str(self.corpus),
                               "--model", str(warmed), "--out", str(self.out / "stage1"), "--no-progress",
                               *_steps_args(c.stage1_steps, c.stage1_save_steps), *_sets(c.stage1_set)],
@@ -302,6 +318,11 @@ class Ablation:
                                   *_steps_args(c.stage12_steps or c.stage2_steps, c.stage2_save_steps),
                                   *_sets(c.stage2_set)], clean=self.out / "stage12")
             models["stage 1 + 2"] = self.select("stage 1 + 2", self.out / "stage12")
+        if "every prefix" in rows:
+            r.run("every prefix", ["train", "prefixes", "--config", c.prefixes_config, "--data", str(self.corpus),
+                                   "--model", str(models[c.prefixes_from]), "--out", str(self.out / "prefixes"),
+                                   "--no-progress", *_sets(c.prefixes_set)], clean=self.out / "prefixes")
+            models["every prefix"] = self.out / "prefixes" / "final"
         models = {k: v for k, v in models.items() if k in rows}
         heldout = self.probe_data() if c.probe or c.linear_probe_rows else None
         lim = ["--max-post-tokens", str(c.probe_max_post_tokens)] if c.probe_max_post_tokens else []
@@ -396,10 +417,28 @@ class Ablation:
         return self.out / "eval" / target / row_slug(row)
 
     def evaluate(self, row: str, model: Path | None = None) -> None:
+        th = self.threshold(row, model) if row in self.cfg.threshold_rows else None
         for target in ("heldout", "ww"):
             d = self.eval_dir(target, row)
             self.r.run(f"eval {target} {row}", ["eval", *self._eval_args(row, target, model),
+                                                *([] if th is None else ["--decision-threshold", str(th)]),
                                                 "--out", str(d)], clean=d)
+
+    def threshold(self, row: str, model: Path) -> float:
+        """The decision threshold of `row`, tuned on a val walk of every prefix (a short completion:
+        the log-odds are read at the decision token): OUT/eval/val/SLUG-threshold/threshold.json."""
+        c = self.cfg
+        d = self.out / "eval" / "val" / f"{row_slug(row)}-threshold"
+        self.r.run(f"val walk {row}", ["eval", "--auditor", "hf", "--model", str(model), "--data", str(self.corpus),
+                                       "--split", "val", "--sample", str(c.threshold_sample), "--sample-seed",
+                                       str(c.seed), "--all-prefixes", "--max-new-tokens", "8", "--max-in-flight",
+                                       str(c.eval_batch), "--n-boot", str(c.n_boot), "--seed", str(c.seed),
+                                       "--no-progress", "--out", str(d)], clean=d)
+        f = d / "threshold.json"
+        if not f.is_file():
+            self.r.run(f"tune threshold {row}", ["eval", "tune-threshold", str(d), "--max-far", "0.2",
+                                                 "--out", str(f)])
+        return float(json.loads(f.read_text())["pick"]["threshold"])
 
     def select(self, row: str, run: Path) -> Path:
         """The checkpoint of `run` with the best Exact-F1 on the validation sample (ties: lower
@@ -483,6 +522,9 @@ class Ablation:
                        "floors_on_test": corpus_stats.get("floors_on_test")},
             "warmup": json.loads(warm.read_text()) if warm.is_file() else None,
             "preferences": stats(self.out / "stage1"),
+            "every_prefix": (json.loads(f.read_text()) if (f := self.out / "prefixes" / "data.json").is_file() else None),
+            "thresholds": {row: json.loads(f.read_text())["pick"] for row in self.cfg.threshold_rows
+                           if (f := self.out / "eval" / "val" / f"{row_slug(row)}-threshold" / "threshold.json").is_file()},
             "selection": selections,
             "probe": self._probe_rows(models),
             "linear_probe": {row: json.loads(f.read_text()) for row in self.cfg.linear_probe_rows

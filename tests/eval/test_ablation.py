@@ -292,3 +292,54 @@ def test_the_driver_runs_its_phases_from_the_repository_root():
 
     assert (ablation.REPO / "pyproject.toml").is_file()
     assert (ablation.REPO / "configs" / "corpus" / "demo-small.yaml").is_file()
+
+
+def test_the_every_prefix_row_trains_from_its_source_and_walks_at_a_val_tuned_threshold(tmp_path, monkeypatch):
+    # the phases' commands, not their work: the every-prefix row trains from the warmed base, its
+    # threshold comes from a val walk of every prefix, and its test and Who&When walks use it
+    cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
+                         {"model_rows": ["warmed base", "every prefix"], "threshold_rows": ["every prefix"],
+                          "threshold_sample": 5, "probe": False, "linear_probe_rows": []})
+    a = ab.Ablation(cfg, tmp_path / "out", echo=False)
+    calls = []
+
+    def fake_run(name, argv, *, clean=None):
+        calls.append((name, argv))
+        if name == "tune threshold every prefix":
+            f = Path(argv[argv.index("--out") + 1])
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(json.dumps({"pick": {"threshold": 2.5}}))
+        return {"phase": name, "wall_s": 0.0}
+    monkeypatch.setattr(a.r, "run", fake_run)
+    monkeypatch.setattr(a, "base_model", lambda: tmp_path / "base")
+    monkeypatch.setattr(a, "write_report", lambda models, wall: models)
+    models = a.run()
+    assert models["every prefix"] == tmp_path / "out" / "prefixes" / "final"
+    by = dict(calls)
+    train = by["every prefix"]
+    assert train[:2] == ["train", "prefixes"] and train[train.index("--model") + 1] == str(tmp_path / "out" / "warmup" / "final")
+    assert "stage 1" not in by                                   # nothing trains that no row needs
+    val = by["val walk every prefix"]
+    assert "--all-prefixes" in val and val[val.index("--split") + 1] == "val" and val[val.index("--sample") + 1] == "5"
+    for target in ("heldout", "ww"):
+        walk = by[f"eval {target} every prefix"]
+        assert walk[walk.index("--decision-threshold") + 1] == "2.5"
+        assert "--decision-threshold" not in by[f"eval {target} warmed base"]   # greedy, as before
+    assert [n for n, _ in calls].index("tune threshold every prefix") < [n for n, _ in calls].index("eval heldout every prefix")
+    with pytest.raises(ConfigError, match="threshold_rows"):
+        ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {"threshold_rows": ["every prefix"]})
+    with pytest.raises(ConfigError, match="prefixes_from"):
+        ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {"prefixes_from": "raw base"})
+    # from stage 1, stage 1 is built first even when it is not a row
+    cfg1 = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
+                          {"model_rows": ["every prefix"], "prefixes_from": "stage 1", "probe": False, "val_sample": 0,
+                           "linear_probe_rows": []})
+    b = ab.Ablation(cfg1, tmp_path / "out1", echo=False)
+    calls.clear()
+    monkeypatch.setattr(b.r, "run", fake_run)
+    monkeypatch.setattr(b, "base_model", lambda: tmp_path / "base")
+    monkeypatch.setattr(b, "write_report", lambda models, wall: models)
+    monkeypatch.setattr(b, "select", lambda row, run: run / "final")
+    b.run()
+    by = dict(calls)
+    assert "stage 1" in by and by["every prefix"][by["every prefix"].index("--model") + 1] == str(tmp_path / "out1" / "stage1" / "final")
