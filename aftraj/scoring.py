@@ -9,6 +9,20 @@ both read. torch is imported when called, so the core package imports without it
 from __future__ import annotations
 
 
+def decision_ids(tok, t: int, alarm) -> tuple[list[int], list[int], int]:
+    """(SAFE ids, ALARM ids, decision position) of the canonical completions on prefix t: the
+    canonical SAFE completion and `alarm` (a Verdict) formatted, and their first divergence."""
+    from aftraj.tokens import completion_ids, first_divergence
+    from aftraj.verdict import canonical_completion, format_completion
+
+    s = completion_ids(tok, canonical_completion(t))[0]
+    a = completion_ids(tok, format_completion(alarm))[0]
+    d = first_divergence(s, a)
+    if d is None:
+        raise ValueError("the SAFE and ALARM completions do not diverge under this tokenizer")
+    return s, a, d
+
+
 def pair_token_logps(model, prompt_ids: list[int], completions: list[list[int]], *, embeds=None) -> list:
     """Per-token log-probs of each completion after one prompt, with no padding mask: the prompt
     runs once (one row, the causal kernel) and its KV cache is shared by the completions, which run

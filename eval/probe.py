@@ -34,7 +34,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from aftraj.schema import Trajectory
-from aftraj.verdict import Verdict, canonical_completion, format_completion
+from aftraj.scoring import decision_ids  # noqa: F401  (the one definition; eval.probe.decision_ids stays a name)
+from aftraj.verdict import Verdict
 
 # A scorer: (prompt messages, t, the ALARM verdict that competes with SAFE) ->
 #   {"decision": log-odds at the decision token, "full": full-sequence margin (optional)}
@@ -45,24 +46,6 @@ def _prompt_ids(tok, messages: list[dict]) -> list[int]:
     from aftraj.tokens import chat_prompt_ids
 
     return chat_prompt_ids(tok, messages)
-
-
-def _completion_ids(tok, text: str) -> list[int]:
-    from aftraj.tokens import completion_ids
-
-    return completion_ids(tok, text)[0]
-
-
-def decision_ids(tok, t: int, alarm: Verdict) -> tuple[list[int], list[int], int]:
-    """(SAFE ids, ALARM ids, decision position) of the canonical completions on prefix t."""
-    from aftraj.tokens import first_divergence
-
-    s = _completion_ids(tok, canonical_completion(t))
-    a = _completion_ids(tok, format_completion(alarm))
-    d = first_divergence(s, a)
-    if d is None:
-        raise ValueError("the SAFE and ALARM completions do not diverge under this tokenizer")
-    return s, a, d
 
 
 def hf_scorer(model, tok, *, full: bool = True) -> Scorer:

@@ -17,6 +17,7 @@ LOADERS = {
     "stage1": ("training.stage1.config", "load_stage1_config"),
     "stage2": ("training.stage2.config", "load_stage2_config"),
     "warmup": ("training.warmup.config", "load_warmup_config"),
+    "prefixes": ("training.prefixes.config", "load_prefixes_config"),
     "ablation": ("aftraj.drivers.ablation", "load_config"),
     "accelerate": ("training.accelerate_config", "check_accelerate_config"),
     "policies": ("aftraj.detectors", "load_policy"),

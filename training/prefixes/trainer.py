@@ -48,10 +48,9 @@ def prefix_run(traj: Trajectory, tok, max_prompt_tokens: int) -> PrefixRun | Non
     completions' common start. Prefixes past max_prompt_tokens are dropped; None when nothing
     is left, or when an unsafe run's k* is among the dropped."""
     from aftraj.prompt import render
-    from aftraj.scoring import Pack
+    from aftraj.scoring import Pack, decision_ids
     from aftraj.tokens import chat_prompt_ids
     from aftraj.verdict import canonical_verdict, norm_agent
-    from eval.probe import decision_ids
 
     lb = traj.label
     k = lb.decisive_step if lb.unsafe else None
