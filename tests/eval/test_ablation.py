@@ -46,8 +46,9 @@ def test_model_rows_keep_the_table_order():
                          {"model_rows": ["stage 1 + 2", "raw base"]})
     assert cfg.model_rows == ["raw base", "stage 1 + 2"]
     # the CPU ablation's ladder (issue 21): the warmed base, stage 1, stage 1 + 2, in table order
-    assert ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml").model_rows == ["warmed base", "stage 1",
-                                                                                     "stage 1 + 2"]
+    cpu = ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml")
+    assert cpu.model_rows == ["warmed base", "stage 1", "stage 1 + 2", "every prefix"]
+    assert cpu.threshold_rows == ["every prefix"] and cpu.prefixes_from == "warmed base"
     assert ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml", {"model_rows": list(reversed(ab.MODEL_ROWS))}
                           ).model_rows == list(ab.MODEL_ROWS)
 

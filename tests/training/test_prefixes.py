@@ -62,25 +62,24 @@ def test_auc():
 
 
 def test_a_run_learns_the_decision_on_every_training_prefix_and_exports(tmp_path, tiny_model_dir):
+    # the overfit check: scored on its own training runs (heldout_split: train), every ALARM row
+    # ends above every SAFE row, which the untrained model does not do
     trajs = synthetic_trajectories(8, seed=0)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     write_jsonl(trajs, corpus / "train.jsonl")
-    write_jsonl(synthetic_trajectories(4, seed=1), corpus / "val.jsonl")
     cfg = load_prefixes_config("configs/prefixes/tiny-cpu.yaml", {
         "model": str(tiny_model_dir), "data": str(corpus), "output_dir": str(tmp_path / "run"),
-        "num_epochs": 30, "learning_rate": 3e-3, "runs_per_step": 8, "heldout_split": "val"})
+        "num_epochs": 30, "learning_rate": 3e-3, "runs_per_step": 8, "heldout_split": "train"})
     res = train(cfg)
     first, last = res.history[0], res.history[-1]
-    # before: no separation; after: every ALARM row above every SAFE row on average, by a margin
     assert abs(first["log_odds_alarm_rows"] - first["log_odds_safe_rows"]) < 0.5
-    assert last["log_odds_alarm_rows"] > 0 > last["log_odds_safe_rows"]
     assert last["log_odds_alarm_rows"] - last["log_odds_safe_rows"] > 1.0 and last["loss"] < first["loss"]
     data = json.loads((tmp_path / "run" / "data.json").read_text())
     assert data["rows"] > data["alarm_rows"] == 6 and data["packed_tokens"] < data["unpacked_tokens"]
-    assert data["heldout"]["unsafe"] >= 1 and data["heldout"]["after"]["auc"] is not None
+    assert data["heldout"]["before"]["auc"] < 0.9 and data["heldout"]["after"]["auc"] == 1.0
     rows = [json.loads(x) for x in (tmp_path / "run" / "heldout.jsonl").read_text().splitlines()]
-    assert {"log_odds_before", "log_odds_after", "step_agent"} <= set(rows[0])
+    assert len(rows) == data["rows"] and {"log_odds_before", "log_odds_after", "step_agent"} <= set(rows[0])
     # the export is a whole model the hf auditor loads, with the trained top layer
     from transformers import AutoModelForCausalLM
 
