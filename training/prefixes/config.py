@@ -28,7 +28,7 @@ class PrefixesConfig(ModelConfig):
 
     # --- data: TRAIN-split runs; unsafe runs give prefixes 0..k* (k* ALARM, the rest SAFE), safe
     # runs every prefix (SAFE); prefixes whose chat prompt is longer than max_prompt_tokens are
-    # left out (full renders only: no bounded view), and an unsafe run whose k* prompt is
+    # left out (full renders only: no bounded view), and so is an unsafe run whose k* prompt is longer
     data: str = "builtin:synthetic"
     synthetic_trajectories: int = 12
     max_prompt_tokens: int = 1100
