@@ -48,8 +48,7 @@ def main() -> None:
             break
 
     def log_odds(lg, r):
-        lp = torch.log_softmax(lg.float(), -1)
-        return lp[range(len(r.ts)), r.alarm_tok] - lp[range(len(r.ts)), r.safe_tok]
+        return torch.tensor(r.log_odds(lg))
 
     def packed():
         return [log_odds(packed_logits(model, r.pack), r) for r in runs]

@@ -90,6 +90,15 @@ def test_a_run_learns_the_decision_on_every_training_prefix_and_exports(tmp_path
     assert torch.equal(after.model.layers[0].mlp.up_proj.weight, before.model.layers[0].mlp.up_proj.weight)
 
 
+def test_a_cap_that_leaves_no_unsafe_run_is_a_usage_error_naming_it(tmp_path, tiny_model_dir):
+    from aftraj.errors import UsageError
+
+    cfg = load_prefixes_config("configs/prefixes/tiny-cpu.yaml", {
+        "model": str(tiny_model_dir), "output_dir": str(tmp_path / "run"), "max_prompt_tokens": 10})
+    with pytest.raises(UsageError, match="max_prompt_tokens=10"):
+        train(cfg)
+
+
 @pytest.mark.parametrize("over, key", [({"finetune": "lora"}, "finetune"), ({"alarm_weight": "more"}, "alarm_weight"),
                                        ({"attn_implementation": "flash_attention_2"}, "attn_implementation"),
                                        ({"max_safe_runs": -1}, "max_safe_runs")])

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from aftraj.errors import UsageError
 from aftraj.schema import Trajectory
 from training.prefixes.config import PrefixesConfig
 
@@ -35,6 +36,14 @@ class PrefixRun:
     alarm_tok: list[int]
     alarm: list[bool]
     pack: object
+
+    def log_odds(self, logits) -> list[float]:
+        """log p(ALARM) − log p(SAFE) at each row's decision token, from its (rows, vocab) logits."""
+        import torch
+
+        lp = torch.log_softmax(logits.detach().float(), -1)
+        idx = torch.arange(len(self.ts))
+        return (lp[idx, self.alarm_tok] - lp[idx, self.safe_tok]).tolist()
 
     @property
     def targets(self) -> list[int]:
@@ -55,7 +64,7 @@ def prefix_run(traj: Trajectory, tok, max_prompt_tokens: int) -> PrefixRun | Non
     lb = traj.label
     k = lb.decisive_step if lb.unsafe else None
     if k is not None and norm_agent(traj.steps[k].agent) != norm_agent(lb.decisive_agent or ""):
-        raise ValueError(f"trajectory {traj.id!r}: label.decisive_agent {lb.decisive_agent!r} is not "
+        raise UsageError(f"trajectory {traj.id!r}: label.decisive_agent {lb.decisive_agent!r} is not "
                          f"step {k}'s agent {traj.steps[k].agent!r}")
     last = k if k is not None else len(traj.steps) - 1
     seqs, ts, safe, alarm = [], [], [], []
@@ -104,7 +113,6 @@ def select_runs(trajs: list[Trajectory], tok, cfg: PrefixesConfig, caps: tuple |
                   "unpacked_tokens": sum(r.pack.pos[i] + 1 for r in runs for i in r.pack.last)}
 
 
-@__import__("torch").no_grad()
 def capture(model, runs: list[PrefixRun], n_top: int, *, progress: bool = False) -> list:
     """Per run (features (1, N, d) = the input of decoder layer L - n_top for every packed token,
     the mask, the decision log-odds ALARM − SAFE of the model as it is, one per row)."""
@@ -122,9 +130,8 @@ def capture(model, runs: list[PrefixRun], n_top: int, *, progress: bool = False)
         for r in runs:
             seen.clear()
             mask = r.pack.mask(impl, next(model.parameters()).dtype)
-            lp = torch.log_softmax(packed_logits(model, r.pack, mask=mask).float(), -1)
-            idx = torch.arange(len(r.ts))
-            lo = (lp[idx, r.alarm_tok] - lp[idx, r.safe_tok]).tolist()
+            with torch.no_grad():
+                lo = r.log_odds(packed_logits(model, r.pack, mask=mask))
             out.append((seen[0], mask, lo))
             if progress and len(out) % 25 == 0:
                 print(json.dumps({"captured_runs": len(out), "of": len(runs), "s": round(time.perf_counter() - t0, 1)}),
@@ -196,7 +203,7 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
     t0 = time.perf_counter()
     runs, counts = select_runs(trajs, tok, cfg)
     if not runs or counts["alarm_rows"] == 0:
-        raise ValueError(f"{src}: no unsafe run has its k* prompt within max_prompt_tokens="
+        raise UsageError(f"{src}: no unsafe run has its k* prompt within max_prompt_tokens="
                          f"{cfg.max_prompt_tokens} ({counts})")
     w_alarm = _weights(runs, cfg.alarm_weight)
     held, held_trajs = [], {}
@@ -251,9 +258,7 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
                     loss.backward()
                     loss_sum += float(loss.detach())
                     with torch.no_grad():
-                        lp = torch.log_softmax(logits, -1)
-                        idx = torch.arange(len(r.ts))
-                        lo = (lp[idx, r.alarm_tok] - lp[idx, r.safe_tok]).tolist()
+                        lo = r.log_odds(logits)
                     lo_a += [v for v, y in zip(lo, r.alarm) if y]
                     lo_s += [v for v, y in zip(lo, r.alarm) if not y]
                 gnorm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
@@ -277,9 +282,7 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
         rows = []
         with torch.no_grad(), top_layers_only(model, cfg.trainable_layers):
             for r, (feat, mask, before) in zip(held, held_cached):
-                lp = torch.log_softmax(packed_logits(model, r.pack, embeds=feat, mask=mask).float(), -1)
-                idx = torch.arange(len(r.ts))
-                after = (lp[idx, r.alarm_tok] - lp[idx, r.safe_tok]).tolist()
+                after = r.log_odds(packed_logits(model, r.pack, embeds=feat, mask=mask))
                 steps = held_trajs[r.traj_id].steps
                 rows += [{"id": r.traj_id, "t": t, "alarm": y, "step_agent": steps[t].agent,
                           "log_odds_before": round(b, 4), "log_odds_after": round(a, 4)}
