@@ -99,9 +99,31 @@ def test_a_cap_that_leaves_no_unsafe_run_is_a_usage_error_naming_it(tmp_path, ti
         train(cfg)
 
 
+def test_safe_runs_have_their_own_prompt_cap(tiny_tokenizer):
+    """max_safe_prompt_tokens lets a safe run train the late prefixes a walk reads, while the
+    unsafe runs keep max_prompt_tokens."""
+    trajs = synthetic_trajectories(12, seed=0)
+    full = {r.traj_id: r for r in select_runs(trajs, tiny_tokenizer, load_prefixes_config(
+        "configs/prefixes/tiny-cpu.yaml", {"max_prompt_tokens": 4096}))[0]}
+    safe = next(r for r in full.values() if not any(r.alarm) and len(r.ts) >= 3)
+    unsafe = next(r for r in full.values() if any(r.alarm) and len(r.ts) >= 2)
+    cap = safe.pack.pos[safe.pack.last[1]] + 1          # room for the safe run's first two prefixes
+    n_unsafe = unsafe.pack.pos[unsafe.pack.last[-1]] + 1
+    over = {"max_prompt_tokens": max(cap, n_unsafe), "max_safe_prompt_tokens": cap}
+    runs = {r.traj_id: r for r in select_runs(trajs, tiny_tokenizer, load_prefixes_config(
+        "configs/prefixes/tiny-cpu.yaml", over))[0]}
+    assert runs[safe.traj_id].ts == safe.ts[:2]
+    assert runs[unsafe.traj_id].ts == unsafe.ts
+    over["max_safe_prompt_tokens"] = 4096
+    runs = {r.traj_id: r for r in select_runs(trajs, tiny_tokenizer, load_prefixes_config(
+        "configs/prefixes/tiny-cpu.yaml", over))[0]}
+    assert runs[safe.traj_id].ts == safe.ts
+
+
 @pytest.mark.parametrize("over, key", [({"finetune": "lora"}, "finetune"), ({"alarm_weight": "more"}, "alarm_weight"),
                                        ({"attn_implementation": "flash_attention_2"}, "attn_implementation"),
-                                       ({"max_safe_runs": -1}, "max_safe_runs")])
+                                       ({"max_safe_runs": -1}, "max_safe_runs"),
+                                       ({"max_safe_prompt_tokens": 0}, "max_safe_prompt_tokens")])
 def test_bad_configs_name_the_key(over, key):
     from aftraj.config import ConfigError
 

@@ -32,6 +32,11 @@ class PrefixesConfig(ModelConfig):
     data: str = "builtin:synthetic"
     synthetic_trajectories: int = 12
     max_prompt_tokens: int = 1100
+    # the cap for SAFE runs' prefixes (null: max_prompt_tokens). A walk reads a safe run to its
+    # last step (median ~2,000 SmolLM2 tokens on the 2k scripted build, where only 7 of 805 train
+    # safe runs end within 1,100): a safe run cut at the unsafe runs' cap never trains the late
+    # prefixes a walk reads last
+    max_safe_prompt_tokens: int | None = None
     max_unsafe_runs: int | None = None     # the first N eligible unsafe runs of the split (None: all)
     max_safe_runs: int | None = None       # likewise for safe runs
     # held-out rows scored before and after training (the decision log-odds of every prefix,
@@ -60,6 +65,11 @@ class PrefixesConfig(ModelConfig):
             v = getattr(self, k)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"must be an integer >= 1, got {v!r}", key=k)
+        if self.max_safe_prompt_tokens is not None and (not isinstance(self.max_safe_prompt_tokens, int)
+                                                        or isinstance(self.max_safe_prompt_tokens, bool)
+                                                        or self.max_safe_prompt_tokens < 1):
+            raise ConfigError(f"must be null or an integer >= 1, got {self.max_safe_prompt_tokens!r}",
+                              key="max_safe_prompt_tokens")
         for k in ("max_unsafe_runs", "max_safe_runs", "max_heldout_runs"):
             v = getattr(self, k)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
@@ -76,6 +86,12 @@ class PrefixesConfig(ModelConfig):
         if self.attn_implementation not in ("sdpa", "eager"):
             raise ConfigError("a packed forward needs a mask the attention reads: 'sdpa' or 'eager'",
                               key="attn_implementation")
+
+    def prompt_cap(self, unsafe: bool) -> int:
+        """The prompt cap of an unsafe run's prefixes, or of a safe run's."""
+        if unsafe or self.max_safe_prompt_tokens is None:
+            return self.max_prompt_tokens
+        return self.max_safe_prompt_tokens
 
     def to_dict(self) -> dict:
         return asdict(self)

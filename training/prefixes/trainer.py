@@ -99,7 +99,7 @@ def select_runs(trajs: list[Trajectory], tok, cfg: PrefixesConfig, caps: tuple |
         kind = "unsafe" if traj.label.unsafe else "safe"
         if cap[kind] is not None and n[kind] >= cap[kind]:
             continue
-        r = prefix_run(traj, tok, cfg.max_prompt_tokens)
+        r = prefix_run(traj, tok, cfg.prompt_cap(traj.label.unsafe))
         if r is None:
             n["skipped_long"] += 1
             continue
