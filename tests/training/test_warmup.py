@@ -66,7 +66,8 @@ def test_targets_parse_and_mix_alarm_and_safe():
 @pytest.mark.parametrize("key,bad,good", [("alarm_fraction", 1.01, 1.0), ("alarm_fraction", -0.01, 0.0),
                                           ("max_steps", 0, 1), ("batch_size", 0, 1),
                                           ("parse_check_prompts", -1, 0), ("learning_rate", 0.0, 1e-6),
-                                          ("finetune", "half", "full"), ("mixed_precision", "bf16", "no")])
+                                          ("finetune", "half", "full"), ("mixed_precision", "fp16", "no"),
+                                          ("mixed_precision", "fp16", "auto")])
 def test_config_bounds(key, bad, good):
     with pytest.raises(ConfigError, match=key):
         WarmupConfig(**{key: bad})
@@ -95,6 +96,31 @@ def test_two_steps_on_tiny_model_give_a_loadable_full_model(tiny_model_dir, tmp_
     assert saved == stats and saved["steps"] == 2 and saved["n"] == 2
     assert saved["loss_first"] == saved["loss_first"] and saved["loss_last"] < saved["loss_first"] + 1.0
     assert 0.0 <= saved["parse_rate"] <= 1.0
+
+
+def test_bf16_autocast_trains_in_bf16_and_exports_float32(tiny_model_dir, tmp_path, monkeypatch):
+    """mixed_precision: bf16 runs the warm-up's forward under CPU bf16 autocast (float32 weights),
+    and the exported model is the config's export dtype."""
+    import torch
+
+    from eval.auditors.hf import load_model
+    from training.warmup import trainer
+
+    seen = []
+    real = trainer.completion_loss
+
+    def spy(model, batch, device):
+        seen.append(torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+        return real(model, batch, device)
+
+    monkeypatch.setattr(trainer, "completion_loss", spy)
+    cfg = load_warmup_config(CONFIGS / "warmup" / "tiny-cpu.yaml",
+                             {"model": str(tiny_model_dir), "output_dir": str(tmp_path / "run"),
+                              "mixed_precision": "bf16", "parse_check_prompts": 0})
+    stats = trainer.warmup(cfg, progress=False)
+    assert seen and all(seen) and stats["loss_first"] == stats["loss_first"]
+    model, _ = load_model(tmp_path / "run" / "final")
+    assert next(model.parameters()).dtype == torch.float32
 
 
 def test_completion_loss_matches_the_masked_full_sequence_loss(tiny_model_dir):

@@ -48,7 +48,10 @@ class WarmupConfig(ModelConfig):
     parse_check_prompts: int = 32
     parse_check_max_new_tokens: int = 128
 
-    # --- what stage 1's accelerate set-up reads (one process, no mixed precision)
+    # --- what stage 1's accelerate set-up reads (one process). mixed_precision: "no" (float32),
+    # "bf16" (autocast: float32 weights and gradients, bf16 matmuls) or "auto" (bf16 where the
+    # device computes it natively, e.g. a CPU with AVX512-BF16: x1.5 a 2,000-token example,
+    # benchmarks/warmup_step.py; else "no")
     mixed_precision: str = "no"
     process_group_timeout_minutes: int = 30
     report_to: list[str] = field(default_factory=list)
@@ -71,8 +74,8 @@ class WarmupConfig(ModelConfig):
         if self.export_dtype not in EXPORT_DTYPES:
             raise ConfigError(f"must be one of {', '.join(EXPORT_DTYPES)}; got {self.export_dtype!r}",
                               key="export_dtype")
-        if self.mixed_precision != "no":
-            raise ConfigError("the warm-up runs in one process without mixed precision: 'no'",
+        if self.mixed_precision not in ("no", "bf16", "auto"):
+            raise ConfigError(f"must be 'no', 'bf16' or 'auto', got {self.mixed_precision!r}",
                               key="mixed_precision")
 
     def to_dict(self) -> dict:

@@ -158,7 +158,8 @@ def warmup(cfg: WarmupConfig, *, progress: bool = True) -> dict:
         n_tok = sum(len(c) for _, c in chunk)
         loss = 0.0
         for item in chunk:   # one example at a time: a padded batch makes CPU SDPA keep a dense
-            part = completion_loss(model, _batch([item], pad_id), acc.device) * len(item[1]) / n_tok
+            with acc.autocast():   # mixed_precision bf16: CPU/GPU bf16 autocast, float32 weights
+                part = completion_loss(model, _batch([item], pad_id), acc.device) * len(item[1]) / n_tok
             acc.backward(part)   # attention matrix per layer (16 GiB for 4 x 2,000 tokens)
             loss += float(part.detach())
         acc.clip_grad_norm_(params, cfg.max_grad_norm)
