@@ -16,6 +16,7 @@ auditor's `--decision-threshold` on a validation walk with `--all-prefixes` (a s
     aftraj eval compare runs/ww-random runs/ww-rules --out runs/compare
     aftraj eval --auditor hf --model M --data runs/aftraj-2k --split val --all-prefixes --max-new-tokens 8 --out runs/val-M
     aftraj eval tune-threshold runs/val-M --max-far 0.2        # prints the threshold for --decision-threshold
+    aftraj eval tune-threshold runs/prefixes                   # an every-prefix run's held-out val rows
     aftraj eval --auditor hf --model runs/stage1/final --data heldout.jsonl --out runs/eval-hf --update-model-card
     aftraj eval --auditor openai --endpoint http://127.0.0.1:8000/v1 --api-model auditor \
         --data who_and_when --out runs/ww-vllm
@@ -42,7 +43,9 @@ def register(sub) -> None:
                                                   "--all-prefixes: the best Exact-F1 within a FAR bound "
                                                   "(eval.metrics.pick_threshold)")
     t.add_argument("run", metavar="RUN_DIR", help="a folder written by `aftraj eval --all-prefixes` on a "
-                                                  "validation split (never the test split)")
+                                                  "validation split (never the test split), or an "
+                                                  "`aftraj train prefixes` run with heldout_split: val "
+                                                  "(its held-out rows, RUN/heldout.jsonl)")
     t.add_argument("--key", choices=("decision_log_odds", "confidence"), default="decision_log_odds",
                    help="decision_log_odds (default; then `--decision-threshold`) or confidence (P(UNSAFE))")
     t.add_argument("--max-far", type=float, default=0.2, help="the FAR bound (default 0.2, the deployable region)")
@@ -135,15 +138,14 @@ def run_tune_threshold(args) -> int:
     if not 0 <= args.max_far <= 1:
         raise UsageError(f"--max-far must be in [0, 1], got {args.max_far}")
     path = Path(args.run) / "predictions.jsonl"
-    if not path.is_file():
-        raise UsageError(f"{path}: no such file (RUN_DIR is a folder written by `aftraj eval`)")
-    preds = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if line.strip():
-            try:
-                preds.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise UsageError(f"{path}:{i}: not JSON ({e.msg})") from None
+    control = None
+    if not path.is_file() and (Path(args.run) / "heldout.jsonl").is_file():
+        path, preds, control = _heldout_rows(Path(args.run), args.key)
+    elif not path.is_file():
+        raise UsageError(f"{path}: no such file (RUN_DIR is a folder written by `aftraj eval`, or an "
+                         f"`aftraj train prefixes` run with a heldout_split)")
+    else:
+        preds = _read_jsonl(path)
     sweep = threshold_sweep(preds, key=args.key)
     if sweep is None:
         raise UsageError(f"{path}: no {args.key} on every prefix; walk the tune split with --all-prefixes "
@@ -154,11 +156,65 @@ def run_tune_threshold(args) -> int:
     within = pick["far"] is None or pick["far"] <= args.max_far
     print(f"threshold {pick['threshold']}: Exact-F1 {pick['exact_f1']}, FAR {pick['far']}, Step-Acc "
           f"{pick['step_acc']} on {len(preds)} runs" + ("" if within else f" (no threshold reaches FAR <= {args.max_far})"))
+    if control is not None:
+        def share(b: dict) -> str:
+            return "n/a" if b["share"] is None else f"{b['share']:.3f} {[round(x, 3) for x in b['ci']]}"
+        after, before = control["after"]["post_beats_twin"], control["before"]["post_beats_twin"]
+        print(f"post beats twin on {after['n']} held-out pairs: {share(after)} (before training: {share(before)}; "
+              f"a content-blind model: 0.5)")
     if args.out:
         Path(args.out).write_text(json.dumps({"key": args.key, "max_far": args.max_far, "run": str(args.run),
                                               "n_runs": len(preds), "pick": pick, "within_far": within,
+                                              **({} if control is None else {"heldout_rows": control}),
                                               "sweep": sweep}, indent=2) + "\n")
     return 0
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    import json
+
+    out = []
+    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise UsageError(f"{path}:{i}: not JSON ({e.msg})") from None
+    return out
+
+
+def _heldout_rows(run: Path, key: str) -> tuple[Path, list[dict], dict]:
+    """An every-prefix run's held-out rows (RUN/heldout.jsonl: the decision log-odds at every
+    held-out prefix, before and after training) as walk records of the trained model on its held-out
+    split (read from the run's config.json), and the post-vs-twin control before and after
+    (eval/prefix_rows.py)."""
+    import json
+
+    from aftraj.readers import load_trajectories
+    from eval.prefix_rows import heldout_traces, heldout_twins
+
+    if key != "decision_log_odds":
+        raise UsageError(f"{run}: an every-prefix run's held-out rows hold decision log-odds only (--key {key})")
+    cfg_file = run / "config.json"
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+        if not isinstance(cfg["heldout_split"], str):
+            raise TypeError(f"heldout_split is {cfg['heldout_split']!r}: the run scored no held-out rows")
+        data = Path(cfg["data"]) / f"{cfg['heldout_split']}.jsonl"
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise UsageError(f"{cfg_file}: not an `aftraj train prefixes` run's config with data and "
+                         f"heldout_split ({e})") from None
+    if not data.is_file():
+        raise UsageError(f"{data}: the run's held-out split ({cfg_file}: data, heldout_split) is not there")
+    path = run / "heldout.jsonl"
+    rows = _read_jsonl(path)
+    trajs = {t.id: t for t in load_trajectories(data, "jsonl")}
+    try:
+        preds = heldout_traces(rows, trajs, "log_odds_after")
+        control = {k: heldout_twins(rows, trajs, f"log_odds_{k}") for k in ("before", "after")}
+    except (ValueError, KeyError) as e:
+        raise UsageError(f"{path}: {e}") from None
+    return path, preds, control
 
 
 def run(args) -> int:

@@ -43,6 +43,7 @@ from aftraj.errors import UsageError
 REPO = Path(__file__).resolve().parents[2]
 MODEL_ROWS = ("raw base", "warmed base", "stage 1", "stage 2", "stage 1 + 2", "every prefix")
 PREFIXES_FROM = ("warmed base", "stage 1")
+THRESHOLD_FROM = ("val walk", "heldout rows")
 BASELINE_ROWS = ("heuristic:position-prior", "heuristic:length", "rules")
 # (metrics.json key, column title, is a rate)
 COLUMNS = (("exact_f1", "Exact-F1", True), ("step_precision", "Precision", True),
@@ -66,9 +67,12 @@ class AblationConfig:
     prefixes_config: str = "configs/prefixes/smollm2-135m-cpu.yaml"
     prefixes_from: str = "warmed base"
     prefixes_set: list = field(default_factory=list)
-    # rows whose walks decide at a decision threshold (`aftraj eval --decision-threshold`) tuned on a
-    # val walk of every prefix of `threshold_sample` runs (`aftraj eval tune-threshold`, FAR <= 20 %)
+    # rows whose walks decide at a decision threshold (`aftraj eval --decision-threshold`) tuned by
+    # `aftraj eval tune-threshold` (FAR <= 20 %) on val: "val walk", a walk of every prefix of
+    # `threshold_sample` val runs; "heldout rows", the "every prefix" row only, on its training run's
+    # held-out val rows (prefixes_set: heldout_split=val; free: they are scored as it trains)
     threshold_rows: list = field(default_factory=list)
+    threshold_from: str = "val walk"
     threshold_sample: int = 12
     # steps per training phase (None: the phase config's own) and how often a checkpoint is kept
     warmup_steps: int | None = None
@@ -131,6 +135,12 @@ class AblationConfig:
         if not isinstance(self.threshold_rows, list) or any(r not in self.model_rows for r in self.threshold_rows):
             raise ConfigError(f"must be a list of rows among model_rows {self.model_rows}, got "
                               f"{self.threshold_rows!r}", key="threshold_rows")
+        if self.threshold_from not in THRESHOLD_FROM:
+            raise ConfigError(f"must be one of {list(THRESHOLD_FROM)}, got {self.threshold_from!r}",
+                              key="threshold_from")
+        if self.threshold_from == "heldout rows" and any(r != "every prefix" for r in self.threshold_rows):
+            raise ConfigError("held-out rows are the every-prefix run's only: threshold_rows must be "
+                              f"['every prefix'] or [], got {self.threshold_rows!r}", key="threshold_from")
         for k in ("warmup_set", "stage1_set", "stage2_set", "prefixes_set"):
             v = getattr(self, k)
             if not isinstance(v, list) or not all(isinstance(x, str) and "=" in x for x in v):
@@ -425,18 +435,24 @@ class Ablation:
                                                 "--out", str(d)], clean=d)
 
     def threshold(self, row: str, model: Path) -> float:
-        """The decision threshold of `row`, tuned on a val walk of every prefix (a short completion:
-        the log-odds are read at the decision token): OUT/eval/val/SLUG-threshold/threshold.json."""
+        """The decision threshold of `row`, tuned on val (`threshold_from`): a walk of every prefix
+        (a short completion: the log-odds are read at the decision token), or the every-prefix
+        run's held-out rows: OUT/eval/val/SLUG-threshold/threshold.json."""
         c = self.cfg
         d = self.out / "eval" / "val" / f"{row_slug(row)}-threshold"
-        self.r.run(f"val walk {row}", ["eval", "--auditor", "hf", "--model", str(model), "--data", str(self.corpus),
-                                       "--split", "val", "--sample", str(c.threshold_sample), "--sample-seed",
-                                       str(c.seed), "--all-prefixes", "--max-new-tokens", "8", "--max-in-flight",
-                                       str(c.eval_batch), "--n-boot", str(c.n_boot), "--seed", str(c.seed),
-                                       "--no-progress", "--out", str(d)], clean=d)
+        if c.threshold_from == "heldout rows":
+            src = self.out / "prefixes"
+            d.mkdir(parents=True, exist_ok=True)
+        else:
+            src = d
+            self.r.run(f"val walk {row}", ["eval", "--auditor", "hf", "--model", str(model), "--data",
+                                           str(self.corpus), "--split", "val", "--sample", str(c.threshold_sample),
+                                           "--sample-seed", str(c.seed), "--all-prefixes", "--max-new-tokens", "8",
+                                           "--max-in-flight", str(c.eval_batch), "--n-boot", str(c.n_boot),
+                                           "--seed", str(c.seed), "--no-progress", "--out", str(d)], clean=d)
         f = d / "threshold.json"
         if not f.is_file():
-            self.r.run(f"tune threshold {row}", ["eval", "tune-threshold", str(d), "--max-far", "0.2",
+            self.r.run(f"tune threshold {row}", ["eval", "tune-threshold", str(src), "--max-far", "0.2",
                                                  "--out", str(f)])
         return float(json.loads(f.read_text())["pick"]["threshold"])
 

@@ -344,3 +344,35 @@ def test_the_every_prefix_row_trains_from_its_source_and_walks_at_a_val_tuned_th
     b.run()
     by = dict(calls)
     assert "stage 1" in by and by["every prefix"][by["every prefix"].index("--model") + 1] == str(tmp_path / "out1" / "stage1" / "final")
+
+
+def test_the_every_prefix_threshold_can_come_from_its_heldout_rows(tmp_path, monkeypatch):
+    # threshold_from: heldout rows: no val walk; `aftraj eval tune-threshold` reads the every-prefix
+    # run folder (its held-out val rows), and the walks use what it picks
+    cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
+                         {"model_rows": ["warmed base", "every prefix"], "threshold_rows": ["every prefix"],
+                          "threshold_from": "heldout rows", "probe": False, "linear_probe_rows": []})
+    a = ab.Ablation(cfg, tmp_path / "out", echo=False)
+    calls = []
+
+    def fake_run(name, argv, *, clean=None):
+        calls.append((name, argv))
+        if name == "tune threshold every prefix":
+            Path(argv[argv.index("--out") + 1]).write_text(json.dumps({"pick": {"threshold": 1.25}}))
+        return {"phase": name, "wall_s": 0.0}
+    monkeypatch.setattr(a.r, "run", fake_run)
+    monkeypatch.setattr(a, "base_model", lambda: tmp_path / "base")
+    monkeypatch.setattr(a, "write_report", lambda models, wall: models)
+    a.run()
+    by = dict(calls)
+    assert "val walk every prefix" not in by
+    assert by["tune threshold every prefix"][:3] == ["eval", "tune-threshold", str(tmp_path / "out" / "prefixes")]
+    for target in ("heldout", "ww"):
+        walk = by[f"eval {target} every prefix"]
+        assert walk[walk.index("--decision-threshold") + 1] == "1.25"
+    with pytest.raises(ConfigError, match="threshold_from"):
+        ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {"threshold_from": "test walk"})
+    with pytest.raises(ConfigError, match="threshold_from"):
+        ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
+                       {"model_rows": ["stage 1", "every prefix"], "threshold_rows": ["stage 1"],
+                        "threshold_from": "heldout rows"})

@@ -7,8 +7,11 @@ packed token (the bottom is frozen), so a step runs those layers only.
     from training.prefixes.trainer import train
     res = train(load_prefixes_config("configs/prefixes/tiny-cpu.yaml"))
 
-Writes OUT/metrics.jsonl (one line a logged step), OUT/data.json (the rows' counts), OUT/final/
-(the whole model: `AutoModelForCausalLM.from_pretrained`, an `aftraj eval --auditor hf` model).
+Writes OUT/metrics.jsonl (one line a logged step), OUT/data.json (the rows' counts; with a
+`heldout_split`, the held-out rows' AUC before and after training), OUT/heldout.jsonl (every
+held-out row's log-odds: `aftraj eval tune-threshold OUT` picks the walk threshold on them and
+measures post vs twin), OUT/final/ (the whole model: `AutoModelForCausalLM.from_pretrained`, an
+`aftraj eval --auditor hf` model).
 """
 
 from __future__ import annotations
@@ -156,7 +159,8 @@ def auc(pos: list[float], neg: list[float]) -> float | None:
 
 def heldout_summary(rows: list[dict], key: str) -> dict:
     """ALARM-vs-SAFE AUC of `key` over held-out rows, and over agent steps only (a tool result is
-    never the decisive step here)."""
+    never the decisive step here). The walk threshold the rows pick and the post-vs-twin control:
+    `aftraj eval tune-threshold RUN` (eval/prefix_rows.py)."""
     agent = [r for r in rows if r["step_agent"] != "environment"]
     return {"auc": auc([r[key] for r in rows if r["alarm"]], [r[key] for r in rows if not r["alarm"]]),
             "auc_agent_steps": auc([r[key] for r in agent if r["alarm"]], [r[key] for r in agent if not r["alarm"]])}
