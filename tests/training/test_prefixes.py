@@ -78,6 +78,7 @@ def test_a_run_learns_the_decision_on_every_training_prefix_and_exports(tmp_path
     data = json.loads((tmp_path / "run" / "data.json").read_text())
     assert data["rows"] > data["alarm_rows"] == 6 and data["packed_tokens"] < data["unpacked_tokens"]
     assert data["heldout"]["before"]["auc"] < 0.6 and data["heldout"]["after"]["auc"] > 0.9
+    assert data["device"] == ("cuda" if torch.cuda.is_available() else "cpu")   # a GPU where there is one
     rows = [json.loads(x) for x in (tmp_path / "run" / "heldout.jsonl").read_text().splitlines()]
     assert len(rows) == data["rows"] and {"log_odds_before", "log_odds_after", "step_agent"} <= set(rows[0])
     # the export is a whole model the hf auditor loads, with the trained top layer
@@ -88,6 +89,26 @@ def test_a_run_learns_the_decision_on_every_training_prefix_and_exports(tmp_path
     top = len(after.model.layers) - 1
     assert not torch.equal(after.model.layers[top].mlp.up_proj.weight, before.model.layers[top].mlp.up_proj.weight)
     assert torch.equal(after.model.layers[0].mlp.up_proj.weight, before.model.layers[0].mlp.up_proj.weight)
+
+
+@pytest.mark.gpu
+def test_a_run_learns_on_a_gpu(tmp_path, tiny_model_dir):
+    """The overfit check on CUDA: features, masks and targets on the GPU (no device mix-up), the
+    same learning as on the CPU, the export loads on the CPU."""
+    assert torch.cuda.is_available(), "the gpu marker needs a CUDA GPU"
+    trajs = synthetic_trajectories(8, seed=0)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_jsonl(trajs, corpus / "train.jsonl")
+    cfg = load_prefixes_config("configs/prefixes/tiny-cpu.yaml", {
+        "model": str(tiny_model_dir), "data": str(corpus), "output_dir": str(tmp_path / "run"),
+        "num_epochs": 30, "learning_rate": 3e-3, "runs_per_step": 8, "heldout_split": "train"})
+    res = train(cfg)
+    assert res.data["device"] == "cuda" and res.data["peak_gpu_gib"] > 0
+    assert res.data["heldout"]["after"]["auc"] > 0.9
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(res.final_dir).device.type == "cpu"
 
 
 def test_a_cap_that_leaves_no_unsafe_run_is_a_usage_error_naming_it(tmp_path, tiny_model_dir):

@@ -45,7 +45,7 @@ class PrefixRun:
         import torch
 
         lp = torch.log_softmax(logits.detach().float(), -1)
-        idx = torch.arange(len(self.ts))
+        idx = torch.arange(len(self.ts), device=lp.device)
         return (lp[idx, self.alarm_tok] - lp[idx, self.safe_tok]).tolist()
 
     @property
@@ -132,7 +132,8 @@ def capture(model, runs: list[PrefixRun], n_top: int, *, progress: bool = False)
     try:
         for r in runs:
             seen.clear()
-            mask = r.pack.mask(impl, next(model.parameters()).dtype)
+            p = next(model.parameters())
+            mask = r.pack.mask(impl, p.dtype).to(p.device)      # built once, kept where the model is
             with torch.no_grad():
                 lo = r.log_odds(packed_logits(model, r.pack, mask=mask))
             out.append((seen[0], mask, lo))
@@ -202,7 +203,9 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n", encoding="utf-8")
     path = resolve_model_spec(cfg.model)
     tok = load_tokenizer(path)
-    model = load_model(cfg, path)
+    # a CUDA GPU where there is one (its features, masks and targets stay on it), else the CPU
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_model(cfg, path).to(device)
     trajs, src = load_training_trajectories(cfg.data, synthetic_n=cfg.synthetic_trajectories, seed=cfg.seed)
     t0 = time.perf_counter()
     runs, counts = select_runs(trajs, tok, cfg)
@@ -256,8 +259,8 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
                     r, (feat, mask, _) = runs[i], cached[i]
                     with top_layers_only(model, cfg.trainable_layers):
                         logits = packed_logits(model, r.pack, embeds=feat, mask=mask).float()
-                    ce = F.cross_entropy(logits, torch.tensor(r.targets), reduction="none")
-                    w = torch.tensor([w_alarm if y else 1.0 for y in r.alarm])
+                    ce = F.cross_entropy(logits, torch.tensor(r.targets, device=device), reduction="none")
+                    w = torch.tensor([w_alarm if y else 1.0 for y in r.alarm], device=device)
                     loss = (w * ce).sum() / w_total
                     loss.backward()
                     loss_sum += float(loss.detach())
@@ -297,7 +300,9 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
                                after=heldout_summary(rows, "log_odds_after"))
     final = export_folder(model, tok, out / "final", lora=False, dtype=cfg.export_dtype)
     summary = {"steps": step, "trainable_parameters": n_trainable, "train_s": round(time.perf_counter() - t1, 1),
-               "peak_rss_gib": round(_rss_gib(), 2)}
+               "peak_rss_gib": round(_rss_gib(), 2), "device": device.type}
+    if device.type == "cuda":
+        summary["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
     data.update(summary)
     (out / "data.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     return PrefixesResult(out, final, history, data)
