@@ -2,7 +2,7 @@
 # The ablation of issue 21 at full size on one H200 (configs/ablation/gpu-h200.yaml: the 2k
 # scripted corpus, warm-up, stage 1 on every pair of the train split for 2 epochs, stage 2 with
 # TRL, the decision-token and linear probes on the held-out families, the strict walk on the whole
-# test split and the whole of Who&When; ~21-26 min ESTIMATED, so the walks take further `run`
+# test split and the whole of Who&When, and the every-prefix row; ~30-37 min ESTIMATED, so the walks take further `run`
 # calls: see the config), on a bare GPU machine: Python 3.12 with torch, transformers
 # and accelerate, no package index, at most 64 MiB carried a call. NOT RUN ON A GPU YET.
 #

@@ -146,6 +146,13 @@ def test_gpu_configs_ask_for_the_full_design():
     assert s1.max_pairs is None and s1.max_post_tokens is None and s1.num_epochs >= 2
     assert s1.finetune == "full" and s1.trainable_layers is None and s1.mixed_precision == "bf16"
     assert s1.weight_twin > 0 and s1.decision_coef > 0 and s1.samples_per_prompt == 0
+    # the every-prefix row on every train run, its threshold from its own held-out val rows
+    from training.prefixes.config import load_prefixes_config
+
+    assert "every prefix" in c.model_rows and c.threshold_rows == ["every prefix"]
+    assert c.threshold_from == "heldout rows" and "heldout_split=val" in c.prefixes_set
+    px = load_prefixes_config(REPO / c.prefixes_config)
+    assert px.max_unsafe_runs is None and px.max_safe_runs is None and px.max_prompt_tokens >= 4096
     for f in (c.warmup_config, c.stage1_config, c.stage2_config):     # no tracker: no tensorboard wheel
         assert "report_to: []" in (REPO / f).read_text() or "report_to" not in (REPO / f).read_text()
 
