@@ -34,8 +34,8 @@ def test_report_rows_come_from_the_runs_evaluations(quick_run):
     s = json.loads((report / "ablation.json").read_text())
     assert set(s["results"]) == {"heldout", "ww"}
     for target, rows in s["results"].items():
-        # the default rows: every model row but the opt-in "every prefix" one
-        assert list(rows) == [*(r for r in ab.MODEL_ROWS if r != "every prefix"), *ab.BASELINE_ROWS]
+        # quick.yaml names every model row, the opt-in "every prefix" one too
+        assert list(rows) == [*ab.MODEL_ROWS, *ab.BASELINE_ROWS]
         for row, r in rows.items():
             m = json.loads((out / "ablation" / "eval" / target / ab.row_slug(row) / "metrics.json").read_text())
             for k, _, _ in ab.COLUMNS:
@@ -45,8 +45,17 @@ def test_report_rows_come_from_the_runs_evaluations(quick_run):
                 if row == "raw base" else s["config"]["heldout_sample" if target == "heldout" else "ww_sample"])
     md = (report / "ablation.md").read_text()
     assert "builtin:tiny-qwen2" in md and "seed 0" in md and "## Wall time per phase" in md
-    for phase in ("corpus", "warmup", "stage 1", "stage 2", "stage 1 + 2"):
+    for phase in ("corpus", "warmup", "stage 1", "stage 2", "stage 1 + 2", "every prefix",
+                  "tune threshold every prefix"):
         assert f"| {phase} |" in md
+    # the every-prefix row's threshold came from its held-out rows (no val walk), and both of its
+    # walks decided at it
+    th = json.loads((out / "ablation" / "eval" / "val" / "every_prefix-threshold" / "threshold.json").read_text())
+    assert th["run"].endswith("prefixes") and "heldout_rows" in th and "| val walk every prefix |" not in md
+    assert s["thresholds"]["every prefix"]["threshold"] == th["pick"]["threshold"]
+    for target in ("heldout", "ww"):
+        m = json.loads((out / "ablation" / "eval" / target / "every_prefix" / "metrics.json").read_text())
+        assert m["provenance"]["auditor_settings"]["decision_threshold"] == th["pick"]["threshold"], target
     assert (report / "compare-heldout" / "compare.md").is_file()
     assert "Report: " in stdout
 

@@ -43,12 +43,13 @@ def test_bad_config_values_are_named(tmp_path, key, value, match):
 
 def test_model_rows_keep_the_table_order():
     cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
-                         {"model_rows": ["stage 1 + 2", "raw base"]})
+                         {"model_rows": ["stage 1 + 2", "raw base"], "threshold_rows": []})
     assert cfg.model_rows == ["raw base", "stage 1 + 2"]
     # the CPU ablation's ladder (issue 21): the warmed base, stage 1, stage 1 + 2, in table order
     cpu = ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml")
     assert cpu.model_rows == ["warmed base", "stage 1", "stage 1 + 2", "every prefix"]
     assert cpu.threshold_rows == ["every prefix"] and cpu.prefixes_from == "warmed base"
+    assert cpu.threshold_from == "heldout rows"
     assert ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml", {"model_rows": list(reversed(ab.MODEL_ROWS))}
                           ).model_rows == list(ab.MODEL_ROWS)
 
@@ -300,7 +301,8 @@ def test_the_every_prefix_row_trains_from_its_source_and_walks_at_a_val_tuned_th
     # threshold comes from a val walk of every prefix, and its test and Who&When walks use it
     cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
                          {"model_rows": ["warmed base", "every prefix"], "threshold_rows": ["every prefix"],
-                          "threshold_sample": 5, "probe": False, "linear_probe_rows": []})
+                          "threshold_from": "val walk", "threshold_sample": 5, "probe": False,
+                          "linear_probe_rows": []})
     a = ab.Ablation(cfg, tmp_path / "out", echo=False)
     calls = []
 
@@ -328,7 +330,8 @@ def test_the_every_prefix_row_trains_from_its_source_and_walks_at_a_val_tuned_th
         assert "--decision-threshold" not in by[f"eval {target} warmed base"]   # greedy, as before
     assert [n for n, _ in calls].index("tune threshold every prefix") < [n for n, _ in calls].index("eval heldout every prefix")
     with pytest.raises(ConfigError, match="threshold_rows"):
-        ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {"threshold_rows": ["every prefix"]})
+        ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {"model_rows": ["warmed base"],
+                                                                      "threshold_rows": ["every prefix"]})
     with pytest.raises(ConfigError, match="prefixes_from"):
         ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {"prefixes_from": "raw base"})
     # from stage 1, stage 1 is built first even when it is not a row
