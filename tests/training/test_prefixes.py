@@ -61,17 +61,20 @@ def test_auc():
     assert auc([], [1.0]) is None
 
 
+def _overfit_run(tmp_path, tiny_model_dir):
+    """30 epochs on 8 synthetic runs, scored on those same runs (heldout_split: train)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_jsonl(synthetic_trajectories(8, seed=0), corpus / "train.jsonl")
+    return train(load_prefixes_config("configs/prefixes/tiny-cpu.yaml", {
+        "model": str(tiny_model_dir), "data": str(corpus), "output_dir": str(tmp_path / "run"),
+        "num_epochs": 30, "learning_rate": 3e-3, "runs_per_step": 8, "heldout_split": "train"}))
+
+
 def test_a_run_learns_the_decision_on_every_training_prefix_and_exports(tmp_path, tiny_model_dir):
     # the overfit check: scored on its own training runs (heldout_split: train), the ALARM rows
     # end above the SAFE rows (AUC 0.94 measured; the untrained model: 0.5)
-    trajs = synthetic_trajectories(8, seed=0)
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    write_jsonl(trajs, corpus / "train.jsonl")
-    cfg = load_prefixes_config("configs/prefixes/tiny-cpu.yaml", {
-        "model": str(tiny_model_dir), "data": str(corpus), "output_dir": str(tmp_path / "run"),
-        "num_epochs": 30, "learning_rate": 3e-3, "runs_per_step": 8, "heldout_split": "train"})
-    res = train(cfg)
+    res = _overfit_run(tmp_path, tiny_model_dir)
     first, last = res.history[0], res.history[-1]
     assert abs(first["log_odds_alarm_rows"] - first["log_odds_safe_rows"]) < 0.5
     assert last["log_odds_alarm_rows"] - last["log_odds_safe_rows"] > 1.0 and last["loss"] < first["loss"]
@@ -96,14 +99,7 @@ def test_a_run_learns_on_a_gpu(tmp_path, tiny_model_dir):
     """The overfit check on CUDA: features, masks and targets on the GPU (no device mix-up), the
     same learning as on the CPU, the export loads on the CPU."""
     assert torch.cuda.is_available(), "the gpu marker needs a CUDA GPU"
-    trajs = synthetic_trajectories(8, seed=0)
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    write_jsonl(trajs, corpus / "train.jsonl")
-    cfg = load_prefixes_config("configs/prefixes/tiny-cpu.yaml", {
-        "model": str(tiny_model_dir), "data": str(corpus), "output_dir": str(tmp_path / "run"),
-        "num_epochs": 30, "learning_rate": 3e-3, "runs_per_step": 8, "heldout_split": "train"})
-    res = train(cfg)
+    res = _overfit_run(tmp_path, tiny_model_dir)
     assert res.data["device"] == "cuda" and res.data["peak_gpu_gib"] > 0
     assert res.data["heldout"]["after"]["auc"] > 0.9
     from transformers import AutoModelForCausalLM
