@@ -140,9 +140,97 @@ def test_safe_runs_have_their_own_prompt_cap(tiny_tokenizer):
 @pytest.mark.parametrize("over, key", [({"finetune": "lora"}, "finetune"), ({"alarm_weight": "more"}, "alarm_weight"),
                                        ({"attn_implementation": "flash_attention_2"}, "attn_implementation"),
                                        ({"max_safe_runs": -1}, "max_safe_runs"),
-                                       ({"max_safe_prompt_tokens": 0}, "max_safe_prompt_tokens")])
+                                       ({"max_safe_prompt_tokens": 0}, "max_safe_prompt_tokens"),
+                                       ({"twin_weight": -1}, "twin_weight")])
 def test_bad_configs_name_the_key(over, key):
     from aftraj.config import ConfigError
 
     with pytest.raises(ConfigError, match=key):
         load_prefixes_config("configs/prefixes/tiny-cpu.yaml", over)
+
+
+def _with_twins(n: int):
+    """`n` synthetic runs plus, for each unsafe one, a verified-safe twin: the same family and
+    steps but step k*'s content (so only k*'s content tells the run from its twin)."""
+    import dataclasses
+
+    from aftraj.schema import Label
+
+    trajs = synthetic_trajectories(n, seed=0)
+    twins = []
+    for t in trajs:
+        if t.label.unsafe:
+            k = t.label.decisive_step
+            steps = [*t.steps[:k], dataclasses.replace(t.steps[k], content=f"checked: all consistent ({t.id})"),
+                     *t.steps[k + 1:]]
+            twins.append(dataclasses.replace(t, id=f"{t.id}-twin", steps=steps, label=Label("SAFE", "verified_safe")))
+    return trajs + twins
+
+
+def test_twin_groups_share_a_step_and_without_pairs_the_steps_are_unchanged(tiny_tokenizer):
+    import random
+
+    from aftraj.boundary import find_twins
+    from training.prefixes.trainer import epoch_batches, step_groups, twin_pairs
+
+    trajs = _with_twins(8)
+    cfg = load_prefixes_config("configs/prefixes/tiny-cpu.yaml", {"max_prompt_tokens": 4096})
+    runs, _ = select_runs(trajs, tiny_tokenizer, cfg)
+    pairs = twin_pairs(runs, find_twins(trajs))
+    assert len(pairs) == 6                              # every unsafe run has its twin
+    for i, j, ri, rj in pairs:
+        assert runs[i].alarm[ri] and runs[j].ts[rj] == runs[i].ts[ri] and runs[j].traj_id == f"{runs[i].traj_id}-twin"
+    groups = step_groups(len(runs), pairs)
+    assert sorted(m for g in groups for m in g) == list(range(len(runs)))
+    for i, j, _, _ in pairs:
+        assert any(i in g and j in g for g in groups)
+    for b in epoch_batches(groups, 3, random.Random(0)):
+        assert sum(len(g) for g in b) >= 2
+    # no pairs: one run a group, and the same steps as slicing a shuffled order (earlier runs replay)
+    plain = step_groups(len(runs), [])
+    assert plain == [[i] for i in range(len(runs))]
+    order = list(range(len(runs)))
+    random.Random(0).shuffle(order)
+    assert [[g[0] for g in b] for b in epoch_batches(plain, 4, random.Random(0))] == \
+        [order[s:s + 4] for s in range(0, len(order), 4)]
+
+
+def test_the_twin_term_moves_the_run_above_its_twin_at_k(tmp_path, tiny_model_dir):
+    """The same short run with and without the twin term: with it, the log-odds at k* of the run
+    end above its twin's on more pairs and by a wider margin (the cross-entropy alone treats the
+    twin's k* as one SAFE row among many)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_jsonl(_with_twins(8), corpus / "train.jsonl")
+    res = {}
+    for w in (0.0, 4.0):
+        res[w] = train(load_prefixes_config("configs/prefixes/tiny-cpu.yaml", {
+            "model": str(tiny_model_dir), "data": str(corpus), "output_dir": str(tmp_path / f"run{w}"),
+            "num_epochs": 6, "learning_rate": 3e-3, "runs_per_step": 4, "heldout_split": "train",
+            "twin_weight": w}))
+    assert res[0.0].data["twin_pairs"] == 0 and res[4.0].data["twin_pairs"] == 6
+    assert not any("twin_margin" in h for h in res[0.0].history)
+    assert sum(h.get("twin_pairs", 0) for h in res[4.0].history) == 6 * 6      # every pair, every epoch
+
+    def margins(run):
+        rows = {(x["id"], x["t"]): x["log_odds_after"]
+                for x in map(json.loads, (run.output_dir / "heldout.jsonl").read_text().splitlines())}
+        return [v - rows[(i + "-twin", t)] for (i, t), v in rows.items()
+                if not i.endswith("-twin") and (i + "-twin", t) in rows and
+                t == max(tt for ii, tt in rows if ii == i)]
+    with_term, without = margins(res[4.0]), margins(res[0.0])
+    assert len(with_term) == len(without) == 6
+    assert sum(m > 0 for m in with_term) == 6
+    assert sum(with_term) / 6 > sum(without) / 6 + 0.5
+
+
+def test_capped_safe_runs_are_the_twins_of_the_unsafe_runs_taken(tiny_tokenizer):
+    trajs = _with_twins(8)
+    unsafe = [t for t in trajs if t.label.unsafe]
+    others = [t for t in trajs if not t.label.unsafe]
+    trajs = unsafe + others[::-1]                       # the twins of the last unsafe runs come first
+    cfg = load_prefixes_config("configs/prefixes/tiny-cpu.yaml", {"max_prompt_tokens": 4096})
+    runs, n = select_runs(trajs, tiny_tokenizer, cfg, (2, 2))
+    ids = [r.traj_id for r in runs]
+    assert ids[:2] == [unsafe[0].id, unsafe[1].id] and n["twins"] == 2
+    assert set(ids[2:]) == {f"{unsafe[0].id}-twin", f"{unsafe[1].id}-twin"}

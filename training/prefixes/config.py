@@ -46,6 +46,12 @@ class PrefixesConfig(ModelConfig):
     max_heldout_runs: int | None = None    # per kind (unsafe, safe), like max_unsafe_runs
     # ALARM rows weigh `alarm_weight` each, SAFE rows 1 ("balanced": total SAFE rows / ALARM rows)
     alarm_weight: float | str = "balanced"
+    # the twin contrast (NOT in the paper; issue 21): for each unsafe train run whose verified-safe
+    # twin (identical up to k*-1, the same agent at k*) is among the train runs, the pairwise term
+    # -log sigmoid(log-odds(run, k*) - log-odds(twin, k*)) weighted `twin_weight` (0: off); a run
+    # and its twin share a step. The cross-entropy alone is met by position and step kind (post
+    # beats twin 0.50 on 54 val pairs, 2026-12-02); this term only by step k*'s content
+    twin_weight: float = 0.0
 
     # --- optimisation (AdamW, cosine to 0 after `warmup_steps` linear steps)
     num_epochs: int = 3
@@ -78,6 +84,8 @@ class PrefixesConfig(ModelConfig):
                                                     and not isinstance(self.alarm_weight, bool)
                                                     and self.alarm_weight > 0)):
             raise ConfigError(f"must be 'balanced' or a number > 0, got {self.alarm_weight!r}", key="alarm_weight")
+        if self.twin_weight < 0:
+            raise ConfigError(f"must be a number >= 0, got {self.twin_weight!r}", key="twin_weight")
         if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):
             raise ConfigError(f"must be > 0, got {self.learning_rate!r}", key="learning_rate")
         if self.export_dtype not in EXPORT_DTYPES:

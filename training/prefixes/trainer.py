@@ -7,6 +7,10 @@ packed token (the bottom is frozen), so a step runs those layers only.
     from training.prefixes.trainer import train
     res = train(load_prefixes_config("configs/prefixes/tiny-cpu.yaml"))
 
+With `twin_weight` > 0 a run and its verified-safe twin share a step, and a pairwise term asks
+that the run's log-odds at k* exceed the twin's at k* (the same prefix up to k*-1, a different step
+k*): the content contrast the cross-entropy alone does not ask for (docs/design.md §8).
+
 Writes OUT/metrics.jsonl (one line a logged step), OUT/data.json (the rows' counts; with a
 `heldout_split`, the held-out rows' AUC before and after training), OUT/heldout.jsonl (every
 held-out row's log-odds: `aftraj eval tune-threshold OUT` picks the walk threshold on them and
@@ -87,8 +91,9 @@ def prefix_run(traj: Trajectory, tok, max_prompt_tokens: int) -> PrefixRun | Non
 
 def select_runs(trajs: list[Trajectory], tok, cfg: PrefixesConfig, caps: tuple | None = None) -> tuple[list[PrefixRun], dict]:
     """The eligible runs, unsafe and safe, capped by `max_unsafe_runs` / `max_safe_runs` (`caps`),
-    and their counts. Unsafe runs in the split's order; safe runs the twins of those first (a twin
-    is identical up to k*-1 and differs at k*: the content control), then the rest in order."""
+    and their counts. Unsafe runs in the split's order; safe runs the twins of the unsafe runs
+    taken first (a twin is identical up to k*-1 and differs at k*: the content control), then the
+    other twins, then the rest, in order."""
     from aftraj.boundary import find_twins
 
     runs, n = [], {"unsafe": 0, "safe": 0, "skipped_long": 0, "twins": 0}
@@ -96,19 +101,26 @@ def select_runs(trajs: list[Trajectory], tok, cfg: PrefixesConfig, caps: tuple |
     twin_of = find_twins(trajs)
     unsafe = [t for t in trajs if t.label.unsafe]
     twins = {twin_of[t.id].id for t in unsafe if t.id in twin_of}
-    safe = [t for t in trajs if not t.label.unsafe]
-    safe = [t for t in safe if t.id in twins] + [t for t in safe if t.id not in twins]
-    for traj in unsafe + safe:
+
+    def take(traj: Trajectory) -> None:
         kind = "unsafe" if traj.label.unsafe else "safe"
         if cap[kind] is not None and n[kind] >= cap[kind]:
-            continue
+            return
         r = prefix_run(traj, tok, cfg.prompt_cap(traj.label.unsafe))
         if r is None:
             n["skipped_long"] += 1
-            continue
+            return
         n[kind] += 1
         n["twins"] += traj.id in twins
         runs.append(r)
+
+    for traj in unsafe:
+        take(traj)
+    first = {twin_of[r.traj_id].id for r in runs if r.traj_id in twin_of}
+    safe = [t for t in trajs if not t.label.unsafe]
+    for traj in ([t for t in safe if t.id in first] + [t for t in safe if t.id in twins - first]
+                 + [t for t in safe if t.id not in twins]):
+        take(traj)
     rows = sum(len(r.ts) for r in runs)
     alarms = sum(sum(r.alarm) for r in runs)
     return runs, {**n, "rows": rows, "alarm_rows": alarms, "safe_rows": rows - alarms,
@@ -175,6 +187,50 @@ def _weights(runs: list[PrefixRun], alarm_weight) -> float:
     return float(alarm_weight)
 
 
+def twin_pairs(runs: list[PrefixRun], twin_of: dict[str, Trajectory]) -> list[tuple[int, int, int, int]]:
+    """(unsafe run, its twin run, the unsafe run's k* row, the twin's row at k*) for every unsafe
+    run whose verified-safe twin (`aftraj.boundary.find_twins`) is among `runs` with step k* kept
+    (indices into `runs` and into each run's rows)."""
+    at = {r.traj_id: i for i, r in enumerate(runs)}
+    out = []
+    for i, r in enumerate(runs):
+        tw = twin_of.get(r.traj_id)
+        if not any(r.alarm) or tw is None or tw.id not in at:
+            continue
+        j, k = at[tw.id], r.ts[-1]
+        if k in runs[j].ts:
+            out.append((i, j, len(r.ts) - 1, runs[j].ts.index(k)))
+    return out
+
+
+def step_groups(n: int, pairs: list[tuple[int, int, int, int]]) -> list[list[int]]:
+    """The runs that must share a step: a twin with every unsafe run it is the twin of; every other
+    run alone. A group stands at its twin's place in run order, so without pairs it is [[0], [1], ...]."""
+    group = {}
+    for i, j, _, _ in pairs:
+        group.setdefault(j, [j]).append(i)
+    member = {m: g[0] for g in group.values() for m in g}
+    return [group[member[i]] if i in member else [i] for i in range(n) if i not in member or member[i] == i]
+
+
+def epoch_batches(groups: list[list[int]], runs_per_step: int, rng: random.Random) -> list[list[list[int]]]:
+    """One epoch's steps: the groups shuffled, taken in order until a step holds `runs_per_step`
+    runs (a group is never split, so a step may hold a few more). Without pairs, the same steps as
+    slicing a shuffled run order."""
+    order = list(groups)
+    rng.shuffle(order)
+    steps, cur, n = [], [], 0
+    for g in order:
+        cur.append(g)
+        n += len(g)
+        if n >= runs_per_step:
+            steps.append(cur)
+            cur, n = [], 0
+    if cur:
+        steps.append(cur)
+    return steps
+
+
 def _rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
 
@@ -192,6 +248,7 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
     import torch.nn.functional as F
     from transformers import get_cosine_schedule_with_warmup
 
+    from aftraj.boundary import find_twins
     from aftraj.scoring import packed_logits
     from training.common import export_folder, freeze_below, load_model, load_tokenizer, load_training_trajectories
     from training.models import resolve_model_spec
@@ -240,44 +297,62 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
     n_trainable = freeze_below(model, cfg.trainable_layers)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    per_epoch = math.ceil(len(runs) / cfg.runs_per_step)
-    total = per_epoch * cfg.num_epochs
-    sched = get_cosine_schedule_with_warmup(opt, cfg.warmup_steps, total)
     rng = random.Random(cfg.seed)
+    pairs = twin_pairs(runs, find_twins(trajs)) if cfg.twin_weight > 0 else []
+    pairs_of = {}
+    for pr in pairs:
+        pairs_of.setdefault(pr[1], []).append(pr)           # keyed by the twin: its group holds them
+    groups = step_groups(len(runs), pairs)
+    plan = [epoch_batches(groups, cfg.runs_per_step, rng) for _ in range(cfg.num_epochs)]
+    total = sum(len(e) for e in plan)
+    sched = get_cosine_schedule_with_warmup(opt, cfg.warmup_steps, total)
+    data["twin_pairs"] = len(pairs)
     history, step = [], 0
     model.train()
     with (out / "metrics.jsonl").open("w", encoding="utf-8") as log:
-        for epoch in range(cfg.num_epochs):
-            order = list(range(len(runs)))
-            rng.shuffle(order)
-            for s in range(0, len(order), cfg.runs_per_step):
+        for epoch, batches in enumerate(plan):
+            for b, batch in enumerate(batches):
                 t_step = time.perf_counter()
-                batch = order[s:s + cfg.runs_per_step]
-                w_total = sum(len(runs[i].ts) - sum(runs[i].alarm) + w_alarm * sum(runs[i].alarm) for i in batch)
-                loss_sum, lo_a, lo_s = 0.0, [], []
-                for i in batch:
-                    r, (feat, mask, _) = runs[i], cached[i]
-                    with top_layers_only(model, cfg.trainable_layers):
-                        logits = packed_logits(model, r.pack, embeds=feat, mask=mask).float()
-                    ce = F.cross_entropy(logits, torch.tensor(r.targets, device=device), reduction="none")
-                    w = torch.tensor([w_alarm if y else 1.0 for y in r.alarm], device=device)
-                    loss = (w * ce).sum() / w_total
+                members = [i for g in batch for i in g]
+                w_total = sum(len(runs[i].ts) - sum(runs[i].alarm) + w_alarm * sum(runs[i].alarm) for i in members)
+                n_pairs = sum(len(pairs_of.get(i, ())) for i in members)
+                loss_sum, lo_a, lo_s, margins = 0.0, [], [], []
+                for g in batch:                     # one backward a group: a run and its twin together
+                    loss, decision = 0.0, {}
+                    for i in g:
+                        r, (feat, mask, _) = runs[i], cached[i]
+                        with top_layers_only(model, cfg.trainable_layers):
+                            logits = packed_logits(model, r.pack, embeds=feat, mask=mask).float()
+                        ce = F.cross_entropy(logits, torch.tensor(r.targets, device=device), reduction="none")
+                        w = torch.tensor([w_alarm if y else 1.0 for y in r.alarm], device=device)
+                        loss = loss + (w * ce).sum() / w_total
+                        if g[0] in pairs_of:
+                            decision[i] = torch.log_softmax(logits, -1)
+                        with torch.no_grad():
+                            lo = r.log_odds(logits)
+                        lo_a += [v for v, y in zip(lo, r.alarm) if y]
+                        lo_s += [v for v, y in zip(lo, r.alarm) if not y]
+                    for i, j, ri, rj in pairs_of.get(g[0], ()):
+                        u, t = runs[i], runs[j]
+                        m = ((decision[i][ri, u.alarm_tok[ri]] - decision[i][ri, u.safe_tok[ri]])
+                             - (decision[j][rj, t.alarm_tok[rj]] - decision[j][rj, t.safe_tok[rj]]))
+                        loss = loss + cfg.twin_weight * F.softplus(-m) / n_pairs
+                        margins.append(float(m.detach()))
                     loss.backward()
                     loss_sum += float(loss.detach())
-                    with torch.no_grad():
-                        lo = r.log_odds(logits)
-                    lo_a += [v for v, y in zip(lo, r.alarm) if y]
-                    lo_s += [v for v, y in zip(lo, r.alarm) if not y]
                 gnorm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
                 opt.step()
                 sched.step()
                 opt.zero_grad(set_to_none=True)
                 step += 1
-                rec = {"step": step, "epoch": epoch + (s + len(batch)) / len(order), "loss": round(loss_sum, 5),
+                rec = {"step": step, "epoch": epoch + (b + 1) / len(batches), "loss": round(loss_sum, 5),
                        "grad_norm": round(gnorm, 4), "lr": sched.get_last_lr()[0],
                        "log_odds_alarm_rows": round(sum(lo_a) / len(lo_a), 4) if lo_a else None,
                        "log_odds_safe_rows": round(sum(lo_s) / len(lo_s), 4) if lo_s else None,
                        "step_s": round(time.perf_counter() - t_step, 3)}
+                if margins:     # log-odds at k* minus the twin's at k*: > 0 where the step reads content
+                    rec.update(twin_pairs=len(margins), twin_margin=round(sum(margins) / len(margins), 4),
+                               twin_wins=round(sum(m > 0 for m in margins) / len(margins), 4))
                 history.append(rec)
                 if step % cfg.logging_steps == 0 or step == total:
                     log.write(json.dumps(rec) + "\n")
