@@ -85,6 +85,10 @@ def register(sub) -> None:
     p.add_argument("--decision-threshold", type=float, metavar="LOG_ODDS",
                    help="hf: at the decision token choose ALARM iff log p(ALARM) - log p(SAFE) >= this "
                         "(tune it on a validation walk: `aftraj eval tune-threshold`); default: greedy")
+    p.add_argument("--decision-finish", choices=("model", "canonical"),
+                   help="hf: after the decision token, 'model' (default) lets the model write the rest; "
+                        "'canonical' writes the canonical completion of the side chosen there (SAFE, or "
+                        "ALARM at step t blaming step t's agent): for a row trained on the decision token only")
     p.add_argument("--draft-tokens", type=int, metavar="N",
                    help="hf: verify up to N tokens of the canonical SAFE/ALARM completion per forward "
                         "(greedy speculative decoding: the same tokens, fewer forwards; 0 turns it off; default 64)")

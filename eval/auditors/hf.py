@@ -52,7 +52,12 @@ log p(ALARM token) - log p(SAFE token) (`AuditResult.decision_log_odds`, per pre
 trace). `decision_threshold` (CLI `--decision-threshold`) then makes the choice there: the ALARM
 token iff the log-odds >= the threshold, else the SAFE token; greedy before and after. 0 is
 greedy between the two; a threshold is tuned on a validation walk with `aftraj eval
-tune-threshold` (FAR <= 20 %), never on the test split.
+tune-threshold` (FAR <= 20 %), never on the test split. `decision_finish="canonical"` (CLI
+`--decision-finish canonical`) writes the rest of the completion as the canonical completion of
+the side chosen at the decision token (SAFE, or ALARM at step t blaming step t's agent): for a row
+trained on the decision token only (`aftraj train prefixes`), whose text after that token is
+untrained (on 48 test runs, all 13 threshold-forced ALARM tokens ended in a SAFE answer or broken
+JSON under "model", the default).
 """
 
 from __future__ import annotations
@@ -193,7 +198,8 @@ class HFAuditor(Auditor):
                  reference_answer: bool = False, reuse_cache: bool = True, top_k: int = 20,
                  prefill_chunk: int = 2048, dtype: str = "auto", device: str | None = None,
                  batch_size: int = 16, max_batch_tokens: int = 65536,
-                 decision_threshold: float | None = None, draft_tokens: int = 64, **kw) -> None:
+                 decision_threshold: float | None = None, draft_tokens: int = 64,
+                 decision_finish: str = "model", **kw) -> None:
         super().__init__(arg, **kw)
         path = model if isinstance(model, (str, Path)) else arg
         if tokenizer is not None and not isinstance(model, (str, Path)) and model is not None:
@@ -212,7 +218,10 @@ class HFAuditor(Auditor):
             raise ValueError(f"decision_threshold must be a finite number, got {decision_threshold}")
         if draft_tokens < 0:
             raise ValueError(f"draft_tokens must be >= 0, got {draft_tokens}")
+        if decision_finish not in ("model", "canonical"):
+            raise ValueError(f"decision_finish must be 'model' or 'canonical', got {decision_finish!r}")
         self.decision_threshold, self.draft_tokens = decision_threshold, draft_tokens
+        self.decision_finish = decision_finish
         self.max_new_tokens, self.budget = max_new_tokens, budget
         # The walker interleaves at most this many walks; each round is decoded together.
         self.max_in_flight = batch_size if reuse_cache else 1
@@ -328,20 +337,34 @@ class HFAuditor(Auditor):
                              "this tokenizer")
         return safe[:d], safe[d], alarm[d]
 
+    def _dec(self, traj, t):
+        """(common start, SAFE's token, ALARM's token, (SAFE draft, ALARM draft) or None): what
+        `_pick` needs; the drafts only with `decision_finish: canonical`."""
+        start, safe, alarm = self.decision_tokens(traj, t)
+        return start, safe, alarm, (self.drafts(traj, t) if self.decision_finish == "canonical" else None)
+
     def _pick(self, logits, gen: list[int], dec, lo: list) -> tuple[int, object]:
         """The next token after `gen`: greedy, except at the decision position of a completion
         that has followed the canonical start (`dec`), where the log-odds are recorded in lo[0]
-        and, with `decision_threshold`, decide between the SAFE and the ALARM token."""
+        and, with `decision_threshold`, decide between the SAFE and the ALARM token. With
+        `decision_finish: canonical`, a completion past the decision token follows the canonical
+        completion of the side chosen there to its EOS (the verdict the decision token means:
+        SAFE, or ALARM at step t blaming step t's agent), whatever the model would write."""
         import torch
 
         logp = torch.log_softmax(logits, dim=-1)
         top = torch.topk(logp, min(self.top_k, logits.shape[-1]))
         nxt = int(torch.argmax(logits))
-        start, safe, alarm = dec
-        if len(gen) == len(start) and gen == start:
+        start, safe, alarm, finish = dec
+        n = len(start)
+        if len(gen) == n and gen == start:
             lo[0] = float(logp[alarm] - logp[safe])
             if self.decision_threshold is not None:
                 nxt = alarm if lo[0] >= self.decision_threshold else safe
+        elif finish is not None and len(gen) > n and gen[:n] == start:
+            side = finish[1] if gen[n] == alarm else finish[0] if gen[n] == safe else None
+            if side is not None and len(gen) < len(side) and gen == side[:len(gen)]:
+                nxt = side[len(gen)]
         return nxt, top
 
     def _take(self, rows, gen: list[int], tops: list, prop: list[int], dec, lo: list) -> tuple[int, bool]:
@@ -398,7 +421,7 @@ class HFAuditor(Auditor):
 
         t0 = time.perf_counter()
         with torch.inference_mode():
-            dec = self.decision_tokens(traj, t)
+            dec = self._dec(traj, t)
             drafts = self.drafts(traj, t) if self.draft_tokens else ()
             if self.reuse_cache:
                 s, ids, n_stable, cached = self._prepare(traj, t)
@@ -429,7 +452,7 @@ class HFAuditor(Auditor):
                 t0 = time.perf_counter()
                 s, ids, n_stable, cached = self._prepare(traj, t)
                 logits = self._extend(s.cache, ids[n_stable:])     # the suffix, alone
-                row = (traj, t, s, ids, n_stable, cached, logits, t0, self.decision_tokens(traj, t),
+                row = (traj, t, s, ids, n_stable, cached, logits, t0, self._dec(traj, t),
                        self.drafts(traj, t) if self.draft_tokens else ())
                 longest = max([len(r[3]) for r in group] + [len(ids)]) + self.max_new_tokens
                 if group and longest * (len(group) + 1) > self.max_batch_tokens:

@@ -200,3 +200,12 @@ def test_runs_without_gold_labels_are_refused(tmp_path, make_traj, capsys):
     err = capsys.readouterr().err
     assert "1 of 2 trajectories carry no gold label" in err and "'t1'" in err
     assert not (tmp_path / "b" / "metrics.json").exists()
+
+
+def test_the_decision_finish_is_for_the_hf_auditor_only(tmp_path, make_traj, capsys):
+    data = tmp_path / "set.jsonl"
+    write_jsonl([make_traj(0, 4, 2)], data)
+    assert main(["eval", "--auditor", "dummy:gold", "--data", str(data), "--out", str(tmp_path / "o"),
+                 "--decision-finish", "canonical", "--no-progress"]) == 2
+    assert "--decision-finish applies to the hf auditor only" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "predictions.jsonl").exists()

@@ -340,6 +340,41 @@ def test_the_decision_threshold_chooses_the_token_and_records_the_log_odds(noisy
     assert runs[-1e6][0][0] != runs[None][0][0]
 
 
+@pytest.mark.parametrize("batch_size, draft_tokens", [(1, 64), (1, 0), (16, 64)])
+def test_a_canonical_finish_writes_the_chosen_sides_completion(noisy_tiny, make_traj, monkeypatch,
+                                                               batch_size, draft_tokens):
+    """decision_finish: canonical: past the decision token the completion is the chosen side's
+    canonical completion to its EOS, whatever the model would write (a row trained on the decision
+    token only); 'model' lets the model write it."""
+    model, tok = noisy_tiny
+    trajs = [make_traj(41, 5, None), make_traj(42, 7, 2)]
+    free = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=8)
+    free.audit(trajs[0], 1)
+    g = free.last_generated[0]
+    eos = tok.eos_token_id
+    sides = ([g, 11, 12, 13, eos], [(g + 1) % len(tok), 21, 22, 23, eos])   # part at the first token
+    got = {}
+    for finish in ("model", "canonical"):
+        for th in (-1e6, 1e6):
+            aud = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=8, batch_size=batch_size,
+                              draft_tokens=draft_tokens, decision_threshold=th, decision_finish=finish)
+            monkeypatch.setattr(aud, "drafts", lambda traj, t: sides)
+            res = aud.audit_batch([(trajs[0], 1), (trajs[1], 3)])
+            ids = [tok(r.raw, add_special_tokens=False)["input_ids"] for r in res]
+            assert all(i[0] == (sides[1] if th < 0 else sides[0])[0] for i in ids)
+            got[finish, th] = [r.raw for r in res]
+            assert all(r.decision_log_odds is not None for r in res)
+    assert got["canonical", -1e6] == [tok.decode(sides[1][:-1])] * 2
+    assert got["canonical", 1e6] == [tok.decode(sides[0][:-1])] * 2
+    assert got["model", -1e6] != got["canonical", -1e6]
+
+
+def test_decision_finish_must_be_model_or_canonical(noisy_tiny):
+    model, tok = noisy_tiny
+    with pytest.raises(ValueError, match="decision_finish"):
+        get_auditor("hf", model=model, tokenizer=tok, decision_finish="free")
+
+
 def test_no_log_odds_when_the_completion_leaves_the_canonical_start(noisy_tiny, make_traj):
     model, tok = noisy_tiny
     aud = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=6, decision_threshold=0.0)
