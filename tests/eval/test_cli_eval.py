@@ -107,12 +107,14 @@ def test_hf_backend_on_jsonl(tiny_model_dir, tmp_path, make_traj, torch_one_thre
     assert m["decision_threshold_sweep"] is None
 
 
-def test_the_decision_threshold_is_for_the_hf_auditor_only(tmp_path, make_traj, capsys):
+@pytest.mark.parametrize("flag, value", [("--decision-threshold", "1.5"), ("--decision-finish", "canonical")])
+def test_the_decision_flags_are_for_the_hf_auditor_only(tmp_path, make_traj, capsys, flag, value):
     data = tmp_path / "set.jsonl"
     write_jsonl([make_traj(0, 4, 2)], data)
     assert main(["eval", "--auditor", "dummy:gold", "--data", str(data), "--out", str(tmp_path / "o"),
-                 "--decision-threshold", "1.5", "--no-progress"]) == 2
-    assert "--decision-threshold applies to the hf auditor only" in capsys.readouterr().err
+                 flag, value, "--no-progress"]) == 2
+    assert f"{flag} applies to the hf auditor only" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "predictions.jsonl").exists()
 
 
 def test_bad_input_is_named(tmp_path):
@@ -200,12 +202,3 @@ def test_runs_without_gold_labels_are_refused(tmp_path, make_traj, capsys):
     err = capsys.readouterr().err
     assert "1 of 2 trajectories carry no gold label" in err and "'t1'" in err
     assert not (tmp_path / "b" / "metrics.json").exists()
-
-
-def test_the_decision_finish_is_for_the_hf_auditor_only(tmp_path, make_traj, capsys):
-    data = tmp_path / "set.jsonl"
-    write_jsonl([make_traj(0, 4, 2)], data)
-    assert main(["eval", "--auditor", "dummy:gold", "--data", str(data), "--out", str(tmp_path / "o"),
-                 "--decision-finish", "canonical", "--no-progress"]) == 2
-    assert "--decision-finish applies to the hf auditor only" in capsys.readouterr().err
-    assert not (tmp_path / "o" / "predictions.jsonl").exists()
