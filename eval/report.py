@@ -278,11 +278,23 @@ def _why_not_deployable(metrics: dict, preds: list[dict]) -> str | None:
     return None
 
 
+def _curves(metrics: dict) -> list[tuple[str, list[dict]]]:
+    """The sweeps far_step_acc.png draws: on the run's score (`threshold_sweep`) and on the decision
+    token's log-odds (`decision_threshold_sweep`, the one a `--decision-threshold` run moves along),
+    each where it is measured on every prefix."""
+    out = []
+    for key, label in (("threshold_sweep", f"threshold sweep on {score_name(metrics)}"),
+                       ("decision_threshold_sweep", "threshold sweep on the decision token's log-odds")):
+        sweep = metrics.get(key)
+        if sweep and all(r["far"] is not None for r in sweep):
+            out.append((label, sweep))
+    return out
+
+
 def _why_not_curve(metrics: dict, preds: list[dict]) -> str | None:
-    sweep = metrics.get("threshold_sweep")
     if metrics["overall"].get("far") is None:
         return "FAR cannot be measured: the data holds no safe trajectory"
-    if not sweep or any(r["far"] is None for r in sweep):
+    if not _curves(metrics):
         return ("no per-prefix confidence on every prefix (run with --all-prefixes and a backend "
                 "that returns log-probabilities); the single operating point is in deployable.png")
     return None
@@ -338,11 +350,11 @@ def _plot_deployable(metrics: dict, preds: list[dict], ax) -> None:
 def _plot_curve(metrics: dict, preds: list[dict], ax) -> None:
     from matplotlib.lines import Line2D
 
-    sweep, ov = metrics["threshold_sweep"], metrics["overall"]
-    score = score_name(metrics)
-    ax.plot([r["far"] for r in sweep], [r["step_acc"] for r in sweep], "-o", ms=3, color="C0",
-            label=f"threshold sweep on {score}")
-    handles = [Line2D([], [], ls="-", marker="o", ms=3, color="C0", label=f"threshold sweep on {score}")]
+    ov, handles = metrics["overall"], []
+    for i, (label, sweep) in enumerate(_curves(metrics)):
+        ax.plot([r["far"] for r in sweep], [r["step_acc"] for r in sweep], "-o", ms=3, color=f"C{i}",
+                label=label)
+        handles.append(Line2D([], [], ls="-", marker="o", ms=3, color=f"C{i}", label=label))
     if ov.get("step_acc") is not None:
         ax.errorbar([ov["far"]], [ov["step_acc"]], xerr=_err(ov, "far"), yerr=_err(ov, "step_acc"),
                     fmt="*", color="red", ms=12, capsize=3, label="_greedy")

@@ -120,3 +120,25 @@ def test_compare_names_the_model_shows_n_and_auc_and_warns(data, tmp_path, tiny_
     err = capsys.readouterr().err
     assert "warning: the runs were measured on different trajectories" in err and "n=6" in err and "n=4" in err
     assert "**Warning: the runs were measured on different trajectories" in (tmp_path / "ac" / "compare.md").read_text()
+
+
+def test_far_step_acc_draws_the_decision_token_sweep(data, tmp_path):
+    """A `--decision-threshold` run moves along the decision token's sweep: far_step_acc.png draws
+    it (beside the score's sweep when both are measured, alone when only it is)."""
+    from eval.report import _why_not_curve, draw_plot
+
+    m, preds = _eval(data, tmp_path / "p", "--auditor", "dummy:gold,confidence=0.7", "--all-prefixes")
+    dec = [{"threshold": 2.5, "far": 0.0, "step_acc": 0.25}, {"threshold": 1.0, "far": 0.5, "step_acc": 0.75}]
+    m["decision_threshold_sweep"] = dec
+    fig, ax = draw_plot("far_step_acc.png", m, preds)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels[:2] == ["threshold sweep on P(UNSAFE)", "threshold sweep on the decision token's log-odds"]
+    curve = [l for l in ax.get_lines() if l.get_label() == labels[1]]
+    assert len(curve) == 1 and list(curve[0].get_xdata()) == [0.0, 0.5] and list(curve[0].get_ydata()) == [0.25, 0.75]
+    _markers_match_legend(ax)
+    m["threshold_sweep"] = None           # the greedy hf walk's P(UNSAFE) is missing on some prefix
+    assert _why_not_curve(m, preds) is None
+    fig, ax = draw_plot("far_step_acc.png", m, preds)
+    assert [t.get_text() for t in ax.get_legend().get_texts()][0] == labels[1]
+    m["decision_threshold_sweep"] = None
+    assert "no per-prefix confidence" in _why_not_curve(m, preds)
