@@ -151,6 +151,7 @@ def test_gpu_configs_ask_for_the_full_design():
 
     assert "every prefix" in c.model_rows and c.threshold_rows == ["every prefix"]
     assert c.threshold_from == "heldout rows" and "heldout_split=val" in c.prefixes_set
+    assert c.canonical_finish_rows == ["every prefix"]     # it trains the decision token only
     px = load_prefixes_config(REPO / c.prefixes_config)
     assert px.max_unsafe_runs is None and px.max_safe_runs is None and px.max_prompt_tokens >= 4096
     for f in (c.warmup_config, c.stage1_config, c.stage2_config):     # no tracker: no tensorboard wheel

@@ -74,6 +74,11 @@ class AblationConfig:
     threshold_rows: list = field(default_factory=list)
     threshold_from: str = "val walk"
     threshold_sample: int = 12
+    # rows whose walks write the canonical completion of the side their decision token chose
+    # (`aftraj eval --decision-finish canonical`): a row trained on the decision token only ("every
+    # prefix"), whose own text after a forced ALARM token is untrained (13 of 13 broke, 2026-12-02);
+    # a row here that is not in model_rows is not built and changes nothing
+    canonical_finish_rows: list = field(default_factory=list)
     # steps per training phase (None: the phase config's own) and how often a checkpoint is kept
     warmup_steps: int | None = None
     stage1_steps: int | None = None
@@ -141,6 +146,9 @@ class AblationConfig:
         if self.threshold_from == "heldout rows" and any(r != "every prefix" for r in self.threshold_rows):
             raise ConfigError("held-out rows are the every-prefix run's only: threshold_rows must be "
                               f"['every prefix'] or [], got {self.threshold_rows!r}", key="threshold_from")
+        if not isinstance(self.canonical_finish_rows, list) or any(r not in MODEL_ROWS for r in self.canonical_finish_rows):
+            raise ConfigError(f"must be a list of rows among {list(MODEL_ROWS)}, got {self.canonical_finish_rows!r}",
+                              key="canonical_finish_rows")
         for k in ("warmup_set", "stage1_set", "stage2_set", "prefixes_set"):
             v = getattr(self, k)
             if not isinstance(v, list) or not all(isinstance(x, str) and "=" in x for x in v):
@@ -428,11 +436,12 @@ class Ablation:
 
     def evaluate(self, row: str, model: Path | None = None) -> None:
         th = self.threshold(row, model) if row in self.cfg.threshold_rows else None
+        finish = ["--decision-finish", "canonical"] if row in self.cfg.canonical_finish_rows else []
         for target in ("heldout", "ww"):
             d = self.eval_dir(target, row)
             self.r.run(f"eval {target} {row}", ["eval", *self._eval_args(row, target, model),
                                                 *([] if th is None else ["--decision-threshold", str(th)]),
-                                                "--out", str(d)], clean=d)
+                                                *finish, "--out", str(d)], clean=d)
 
     def threshold(self, row: str, model: Path) -> float:
         """The decision threshold of `row`, tuned on val (`threshold_from`): a walk of every prefix

@@ -373,6 +373,12 @@ def test_the_every_prefix_threshold_can_come_from_its_heldout_rows(tmp_path, mon
     for target in ("heldout", "ww"):
         walk = by[f"eval {target} every prefix"]
         assert walk[walk.index("--decision-threshold") + 1] == "1.25"
+        # quick.yaml finishes the every-prefix row's decisions canonically, not the others'
+        assert walk[walk.index("--decision-finish") + 1] == "canonical"
+        assert "--decision-finish" not in by[f"eval {target} warmed base"]
+    with pytest.raises(ConfigError, match="canonical_finish_rows"):
+        ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
+                       {"canonical_finish_rows": ["every prefix", "stage one"]})
     with pytest.raises(ConfigError, match="threshold_from"):
         ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {"threshold_from": "test walk"})
     with pytest.raises(ConfigError, match="threshold_from"):
