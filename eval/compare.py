@@ -2,7 +2,10 @@
 plot (compare.png) with each run's bootstrap 95 % interval drawn, from the runs' metrics.json.
 Each row names the model (not just "hf"), its n, and the per-step AUC where the run has scores;
 runs measured on different trajectories (their predictions.jsonl ids), data, samples or
-protocols get a warning in compare.md and on stderr (`warnings` in the result).
+protocols get a warning in compare.md and on stderr (`warnings` in the result). Runs on the same
+trajectories also get each run's difference to the first in Exact-F1, Step-Acc and FAR with a
+paired bootstrap interval (`eval.metrics.paired_difference`): is the first row above a floor, or
+only inside its interval?
 
     aftraj eval compare runs/ww-random runs/ww-rules --out runs/compare
 """
@@ -13,6 +16,7 @@ import csv
 import json
 from pathlib import Path
 
+from eval.metrics import paired_difference
 from eval.report import auditor_name, model_name, run_line, save_figure
 
 # (metric, label, percent?) in table order; the first three are plotted with their intervals.
@@ -69,6 +73,42 @@ def _auc(r: dict) -> tuple[float | None, list | None]:
     return a.get("auc"), a.get("ci")
 
 
+PAIRED = ("exact_f1", "step_acc", "far")
+
+
+def _preds(d: Path) -> list[dict] | None:
+    f = d / "predictions.jsonl"
+    if not f.is_file():
+        return None
+    return [json.loads(x) for x in f.read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+def paired_lines(dirs: list[Path], runs: list[dict], names: list[str]) -> list[str]:
+    """compare.md's paired section: the first run minus each other run, on the trajectories they
+    share (every run's predictions.jsonl holds the same ids); [] when they do not."""
+    preds = [_preds(d) for d in dirs]
+    if len(dirs) < 2 or any(p is None for p in preds) or len({tuple(sorted(x["id"] for x in p)) for p in preds}) > 1:
+        return []
+    n_boot, seed = runs[0].get("n_boot") or 1000, runs[0].get("seed") or 0
+    lines = [f"## Paired differences: {names[0]} minus each run", "",
+             "On the same trajectories, a paired bootstrap over them (95 % interval; "
+             "P(≤ 0): the share of resamples where the first run is not above).", "",
+             "| run | " + " | ".join(f"Δ {lab}" for m, lab, _ in COLUMNS if m in PAIRED) + " |",
+             "|---|" + "---|" * len(PAIRED)]
+    for name, p in zip(names[1:], preds[1:]):
+        cells = []
+        for m in PAIRED:
+            d = paired_difference(preds[0], p, m, n_boot=n_boot, seed=seed)
+            if d is None:
+                cells.append("–")
+            else:
+                ci = "" if d["ci"] is None else f" [{100 * d['ci'][0]:+.2f}, {100 * d['ci'][1]:+.2f}]"
+                pv = "" if d["p_not_above"] is None else f", P(≤ 0) {d['p_not_above']:.3f}"
+                cells.append(f"{100 * d['diff']:+.2f} pts{ci}{pv}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def compare_runs(dirs: list[Path], out: Path) -> dict[str, str]:
     """Write compare.md, compare.csv and (when any plotted metric has a value) compare.png.
     Returns {what: path}, plus "warnings" (a list) when the rows may not be comparable."""
@@ -117,6 +157,7 @@ def compare_runs(dirs: list[Path], out: Path) -> dict[str, str]:
                      f"{ov['n']} ({ov.get('n_safe')} / {ov.get('n_unsafe')}) | " + " | ".join(cells) + " |")
     plotted = [m for m in PLOTTED if any(r["overall"].get(m) is not None for r in runs)]
     lines.append("")
+    lines += paired_lines(dirs, runs, names)
     if plotted:
         _plot(runs, names, plotted, out / "compare.png")
         lines += ["![compare](compare.png)", ""]

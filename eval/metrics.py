@@ -158,6 +158,37 @@ def ratio_with_ci(num: Sequence[float], den: Sequence[float], *, n_boot: int = 1
     return point, _ci(_boot_weights(len(num), n_boot, seed), num, den)
 
 
+def paired_difference(a: Sequence[dict], b: Sequence[dict], metric: str, *, n_boot: int = 1000,
+                      seed: int = 0) -> dict | None:
+    """metric(a) - metric(b) for two runs on the same trajectories, with a paired bootstrap 95 %
+    interval: each resample draws trajectories once and scores both runs on them (the same
+    resampling as `summarize`), so what the runs share (hard trajectories, few unsafe runs) cancels.
+    `p_not_above` is the share of resamples where a does not beat b. None when either side cannot
+    be measured. Raises ValueError when the runs' trajectory ids differ."""
+    if metric not in RATIO_METRICS:
+        raise ValueError(f"paired_difference: unknown metric {metric!r} (one of {sorted(RATIO_METRICS)})")
+    ia, ib = sorted(p["id"] for p in a), sorted(p["id"] for p in b)
+    if ia != ib or len(set(ia)) != len(ia):
+        raise ValueError("paired_difference: the runs were not measured on the same trajectories")
+    bid = {p["id"]: p for p in b}
+    a = sorted(a, key=lambda p: p["id"])
+    ca, cb = _columns(a), _columns([bid[p["id"]] for p in a])
+    num, den = RATIO_METRICS[metric]
+    pa, pb = _ratio(ca.cols[num], ca.cols[den]), _ratio(cb.cols[num], cb.cols[den])
+    if pa is None or pb is None:
+        return None
+    out = {"metric": metric, "a": pa, "b": pb, "diff": pa - pb, "ci": None, "p_not_above": None, "n": ca.n}
+    if n_boot > 0:
+        W = _boot_weights(ca.n, n_boot, seed)
+        da, db = W @ ca.cols[den], W @ cb.cols[den]
+        ok = (da > 0) & (db > 0)
+        if ok.any():
+            d = (W @ ca.cols[num])[ok] / da[ok] - (W @ cb.cols[num])[ok] / db[ok]
+            out["ci"] = [float(x) for x in np.percentile(d, [2.5, 97.5])]
+            out["p_not_above"] = float(np.mean(d <= 0))
+    return out
+
+
 def _boot_weights(n: int, n_boot: int, seed: int) -> np.ndarray:
     """n_boot x n multiplicities of a bootstrap over n units (the resampling of every interval)."""
     return np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=n_boot).astype(float)

@@ -291,7 +291,10 @@ def linear_probe(model_path: str | Path, train: Sequence[Trajectory], heldout: S
         tr = random.Random(seed).sample(tr, max_train_pairs)
     te = pairs(heldout)
     if len(tr) < 2 or not te:
-        raise ValueError(f"the linear probe needs twin pairs: {len(tr)} in train, {len(te)} held out")
+        from aftraj.errors import UsageError
+        raise UsageError(f"the linear probe needs at least 2 twin pairs in train and 1 held out, found {len(tr)} "
+                         f"and {len(te)} (a twin: a verified-safe run of an unsafe run's family, identical up "
+                         f"to k*-1): build a larger corpus or drop the row from linear_probe_rows")
 
     def feats(items):
         return torch.stack([decision_features(model, tok, i["prompts"][s].messages, i["prompts"][s].t,

@@ -217,3 +217,27 @@ def test_decision_log_odds_sweep_and_the_one_threshold_rule(tmp_path, capsys):
     (run / "predictions.jsonl").write_text("{bad\n")
     assert main(["eval", "tune-threshold", str(run)]) == 2
     assert "predictions.jsonl:1: not JSON" in capsys.readouterr().err
+
+
+def test_paired_difference_pairs_by_trajectory():
+    from eval.metrics import paired_difference
+
+    a = hand_set()
+    for i, p in enumerate(a):
+        p["id"] = f"t{i}"
+    quiet = [dict(p, alarmed=False, d=None, k_hat=None, a_hat=None) for p in a]
+    # hand_set: 1 exact hit of 4 unsafe with 4 alarms -> Exact-F1 2*1/(4+4) = 0.25; quiet: 0
+    d = paired_difference(a, list(reversed(quiet)), "exact_f1", n_boot=500, seed=1)
+    assert d["a"] == pytest.approx(0.25) and d["b"] == 0.0 and d["diff"] == pytest.approx(0.25)
+    assert 0.0 <= d["ci"][0] <= 0.25 <= d["ci"][1] and 0.0 <= d["p_not_above"] < 0.5
+    # a run against itself: 0 in every resample, whatever the trajectories' spread
+    same = paired_difference(a, a, "exact_f1", n_boot=200)
+    assert same["diff"] == 0.0 and same["ci"] == [0.0, 0.0] and same["p_not_above"] == 1.0
+    fa = paired_difference(a, quiet, "far", n_boot=200)
+    assert fa["diff"] == pytest.approx(0.5)                   # 1 of 2 safe runs alarmed vs none
+    with pytest.raises(ValueError, match="same trajectories"):
+        paired_difference(a, quiet[:-1], "exact_f1")
+    with pytest.raises(ValueError, match="unknown metric"):
+        paired_difference(a, quiet, "f1")
+    assert paired_difference([p for p in a if p["gold"] == "UNSAFE"], [p for p in quiet if p["gold"] == "UNSAFE"],
+                             "far") is None              # no safe run: FAR cannot be measured

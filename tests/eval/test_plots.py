@@ -142,3 +142,16 @@ def test_far_step_acc_draws_the_decision_token_sweep(data, tmp_path):
     assert [t.get_text() for t in ax.get_legend().get_texts()][0] == labels[1]
     m["decision_threshold_sweep"] = None
     assert "no per-prefix confidence" in _why_not_curve(m, preds)
+
+
+def test_compare_gives_paired_differences_on_the_same_trajectories(data, tmp_path):
+    _eval(data, tmp_path / "gold", "--auditor", "dummy:gold")
+    _eval(data, tmp_path / "safe", "--auditor", "dummy:safe")
+    _eval(data, tmp_path / "few", "--auditor", "dummy:safe", "--limit", "4")
+    assert main(["eval", "compare", str(tmp_path / "gold"), str(tmp_path / "safe"), "--out", str(tmp_path / "gs")]) == 0
+    md = (tmp_path / "gs" / "compare.md").read_text()
+    assert "## Paired differences: dummy:gold minus each run" in md
+    # the oracle finds every k* (Exact-F1 100 %) and never false-alarms; the quiet run finds none
+    assert "| dummy:safe | +100.00 pts [+100.00, +100.00], P(≤ 0) 0.000 |" in md
+    assert main(["eval", "compare", str(tmp_path / "gold"), str(tmp_path / "few"), "--out", str(tmp_path / "gf")]) == 0
+    assert "Paired differences" not in (tmp_path / "gf" / "compare.md").read_text()   # other trajectories

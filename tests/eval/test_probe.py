@@ -125,3 +125,20 @@ def test_cli_probe_refuses_data_without_an_unsafe_run_and_without_the_split(tiny
     assert main(["probe", "--model", str(tiny_model_dir), "--data", str(tmp_path / "safe.jsonl"),
                  "--split", "test", "--out", str(tmp_path / "p")]) == 2
     assert "has no splits" in capsys.readouterr().err
+
+
+def test_cli_linear_probe_with_too_few_twin_pairs_is_a_user_error(tiny_model_dir, make_traj, tmp_path, capsys):
+    # one train twin pair cannot fit a probe: a one-line error that says what to do (exit 2), not a
+    # traceback asking for a bug report (the GPU ablation's CPU check met it on a 24-task corpus)
+    from aftraj.cli import main
+    from aftraj.schema import write_jsonl
+
+    write_jsonl(_with_twin(make_traj, 0, 5, 2), tmp_path / "train.jsonl")
+    held = _with_twin(make_traj, 1, 5, 3)
+    for t in held:
+        t.meta["split"] = "test"
+    write_jsonl(held, tmp_path / "test.jsonl")
+    assert main(["probe", "--model", str(tiny_model_dir), "--data", str(tmp_path / "test.jsonl"),
+                 "--linear-train", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "lp")]) == 2
+    err = capsys.readouterr().err
+    assert "at least 2 twin pairs in train and 1 held out, found 1 and 1" in err and "Traceback" not in err
