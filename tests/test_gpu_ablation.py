@@ -169,7 +169,8 @@ def test_cpu_check_runs_end_to_end(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "finished=yes" in r.stdout
     summary = json.loads((tmp_path / "out" / "report" / "ablation.json").read_text())
-    assert set(summary["results"]["heldout"]) >= {"warmed base", "stage 1", "stage 1 + 2"}
+    assert set(summary["results"]["heldout"]) >= {"warmed base", "stage 1", "stage 1 + 2", "every prefix"}
+    assert "every prefix" in summary["thresholds"]
     fig = json.loads((tmp_path / "out" / "figures.json").read_text())
     assert "linear_probe.warmed_base.post_beats_twin" in fig
 
