@@ -149,6 +149,9 @@ m = acc.prepare(AutoModelForCausalLM.from_pretrained({model!r}))
 m(input_ids=torch.tensor([[1, 2, 3]]))
 if acc.is_main_process:
     open({out!r}, "w").write(json.dumps(rotary_buffer_dtypes(m)))
+acc.wait_for_everyone()
+acc.end_training()   # tear the gloo group down before exit, as the trainer does: without it, rank 0
+                     # once aborted at exit ("terminate called without an active exception", CI 2026-12-02)
 '''
 
 
