@@ -38,11 +38,16 @@ def _names(dirs: list[Path], runs: list[dict]) -> list[str]:
     return [f"{lab} [{d.name}]" if labels.count(lab) > 1 else lab for d, lab in zip(dirs, labels)]
 
 
-def _ids(d: Path) -> list[str] | None:
+def _preds(d: Path) -> list[dict] | None:
     f = d / "predictions.jsonl"
     if not f.is_file():
         return None
-    return sorted(json.loads(x)["id"] for x in f.read_text(encoding="utf-8").splitlines() if x.strip())
+    return [json.loads(x) for x in f.read_text(encoding="utf-8").splitlines() if x.strip()]
+
+
+def _ids(d: Path) -> list[str] | None:
+    preds = _preds(d)
+    return None if preds is None else sorted(p["id"] for p in preds)
 
 
 def comparability_warnings(dirs: list[Path], runs: list[dict], names: list[str]) -> list[str]:
@@ -74,13 +79,6 @@ def _auc(r: dict) -> tuple[float | None, list | None]:
 
 
 PAIRED = ("exact_f1", "step_acc", "far")
-
-
-def _preds(d: Path) -> list[dict] | None:
-    f = d / "predictions.jsonl"
-    if not f.is_file():
-        return None
-    return [json.loads(x) for x in f.read_text(encoding="utf-8").splitlines() if x.strip()]
 
 
 def paired_lines(dirs: list[Path], runs: list[dict], names: list[str]) -> list[str]:
