@@ -9,6 +9,36 @@ both read. torch is imported when called, so the core package imports without it
 from __future__ import annotations
 
 
+MIXED_PRECISION = ("no", "bf16", "auto")
+
+
+def resolve_mixed_precision(mp: str) -> str:
+    """"auto" -> "bf16" where the device computes bf16 natively (a CUDA GPU that supports it, or a
+    CPU with AVX512-BF16 / AMX-BF16; elsewhere bf16 autocast is emulated and slower), else "no"."""
+    if mp != "auto":
+        return mp
+    import torch
+
+    if torch.cuda.is_available():
+        return "bf16" if torch.cuda.is_bf16_supported() else "no"
+    from pathlib import Path
+
+    try:
+        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "no"
+    return "bf16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "no"
+
+
+def autocast(mixed_precision: str, device):
+    """bf16 autocast on `device` (a torch.device or its type) when `mixed_precision` resolves to
+    "bf16" (float32 weights; ~2.5x a 1,100-token SmolLM2 forward on an AVX512-BF16 CPU), else a no-op."""
+    import torch
+
+    kind = getattr(device, "type", device)
+    return torch.autocast(kind, dtype=torch.bfloat16, enabled=resolve_mixed_precision(mixed_precision) == "bf16")
+
+
 def decision_ids(tok, t: int, alarm) -> tuple[list[int], list[int], int]:
     """(SAFE ids, ALARM ids, decision position) of the canonical completions on prefix t: the
     canonical SAFE completion and `alarm` (a Verdict) formatted, and their first divergence."""

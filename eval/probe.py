@@ -211,20 +211,23 @@ def _budget(model, tok, budget: int | None) -> int:
 
 def run_probe(model_path: str | Path, trajs: Sequence[Trajectory], out: Path, *, budget: int | None = None,
               n_boot: int = 1000, seed: int = 0, dtype: str = "float32", max_post_tokens: int | None = None,
-              error_types: dict[str, str] | None = None) -> dict:
+              error_types: dict[str, str] | None = None, mixed_precision: str = "no") -> dict:
     """Load the model (a folder, a merged model or a LoRA adapter folder), probe, write OUT/probe.json.
-    budget None: the hf auditor's default, the model's context less the template and 128 tokens."""
+    budget None: the hf auditor's default, the model's context less the template and 128 tokens.
+    `mixed_precision` "bf16"/"auto": the forwards under bf16 autocast (float32 weights)."""
+    from aftraj.scoring import autocast, resolve_mixed_precision
     from eval.auditors.hf import load_model
 
     model, tok = load_model(model_path, dtype=dtype)
     model.eval()
     budget = _budget(model, tok, budget)
     t0 = time.perf_counter()
-    res = probe(trajs, hf_scorer(model, tok), budget=budget, n_boot=n_boot, seed=seed,
-                count_tokens=lambda s: len(tok(s, add_special_tokens=False)["input_ids"]),
-                max_post_tokens=max_post_tokens, error_types=error_types)
+    with autocast(mixed_precision, model.device):
+        res = probe(trajs, hf_scorer(model, tok), budget=budget, n_boot=n_boot, seed=seed,
+                    count_tokens=lambda s: len(tok(s, add_special_tokens=False)["input_ids"]),
+                    max_post_tokens=max_post_tokens, error_types=error_types)
     res = {"model": str(model_path), "budget": budget, "seed": seed, "n_boot": n_boot,
-           "max_post_tokens": max_post_tokens, "wall_s": round(time.perf_counter() - t0, 1), **res}
+           "max_post_tokens": max_post_tokens, "mixed_precision": resolve_mixed_precision(mixed_precision), "wall_s": round(time.perf_counter() - t0, 1), **res}
     out.mkdir(parents=True, exist_ok=True)
     (out / "probe.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
     return res
@@ -266,13 +269,16 @@ def fit_logistic(x, y, *, l2: float = 1e-2, steps: int = 200):
 
 def linear_probe(model_path: str | Path, train: Sequence[Trajectory], heldout: Sequence[Trajectory], out: Path, *,
                  budget: int | None = None, n_boot: int = 1000, seed: int = 0, max_post_tokens: int | None = None,
-                 max_train_pairs: int | None = None, error_types: dict[str, str] | None = None) -> dict:
+                 max_train_pairs: int | None = None, error_types: dict[str, str] | None = None,
+                 mixed_precision: str = "no") -> dict:
     """Is post vs twin linearly readable from the frozen model? Fit on `train`'s post/twin pairs,
-    score held-out pairs by post-beats-twin on the probe's logit. Writes OUT/linear_probe.json."""
+    score held-out pairs by post-beats-twin on the probe's logit. Writes OUT/linear_probe.json.
+    `mixed_precision` "bf16"/"auto": the feature forwards under bf16 autocast (float32 weights)."""
     import random
 
     import torch
 
+    from aftraj.scoring import autocast, resolve_mixed_precision
     from eval.auditors.hf import load_model
 
     model, tok = load_model(model_path)
@@ -297,8 +303,9 @@ def linear_probe(model_path: str | Path, train: Sequence[Trajectory], heldout: S
                          f"to k*-1): build a larger corpus or drop the row from linear_probe_rows")
 
     def feats(items):
-        return torch.stack([decision_features(model, tok, i["prompts"][s].messages, i["prompts"][s].t,
-                                              _alarm_of(i["prompts"][s])) for i in items for s in ("post", "twin")])
+        with autocast(mixed_precision, model.device):
+            return torch.stack([decision_features(model, tok, i["prompts"][s].messages, i["prompts"][s].t,
+                                                  _alarm_of(i["prompts"][s])) for i in items for s in ("post", "twin")])
 
     x_tr, x_te = feats(tr), feats(te)
     y_tr = torch.tensor([1.0, 0.0] * len(tr))
@@ -310,7 +317,7 @@ def linear_probe(model_path: str | Path, train: Sequence[Trajectory], heldout: S
             for j, i in enumerate(te)]
     train_acc = float(((s_tr > 0).float() == y_tr).float().mean())
     res = {"model": str(model_path), "n_train_pairs": len(tr), "n_heldout_pairs": len(te),
-           "train_accuracy": train_acc,
+           "train_accuracy": train_acc, "mixed_precision": resolve_mixed_precision(mixed_precision),
            "post_beats_twin": _beats(recs, "post", "twin", "decision", n_boot, seed),
            "by_domain": _breakdown(recs, "domain", n_boot, seed),
            "by_error_type": _breakdown(recs, "error_type", n_boot, seed),

@@ -29,6 +29,9 @@ def register(sub) -> None:
                                           "position, post vs twin) on this train JSONL, score --data's pairs; "
                                           "writes linear_probe.json")
     p.add_argument("--linear-train-pairs", type=int, help="fit on at most this many train twin pairs (seeded)")
+    p.add_argument("--mixed-precision", choices=("no", "bf16", "auto"), default="no",
+                   help="bf16 autocast of the forwards (float32 weights); auto: where the device computes "
+                        "bf16 natively (a CUDA GPU, a CPU with AVX512-BF16/AMX). Default no: float32")
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
@@ -51,7 +54,8 @@ def run(args) -> int:
         train = load_trajectories(args.linear_train)
         res = linear_probe(args.model, train, trajs, Path(args.out), budget=args.budget, n_boot=args.n_boot,
                            seed=args.seed, max_post_tokens=args.max_post_tokens,
-                           max_train_pairs=args.linear_train_pairs, error_types=read_error_types(args.data))
+                           max_train_pairs=args.linear_train_pairs, error_types=read_error_types(args.data),
+                           mixed_precision=args.mixed_precision)
         print(json.dumps({"split": split, "n_train_pairs": res["n_train_pairs"],
                           "n_heldout_pairs": res["n_heldout_pairs"], "train_accuracy": res["train_accuracy"],
                           "post_beats_twin": res["post_beats_twin"]["share"],
@@ -59,7 +63,8 @@ def run(args) -> int:
                           "out": str(Path(args.out) / "linear_probe.json")}))
         return 0
     res = run_probe(args.model, trajs, Path(args.out), budget=args.budget, n_boot=args.n_boot, seed=args.seed,
-                    max_post_tokens=args.max_post_tokens, error_types=read_error_types(args.data))
+                    max_post_tokens=args.max_post_tokens, error_types=read_error_types(args.data),
+                    mixed_precision=args.mixed_precision)
     s = res["summary"]
     print(json.dumps({"split": split, "n_runs": s["n_runs"],
                       "post_beats_twin": s["post_beats_twin"]["share"], "post_beats_twin_ci": s["post_beats_twin"]["ci"],

@@ -104,6 +104,9 @@ class AblationConfig:
     # the probe's held-out runs: the val and test families' unsafe runs (and their twins) whose full
     # post-boundary prompt has at most this many tokens (null: every one; the stage-1 filter)
     probe_max_post_tokens: int | None = None
+    # the probes' forwards under bf16 autocast ("auto": where the device computes bf16 natively;
+    # `aftraj probe --mixed-precision`); "no": float32
+    probe_mixed_precision: str = "no"
     probe_runs: int | None = None          # at most this many held-out unsafe runs (seeded), with the
                                            # safe runs of their families (twins); null: every one
     # the ladder's first rung: a linear probe on these frozen rows' last hidden state (post vs twin)
@@ -116,6 +119,9 @@ class AblationConfig:
         for k in ("heldout_sample", "ww_sample", "max_new_tokens", "eval_batch", "n_boot", "threshold_sample"):
             if not isinstance(getattr(self, k), int) or getattr(self, k) < 1:
                 raise ConfigError(f"must be an integer >= 1, got {getattr(self, k)!r}", key=k)
+        if self.probe_mixed_precision not in ("no", "bf16", "auto"):
+            raise ConfigError(f"must be 'no', 'bf16' or 'auto', got {self.probe_mixed_precision!r}",
+                              key="probe_mixed_precision")
         if not isinstance(self.probe, bool):
             raise ConfigError(f"must be true or false, got {self.probe!r}", key="probe")
         if not isinstance(self.val_sample, int) or self.val_sample < 0:
@@ -344,6 +350,7 @@ class Ablation:
         models = {k: v for k, v in models.items() if k in rows}
         heldout = self.probe_data() if c.probe or c.linear_probe_rows else None
         lim = ["--max-post-tokens", str(c.probe_max_post_tokens)] if c.probe_max_post_tokens else []
+        lim += ["--mixed-precision", c.probe_mixed_precision] if c.probe_mixed_precision != "no" else []
         for row, path in (models.items() if c.probe else ()):   # teacher forcing, held-out unsafe runs
             d = self.out / "probe" / row_slug(row)
             r.run(f"probe {row}", ["probe", "--model", str(path), "--data", str(heldout), "--split", "all",

@@ -35,7 +35,7 @@ def test_shipped_configs_load(name):
     ("warmup_config", "configs/warmup/nope.yaml", "warmup_config"), ("colour", 1, "colour"),
     ("model_rows", [], "model_rows"), ("model_rows", ["stage 3"], "model_rows"),
     ("model_rows", ["stage 1", "stage 1"], "model_rows"), ("model_rows", "stage 1", "model_rows"),
-    ("probe", "yes", "probe")])
+    ("probe", "yes", "probe"), ("probe_mixed_precision", "fp16", "probe_mixed_precision")])
 def test_bad_config_values_are_named(tmp_path, key, value, match):
     with pytest.raises(ConfigError, match=match):
         ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {key: value})
@@ -385,3 +385,25 @@ def test_the_every_prefix_threshold_can_come_from_its_heldout_rows(tmp_path, mon
         ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
                        {"model_rows": ["stage 1", "every prefix"], "threshold_rows": ["stage 1"],
                         "threshold_from": "heldout rows"})
+
+
+def test_probe_mixed_precision_reaches_every_probe_and_the_linear_probe(tmp_path, monkeypatch):
+    # cpu.yaml probes under bf16 autocast where the CPU computes bf16 natively; the default stays float32
+    def probe_calls(over):
+        cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
+                             {"model_rows": ["warmed base"], "threshold_rows": [], "canonical_finish_rows": [], "val_sample": 0,
+                              "linear_probe_rows": ["warmed base"], **over})
+        a = ab.Ablation(cfg, tmp_path / f"out{len(over)}", echo=False)
+        calls = []
+        monkeypatch.setattr(a.r, "run", lambda name, argv, *, clean=None: calls.append((name, argv)) or {"phase": name})
+        monkeypatch.setattr(a, "base_model", lambda: tmp_path / "base")
+        monkeypatch.setattr(a, "probe_data", lambda: tmp_path / "heldout.jsonl")
+        monkeypatch.setattr(a, "write_report", lambda models, wall: models)
+        a.run()
+        return {n: argv for n, argv in calls if n.startswith(("probe", "linear probe"))}
+
+    on = probe_calls({"probe_mixed_precision": "auto"})
+    assert set(on) == {"probe warmed base", "linear probe warmed base"}
+    assert all(argv[argv.index("--mixed-precision") + 1] == "auto" for argv in on.values())
+    assert not any("--mixed-precision" in argv for argv in probe_calls({}).values())
+    assert ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml").probe_mixed_precision == "auto"

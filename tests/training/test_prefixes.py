@@ -61,14 +61,14 @@ def test_auc():
     assert auc([], [1.0]) is None
 
 
-def _overfit_run(tmp_path, tiny_model_dir):
+def _overfit_run(tmp_path, tiny_model_dir, **over):
     """30 epochs on 8 synthetic runs, scored on those same runs (heldout_split: train)."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     write_jsonl(synthetic_trajectories(8, seed=0), corpus / "train.jsonl")
     return train(load_prefixes_config("configs/prefixes/tiny-cpu.yaml", {
         "model": str(tiny_model_dir), "data": str(corpus), "output_dir": str(tmp_path / "run"),
-        "num_epochs": 30, "learning_rate": 3e-3, "runs_per_step": 8, "heldout_split": "train"}))
+        "num_epochs": 30, "learning_rate": 3e-3, "runs_per_step": 8, "heldout_split": "train", **over}))
 
 
 def test_a_run_learns_the_decision_on_every_training_prefix_and_exports(tmp_path, tiny_model_dir):
@@ -92,6 +92,38 @@ def test_a_run_learns_the_decision_on_every_training_prefix_and_exports(tmp_path
     top = len(after.model.layers) - 1
     assert not torch.equal(after.model.layers[top].mlp.up_proj.weight, before.model.layers[top].mlp.up_proj.weight)
     assert torch.equal(after.model.layers[0].mlp.up_proj.weight, before.model.layers[0].mlp.up_proj.weight)
+
+
+def test_bf16_autocast_covers_the_capture_every_step_and_the_heldout_scoring(tmp_path, tiny_model_dir, monkeypatch):
+    # mixed_precision: bf16 (the CPU configs' "auto" on an AVX512-BF16 CPU): every packed forward
+    # runs under bf16 autocast with float32 weights and features, and the run still learns
+    import aftraj.scoring as scoring
+
+    real, seen = scoring.packed_logits, []
+
+    def spy(model, pack, **kw):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), kw.get("embeds") is not None))
+        return real(model, pack, **kw)
+
+    monkeypatch.setattr(scoring, "packed_logits", spy)
+    res = _overfit_run(tmp_path, tiny_model_dir, mixed_precision="bf16")
+    assert res.data["mixed_precision"] == "bf16"
+    assert seen and all(on and dt == torch.bfloat16 for on, dt, _ in seen)
+    assert {e for _, _, e in seen} == {False, True}       # the capture (whole model) and the top layers
+    assert res.data["heldout"]["after"]["auc"] > 0.9
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(res.final_dir).dtype == torch.float32
+
+
+def test_mixed_precision_off_runs_float32(tmp_path, tiny_model_dir, monkeypatch):
+    import aftraj.scoring as scoring
+
+    real, seen = scoring.packed_logits, []
+    monkeypatch.setattr(scoring, "packed_logits",
+                        lambda model, pack, **kw: (seen.append(torch.is_autocast_enabled("cpu")), real(model, pack, **kw))[1])
+    res = _overfit_run(tmp_path, tiny_model_dir, num_epochs=1)
+    assert res.data["mixed_precision"] == "no" and seen and not any(seen)
 
 
 @pytest.mark.gpu
@@ -141,7 +173,8 @@ def test_safe_runs_have_their_own_prompt_cap(tiny_tokenizer):
                                        ({"attn_implementation": "flash_attention_2"}, "attn_implementation"),
                                        ({"max_safe_runs": -1}, "max_safe_runs"),
                                        ({"max_safe_prompt_tokens": 0}, "max_safe_prompt_tokens"),
-                                       ({"twin_weight": -1}, "twin_weight")])
+                                       ({"twin_weight": -1}, "twin_weight"),
+                                       ({"mixed_precision": "fp8"}, "mixed_precision")])
 def test_bad_configs_name_the_key(over, key):
     from aftraj.config import ConfigError
 

@@ -58,6 +58,10 @@ class PrefixesConfig(ModelConfig):
     runs_per_step: int = 4
     learning_rate: float = 5e-5
     warmup_steps: int = 0
+    # bf16 autocast of the capture, the steps and the held-out scoring ("auto": where the device
+    # computes bf16 natively, a CUDA GPU or a CPU with AVX512-BF16/AMX, as stage 1's resolver says;
+    # weights stay float32). "no": float32 throughout.
+    mixed_precision: str = "no"
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
 
@@ -84,6 +88,9 @@ class PrefixesConfig(ModelConfig):
                                                     and not isinstance(self.alarm_weight, bool)
                                                     and self.alarm_weight > 0)):
             raise ConfigError(f"must be 'balanced' or a number > 0, got {self.alarm_weight!r}", key="alarm_weight")
+        if self.mixed_precision not in ("no", "bf16", "auto"):
+            raise ConfigError(f"must be 'no', 'bf16' or 'auto', got {self.mixed_precision!r}",
+                              key="mixed_precision")
         if self.twin_weight < 0:
             raise ConfigError(f"must be a number >= 0, got {self.twin_weight!r}", key="twin_weight")
         if not (isinstance(self.learning_rate, (int, float)) and self.learning_rate > 0):

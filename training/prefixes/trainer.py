@@ -128,12 +128,14 @@ def select_runs(trajs: list[Trajectory], tok, cfg: PrefixesConfig, caps: tuple |
                   "unpacked_tokens": sum(r.pack.pos[i] + 1 for r in runs for i in r.pack.last)}
 
 
-def capture(model, runs: list[PrefixRun], n_top: int, *, progress: bool = False) -> list:
+def capture(model, runs: list[PrefixRun], n_top: int, *, progress: bool = False, mixed_precision: str = "no") -> list:
     """Per run (features (1, N, d) = the input of decoder layer L - n_top for every packed token,
-    the mask, the decision log-odds ALARM − SAFE of the model as it is, one per row)."""
+    the mask, the decision log-odds ALARM − SAFE of the model as it is, one per row). Under bf16
+    autocast (`mixed_precision`) the features stay float32 (the residual stream), computed from
+    bf16 matmuls."""
     import torch
 
-    from aftraj.scoring import packed_logits
+    from aftraj.scoring import autocast, packed_logits
 
     layers = model.model.layers
     impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
@@ -146,9 +148,9 @@ def capture(model, runs: list[PrefixRun], n_top: int, *, progress: bool = False)
             seen.clear()
             p = next(model.parameters())
             mask = r.pack.mask(impl, p.dtype).to(p.device)      # built once, kept where the model is
-            with torch.no_grad():
-                lo = r.log_odds(packed_logits(model, r.pack, mask=mask))
-            out.append((seen[0], mask, lo))
+            with torch.no_grad(), autocast(mixed_precision, p.device):
+                lo = r.log_odds(packed_logits(model, r.pack, mask=mask).float())
+            out.append((seen[0].float(), mask, lo))
             if progress and len(out) % 25 == 0:
                 print(json.dumps({"captured_runs": len(out), "of": len(runs), "s": round(time.perf_counter() - t0, 1)}),
                       flush=True)
@@ -249,7 +251,7 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
     from transformers import get_cosine_schedule_with_warmup
 
     from aftraj.boundary import find_twins
-    from aftraj.scoring import packed_logits
+    from aftraj.scoring import autocast, packed_logits, resolve_mixed_precision
     from training.common import export_folder, freeze_below, load_model, load_tokenizer, load_training_trajectories
     from training.models import resolve_model_spec
     from training.stage1.features import top_layers_only
@@ -282,8 +284,8 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
         held, hcounts = select_runs(hts, tok, cfg, (cfg.max_heldout_runs, cfg.max_heldout_runs))
     model.eval()
     t1 = time.perf_counter()
-    cached = capture(model, runs, cfg.trainable_layers, progress=progress)
-    held_cached = capture(model, held, cfg.trainable_layers, progress=progress)
+    cached = capture(model, runs, cfg.trainable_layers, progress=progress, mixed_precision=cfg.mixed_precision)
+    held_cached = capture(model, held, cfg.trainable_layers, progress=progress, mixed_precision=cfg.mixed_precision)
     data = {"source": src, **counts, "alarm_weight": w_alarm, "tokenize_s": round(t1 - t0, 1),
             "capture_s": round(time.perf_counter() - t1, 1),
             "feature_bytes": sum(f.numel() * f.element_size() for f, _, _ in cached),
@@ -321,7 +323,7 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
                     loss, decision = 0.0, {}
                     for i in g:
                         r, (feat, mask, _) = runs[i], cached[i]
-                        with top_layers_only(model, cfg.trainable_layers):
+                        with top_layers_only(model, cfg.trainable_layers), autocast(cfg.mixed_precision, device):
                             logits = packed_logits(model, r.pack, embeds=feat, mask=mask).float()
                         ce = F.cross_entropy(logits, torch.tensor(r.targets, device=device), reduction="none")
                         w = torch.tensor([w_alarm if y else 1.0 for y in r.alarm], device=device)
@@ -362,9 +364,9 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
     model.eval()
     if held:
         rows = []
-        with torch.no_grad(), top_layers_only(model, cfg.trainable_layers):
+        with torch.no_grad(), top_layers_only(model, cfg.trainable_layers), autocast(cfg.mixed_precision, device):
             for r, (feat, mask, before) in zip(held, held_cached):
-                after = r.log_odds(packed_logits(model, r.pack, embeds=feat, mask=mask))
+                after = r.log_odds(packed_logits(model, r.pack, embeds=feat, mask=mask).float())
                 steps = held_trajs[r.traj_id].steps
                 rows += [{"id": r.traj_id, "t": t, "alarm": y, "step_agent": steps[t].agent,
                           "log_odds_before": round(b, 4), "log_odds_after": round(a, 4)}
@@ -374,7 +376,8 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
         data["heldout"].update(before=heldout_summary(rows, "log_odds_before"),
                                after=heldout_summary(rows, "log_odds_after"))
     final = export_folder(model, tok, out / "final", lora=False, dtype=cfg.export_dtype)
-    summary = {"steps": step, "trainable_parameters": n_trainable, "train_s": round(time.perf_counter() - t1, 1),
+    summary = {"steps": step, "mixed_precision": resolve_mixed_precision(cfg.mixed_precision),
+               "trainable_parameters": n_trainable, "train_s": round(time.perf_counter() - t1, 1),
                "peak_rss_gib": round(_rss_gib(), 2), "device": device.type}
     if device.type == "cuda":
         summary["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aftraj.scoring import resolve_mixed_precision  # noqa: F401 (importers)
 from aftraj.config import (ATTN_IMPLEMENTATIONS, DTYPES, FINETUNES, ConfigError,  # noqa: F401 (importers)
                            ModelConfig, check_types, load)
 
@@ -256,22 +257,6 @@ class Schedule:
     def describe(self) -> str:
         return (f"schedule: {self.n_pairs} pairs, global batch {self.global_batch}, {self.steps} steps "
                 f"= {self.epochs:.2f} epochs, warm-up {self.warmup_steps} steps")
-
-
-def resolve_mixed_precision(mp: str) -> str:
-    """"auto" -> "bf16" where the device computes bf16 natively (a CUDA GPU that supports it, or a
-    CPU with AVX512-BF16 / AMX-BF16; elsewhere bf16 autocast is emulated and slower), else "no"."""
-    if mp != "auto":
-        return mp
-    import torch
-
-    if torch.cuda.is_available():
-        return "bf16" if torch.cuda.is_bf16_supported() else "no"
-    try:
-        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return "no"
-    return "bf16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "no"
 
 
 def load_stage1_config(path: str | Path, overrides: dict | None = None) -> Stage1Config:

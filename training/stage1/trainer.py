@@ -151,14 +151,18 @@ def precompute_reference(model, pairs: list[TokenizedPair], pad_id: int, batch_s
     was_training = model.training
     model.eval()
     out = []
+    # the accelerator's autocast (bf16 under mixed_precision bf16): the reference and the features
+    # come from the same precision as the steps' forwards, and the capture of an unwrapped model
+    # (feature_cache) is not left in float32 (~2.5x slower for a 1,100-token SmolLM2 pair on a CPU)
     if per_pair:
         for i in mine:
             comps = [pairs[i].chosen_ids, pairs[i].rejected_ids]
-            if features_below:
-                feats, (c, r) = pair_features(acc.unwrap_model(model), pairs[i].prompt_ids, comps, features_below)
-                features.append(feats)
-            else:
-                c, r = pair_token_logps(model, pairs[i].prompt_ids, comps)
+            with acc.autocast():
+                if features_below:
+                    feats, (c, r) = pair_features(acc.unwrap_model(model), pairs[i].prompt_ids, comps, features_below)
+                    features.append(tuple(f.float() for f in feats))
+                else:
+                    c, r = pair_token_logps(model, pairs[i].prompt_ids, comps)
             lim = slice(0, margin_tokens)
             out.append(torch.stack([c[lim].sum(), r[lim].sum()]).float()[None].to(acc.device))
     else:
