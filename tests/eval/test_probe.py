@@ -142,3 +142,33 @@ def test_cli_linear_probe_with_too_few_twin_pairs_is_a_user_error(tiny_model_dir
                  "--linear-train", str(tmp_path / "train.jsonl"), "--out", str(tmp_path / "lp")]) == 2
     err = capsys.readouterr().err
     assert "at least 2 twin pairs in train and 1 held out, found 1 and 1" in err and "Traceback" not in err
+
+
+def test_cli_probe_under_bf16_autocast_scores_near_float32(tiny_model_dir, make_traj, tmp_path, monkeypatch):
+    # --mixed-precision bf16: every scoring forward runs under bf16 autocast (float32 weights), the
+    # decision log-odds stay close to float32's, and probe.json says which precision it used
+    from aftraj.cli import main
+    from aftraj.schema import write_jsonl
+    import aftraj.scoring as scoring
+
+    trajs = _with_twin(make_traj, 0, 5, 2) + _with_twin(make_traj, 1, 6, 3)
+    for t in trajs:
+        t.meta["split"] = "test"
+    write_jsonl(trajs, tmp_path / "test.jsonl")
+    real, seen = scoring.pair_token_logps, []
+
+    def spy(*a, **kw):
+        seen.append(torch.is_autocast_enabled("cpu"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(scoring, "pair_token_logps", spy)
+    res = {}
+    for mp in ("no", "bf16"):
+        seen.clear()
+        assert main(["probe", "--model", str(tiny_model_dir), "--data", str(tmp_path / "test.jsonl"),
+                     "--out", str(tmp_path / mp), "--n-boot", "20", "--mixed-precision", mp]) == 0
+        res[mp] = json.loads((tmp_path / mp / "probe.json").read_text())
+        assert seen and all(seen) == (mp == "bf16") and any(seen) == (mp == "bf16")
+        assert res[mp]["mixed_precision"] == mp
+    a, b = ([r["post"]["decision"] for r in res[mp]["runs"]] for mp in ("no", "bf16"))
+    assert len(a) == 2 and a == pytest.approx(b, abs=0.1)
