@@ -4,6 +4,7 @@ loss can reach (two pairs overfit on the tiny model)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -136,6 +137,10 @@ def test_per_pair_step_gives_the_padded_steps_loss_and_gradient(tiny_model_dir, 
         @staticmethod
         def gather(x):
             return x
+
+        @staticmethod
+        def autocast():   # Accelerator(mixed_precision="no"): float32
+            return contextlib.nullcontext()
 
     cfgs = {b: stage1_cfg(batching=b, weight_twin=0.5, per_device_batch_size=3, **over)
             for b in ("padded", "per_pair")}
