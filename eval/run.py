@@ -54,6 +54,7 @@ class EvalConfig:
     decision_threshold: float | None = None   # hf: ALARM iff the decision-token log-odds >= it
     draft_tokens: int | None = None   # hf: canonical-completion tokens verified per forward (0: off)
     decision_finish: str | None = None   # hf: "canonical" finishes the side chosen at the decision token canonically
+    mixed_precision: str | None = None   # hf: "bf16"/"auto" runs the forwards under bf16 autocast
     reference_answer: bool = False
     max_in_flight: int = 32
     all_prefixes: bool = False
@@ -169,11 +170,13 @@ def evaluate(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> EvalRe
               retries=cfg.retries, max_new_tokens=cfg.max_new_tokens, budget=cfg.budget,
               reference_answer=cfg.reference_answer, seed=cfg.seed, data=cfg.data,
               layout=cfg.layout, decision_threshold=cfg.decision_threshold, draft_tokens=cfg.draft_tokens,
-              decision_finish=cfg.decision_finish)
+              decision_finish=cfg.decision_finish, mixed_precision=cfg.mixed_precision)
     if cfg.decision_threshold is not None and parse_spec(cfg.auditor)[0] != "hf":
         raise UsageError(f"--decision-threshold applies to the hf auditor only, not {cfg.auditor!r}")
     if cfg.decision_finish is not None and parse_spec(cfg.auditor)[0] != "hf":
         raise UsageError(f"--decision-finish applies to the hf auditor only, not {cfg.auditor!r}")
+    if cfg.mixed_precision is not None and parse_spec(cfg.auditor)[0] != "hf":
+        raise UsageError(f"--mixed-precision applies to the hf auditor only, not {cfg.auditor!r}")
     try:
         auditor = get_auditor(cfg.auditor, **{k: v for k, v in kw.items() if v is not None})
     except (ValueError, FileNotFoundError) as e:   # AuditorError is a UsageError (a ValueError)
@@ -269,8 +272,9 @@ def resume_settings(cfg: EvalConfig, trajs: list, split) -> dict:
     settings = {k: c[k] for k in (
         "auditor", "model", "endpoint", "api_model", "max_new_tokens", "budget", "decision_threshold",
         "protocol", "parser", "layout", "reference_answer", "all_prefixes", "seed", "data", "sample", "sample_seed", "limit")}
-    if cfg.decision_finish is not None:          # only when set: earlier logs still resume
-        settings["decision_finish"] = cfg.decision_finish
+    for k in ("decision_finish", "mixed_precision"):     # only when set: earlier logs still resume
+        if c[k] is not None:
+            settings[k] = c[k]
     return {**settings, "split": split, "n_trajectories": len(ids), "trajectory_ids_sha256": ids_digest(ids)}
 
 
@@ -282,5 +286,5 @@ def _provenance(cfg: EvalConfig) -> dict:
         "auditor", "model", "endpoint", "api_model", "max_new_tokens", "budget", "decision_threshold",
         "concurrency",
         "timeout", "retries", "protocol", "reference_answer", "all_prefixes", "max_in_flight",
-        "seed", "split", "limit", "layout", "parser", "decision_finish")}
+        "seed", "split", "limit", "layout", "parser", "decision_finish", "mixed_precision")}
     return provenance(command=cfg.command, settings=settings, layout=cfg.layout or "ours")

@@ -70,6 +70,7 @@ from pathlib import Path
 
 from aftraj.confidence import p_unsafe_at, verdict_position
 from aftraj.prompt import render_prompt
+from aftraj.scoring import autocast
 from aftraj.tokens import (TEMPLATE_MARGIN, chat_prompt_text, completion_ids, count_tokens, first_divergence,
                            prompt_budget, text_ids)
 from aftraj.verdict import canonical_completion, canonical_verdict, format_completion, parse_verdict
@@ -199,7 +200,7 @@ class HFAuditor(Auditor):
                  prefill_chunk: int = 2048, dtype: str = "auto", device: str | None = None,
                  batch_size: int = 16, max_batch_tokens: int = 65536,
                  decision_threshold: float | None = None, draft_tokens: int = 64,
-                 decision_finish: str = "model", **kw) -> None:
+                 decision_finish: str = "model", mixed_precision: str = "no", **kw) -> None:
         super().__init__(arg, **kw)
         path = model if isinstance(model, (str, Path)) else arg
         if tokenizer is not None and not isinstance(model, (str, Path)) and model is not None:
@@ -218,6 +219,9 @@ class HFAuditor(Auditor):
             raise ValueError(f"decision_threshold must be a finite number, got {decision_threshold}")
         if draft_tokens < 0:
             raise ValueError(f"draft_tokens must be >= 0, got {draft_tokens}")
+        if mixed_precision not in ("no", "bf16", "auto"):
+            raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'auto', got {mixed_precision!r}")
+        self.mixed_precision = mixed_precision
         if decision_finish not in ("model", "canonical"):
             raise ValueError(f"decision_finish must be 'model' or 'canonical', got {decision_finish!r}")
         self.decision_threshold, self.draft_tokens = decision_threshold, draft_tokens
@@ -420,7 +424,7 @@ class HFAuditor(Auditor):
         import torch
 
         t0 = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast(self.mixed_precision, self.device):
             dec = self._dec(traj, t)
             drafts = self.drafts(traj, t) if self.draft_tokens else ()
             if self.reuse_cache:
@@ -446,7 +450,7 @@ class HFAuditor(Auditor):
         if len({traj.id for traj, _ in requests}) != len(requests):
             raise ValueError("hf auditor: one round holds two prefixes of the same trajectory")
         results = []
-        with torch.inference_mode():
+        with torch.inference_mode(), autocast(self.mixed_precision, self.device):
             group: list = []
             for traj, t in requests:
                 t0 = time.perf_counter()

@@ -107,7 +107,8 @@ def test_hf_backend_on_jsonl(tiny_model_dir, tmp_path, make_traj, torch_one_thre
     assert m["decision_threshold_sweep"] is None
 
 
-@pytest.mark.parametrize("flag, value", [("--decision-threshold", "1.5"), ("--decision-finish", "canonical")])
+@pytest.mark.parametrize("flag, value", [("--decision-threshold", "1.5"), ("--decision-finish", "canonical"),
+                                         ("--mixed-precision", "bf16")])
 def test_the_decision_flags_are_for_the_hf_auditor_only(tmp_path, make_traj, capsys, flag, value):
     data = tmp_path / "set.jsonl"
     write_jsonl([make_traj(0, 4, 2)], data)
@@ -115,6 +116,21 @@ def test_the_decision_flags_are_for_the_hf_auditor_only(tmp_path, make_traj, cap
                  flag, value, "--no-progress"]) == 2
     assert f"{flag} applies to the hf auditor only" in capsys.readouterr().err
     assert not (tmp_path / "o" / "predictions.jsonl").exists()
+
+
+def test_hf_mixed_precision_is_recorded_and_resumes_only_in_the_same_precision(tiny_model_dir, tmp_path, make_traj,
+                                                                               torch_one_thread, capsys):
+    data = tmp_path / "set.jsonl"
+    write_jsonl([make_traj(0, 3, 1)], data)
+    out = tmp_path / "hf"
+    base = ["eval", "--auditor", "hf", "--model", str(tiny_model_dir), "--data", str(data), "--out", str(out),
+            "--max-new-tokens", "2", "--no-progress", "--n-boot", "20"]
+    assert main(base + ["--mixed-precision", "bf16"]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["provenance"]["auditor_settings"]["mixed_precision"] == "bf16"
+    # a float32 run may not resume a bf16 log: the settings differ
+    assert main(base + ["--resume"]) == 2
+    assert "mixed_precision" in capsys.readouterr().err
 
 
 def test_bad_input_is_named(tmp_path):

@@ -460,3 +460,31 @@ def test_draft_tokens_is_validated(noisy_tiny):
     model, tok = noisy_tiny
     with pytest.raises(ValueError, match="draft_tokens"):
         get_auditor("hf", model=model, tokenizer=tok, draft_tokens=-1)
+
+
+@pytest.mark.parametrize("batch_size", [1, 16])
+def test_bf16_autocast_runs_every_forward_and_keeps_the_log_odds(noisy_tiny, make_traj, monkeypatch, batch_size):
+    # mixed_precision bf16 (`aftraj eval --mixed-precision`): every forward of the walk (cache
+    # extension, batched decode, drafts) runs under bf16 autocast with the float32 weights; the
+    # decision log-odds stay near float32's; "no" runs none under autocast
+    model, tok = noisy_tiny
+    trajs = [make_traj(40, 6, None), make_traj(41, 8, 3)]
+    seen = []
+    hook = model.register_forward_pre_hook(lambda m, a: seen.append(torch.is_autocast_enabled("cpu")))
+    try:
+        res = {}
+        for mp in ("no", "bf16"):
+            seen.clear()
+            aud = _at_first_token(get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=4, batch_size=batch_size,
+                                              decision_threshold=0.0, mixed_precision=mp),
+                                  monkeypatch, 5, 6)
+            res[mp] = _walk_rounds(aud, trajs, [0, 0])
+            res[mp + "_lo"] = [r.decision_log_odds for r in aud.audit_batch([(trajs[0], 2), (trajs[1], 4)])]
+            assert seen and all(s == (mp == "bf16") for s in seen)
+    finally:
+        hook.remove()
+    assert next(model.parameters()).dtype == torch.float32
+    assert all(v is not None for v in res["no_lo"]) and res["bf16_lo"] == pytest.approx(res["no_lo"], rel=0.05, abs=0.05)
+    assert len(res["bf16"]) == len(res["no"])
+    with pytest.raises(ValueError, match="mixed_precision"):
+        get_auditor("hf", model=model, tokenizer=tok, mixed_precision="fp8")
