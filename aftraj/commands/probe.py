@@ -31,7 +31,8 @@ def register(sub) -> None:
     p.add_argument("--linear-train-pairs", type=int, help="fit on at most this many train twin pairs (seeded)")
     p.add_argument("--mixed-precision", choices=("no", "bf16", "auto"), default="no",
                    help="bf16 autocast of the forwards (float32 weights); auto: where the device computes "
-                        "bf16 natively (a CUDA GPU, a CPU with AVX512-BF16/AMX). Default no: float32")
+                        "bf16 natively (a CUDA GPU, a CPU with AVX512-BF16/AMX). Default no: float32. bf16 moves the "
+                        "log-odds by more than the post-vs-twin gap (one stage-1 model: 71.1 %% float32, 51.1 %% bf16)")
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)

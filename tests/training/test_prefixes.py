@@ -94,22 +94,30 @@ def test_a_run_learns_the_decision_on_every_training_prefix_and_exports(tmp_path
     assert torch.equal(after.model.layers[0].mlp.up_proj.weight, before.model.layers[0].mlp.up_proj.weight)
 
 
-def test_bf16_autocast_covers_the_capture_every_step_and_the_heldout_scoring(tmp_path, tiny_model_dir, monkeypatch):
-    # mixed_precision: bf16 (the CPU configs' "auto" on an AVX512-BF16 CPU): every packed forward
-    # runs under bf16 autocast with float32 weights and features, and the run still learns
+def test_bf16_autocast_covers_the_training_capture_and_steps_not_the_heldout_scoring(tmp_path, tiny_model_dir,
+                                                                                      monkeypatch):
+    # mixed_precision: bf16 (the CPU configs' "auto" on an AVX512-BF16 CPU): the training runs'
+    # capture and every step run under bf16 autocast with float32 weights and features, and the run
+    # still learns; the held-out rows (capture and scoring: a measurement) run in float32
     import aftraj.scoring as scoring
 
     real, seen = scoring.packed_logits, []
 
     def spy(model, pack, **kw):
-        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"), kw.get("embeds") is not None))
+        seen.append((torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16,
+                     torch.is_grad_enabled(), kw.get("embeds") is not None))
         return real(model, pack, **kw)
 
     monkeypatch.setattr(scoring, "packed_logits", spy)
     res = _overfit_run(tmp_path, tiny_model_dir, mixed_precision="bf16")
     assert res.data["mixed_precision"] == "bf16"
-    assert seen and all(on and dt == torch.bfloat16 for on, dt, _ in seen)
-    assert {e for _, _, e in seen} == {False, True}       # the capture (whole model) and the top layers
+    # heldout_split: train scores the same 8 runs: capture train (8), capture held out (8), steps, scoring (8)
+    captures = [bf for bf, grad, emb in seen if not grad and not emb]
+    steps = [bf for bf, grad, emb in seen if grad]
+    scoring_ = [bf for bf, grad, emb in seen if not grad and emb]
+    assert len(captures) == 16 and captures[:8] == [True] * 8 and captures[8:] == [False] * 8
+    assert steps and all(steps)
+    assert len(scoring_) == 8 and not any(scoring_)
     assert res.data["heldout"]["after"]["auc"] > 0.9
     from transformers import AutoModelForCausalLM
 

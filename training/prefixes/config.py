@@ -58,9 +58,10 @@ class PrefixesConfig(ModelConfig):
     runs_per_step: int = 4
     learning_rate: float = 5e-5
     warmup_steps: int = 0
-    # bf16 autocast of the capture, the steps and the held-out scoring ("auto": where the device
-    # computes bf16 natively, a CUDA GPU or a CPU with AVX512-BF16/AMX, as stage 1's resolver says;
-    # weights stay float32). "no": float32 throughout.
+    # bf16 autocast of the training capture and the steps ("auto": where the device computes bf16
+    # natively, a CUDA GPU or a CPU with AVX512-BF16/AMX, as stage 1's resolver says; weights stay
+    # float32). The held-out rows are scored in float32 whatever this says (a measurement: bf16 moves
+    # the decision log-odds by more than the post-vs-twin gap). "no": float32 throughout.
     mixed_precision: str = "no"
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0

@@ -285,7 +285,10 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
     model.eval()
     t1 = time.perf_counter()
     cached = capture(model, runs, cfg.trainable_layers, progress=progress, mixed_precision=cfg.mixed_precision)
-    held_cached = capture(model, held, cfg.trainable_layers, progress=progress, mixed_precision=cfg.mixed_precision)
+    # the held-out rows are a measurement (and pick the walk's threshold): float32 whatever the
+    # training precision. bf16 autocast moves the decision log-odds by more than a run's post-vs-twin
+    # gap: the same stage-1 model probed 71.1 % post > twin in float32, 51.1 % under bf16 (2026-12-02)
+    held_cached = capture(model, held, cfg.trainable_layers, progress=progress)
     data = {"source": src, **counts, "alarm_weight": w_alarm, "tokenize_s": round(t1 - t0, 1),
             "capture_s": round(time.perf_counter() - t1, 1),
             "feature_bytes": sum(f.numel() * f.element_size() for f, _, _ in cached),
@@ -364,7 +367,7 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
     model.eval()
     if held:
         rows = []
-        with torch.no_grad(), top_layers_only(model, cfg.trainable_layers), autocast(cfg.mixed_precision, device):
+        with torch.no_grad(), top_layers_only(model, cfg.trainable_layers):      # float32 (above)
             for r, (feat, mask, before) in zip(held, held_cached):
                 after = r.log_odds(packed_logits(model, r.pack, embeds=feat, mask=mask).float())
                 steps = held_trajs[r.traj_id].steps
