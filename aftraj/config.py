@@ -128,6 +128,15 @@ def hint_name(hint: Any) -> str:
     return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
 
 
+def type_error(v: Any, hint: Any) -> str:
+    """The message for a value that does not fit its hint. YAML 1.1 reads an unquoted no/yes/on/off
+    as a boolean, so `--set mixed_precision=no` arrives as False: the message says to quote it."""
+    msg = f"must be {hint_name(hint)}, got {type(v).__name__} {v!r}"
+    if isinstance(v, bool) and fits("x", hint):
+        msg += " (YAML reads an unquoted no/yes/on/off as a boolean: quote it, e.g. mixed_precision=\"no\")"
+    return msg
+
+
 def _hints(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
@@ -140,7 +149,7 @@ def check_types(cfg) -> None:
     for f in dataclasses.fields(cfg):
         v, hint = getattr(cfg, f.name), hints[f.name]
         if not fits(v, hint):
-            raise ConfigError(f"must be {hint_name(hint)}, got {type(v).__name__} {v!r}", key=f.name)
+            raise ConfigError(type_error(v, hint), key=f.name)
         if hint is float and is_int(v):
             setattr(cfg, f.name, float(v))
 
@@ -202,7 +211,7 @@ def _build(cls, raw: Any, key: str | None, what: str | None):
                     isinstance(v, list) and _optional_tuple(hint)):
                 v = tuple(v)
             if not fits(v, hint):
-                raise ConfigError(f"must be {hint_name(hint)}, got {type(v).__name__} {v!r}", key=where)
+                raise ConfigError(type_error(v, hint), key=where)
         kw[name] = v
     missing = [n for n, f in fields.items() if n not in kw and f.init
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]

@@ -275,3 +275,15 @@ def test_capped_safe_runs_are_the_twins_of_the_unsafe_runs_taken(tiny_tokenizer)
     ids = [r.traj_id for r in runs]
     assert ids[:2] == [unsafe[0].id, unsafe[1].id] and n["twins"] == 2
     assert set(ids[2:]) == {f"{unsafe[0].id}-twin", f"{unsafe[1].id}-twin"}
+
+
+def test_an_unquoted_no_is_named_with_the_quoting_fix(tmp_path, capsys):
+    # `--set mixed_precision=no`: YAML reads `no` as False; the error names the file and the key
+    # and says to quote it (2026-12-03: "must be str, got bool False" left the user guessing)
+    from aftraj.cli import main
+
+    assert main(["train", "prefixes", "--config", "configs/prefixes/tiny-cpu.yaml", "--out", str(tmp_path / "o"),
+                 "--set", "mixed_precision=no"]) == 2
+    err = capsys.readouterr().err
+    assert "configs/prefixes/tiny-cpu.yaml" in err and "mixed_precision" in err and 'quote it' in err
+    assert not (tmp_path / "o").exists()
