@@ -171,12 +171,9 @@ def evaluate(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> EvalRe
               reference_answer=cfg.reference_answer, seed=cfg.seed, data=cfg.data,
               layout=cfg.layout, decision_threshold=cfg.decision_threshold, draft_tokens=cfg.draft_tokens,
               decision_finish=cfg.decision_finish, mixed_precision=cfg.mixed_precision)
-    if cfg.decision_threshold is not None and parse_spec(cfg.auditor)[0] != "hf":
-        raise UsageError(f"--decision-threshold applies to the hf auditor only, not {cfg.auditor!r}")
-    if cfg.decision_finish is not None and parse_spec(cfg.auditor)[0] != "hf":
-        raise UsageError(f"--decision-finish applies to the hf auditor only, not {cfg.auditor!r}")
-    if cfg.mixed_precision is not None and parse_spec(cfg.auditor)[0] != "hf":
-        raise UsageError(f"--mixed-precision applies to the hf auditor only, not {cfg.auditor!r}")
+    for key in ("decision_threshold", "decision_finish", "mixed_precision"):   # the hf auditor's own flags
+        if getattr(cfg, key) is not None and parse_spec(cfg.auditor)[0] != "hf":
+            raise UsageError(f"--{key.replace('_', '-')} applies to the hf auditor only, not {cfg.auditor!r}")
     try:
         auditor = get_auditor(cfg.auditor, **{k: v for k, v in kw.items() if v is not None})
     except (ValueError, FileNotFoundError) as e:   # AuditorError is a UsageError (a ValueError)

@@ -92,7 +92,8 @@ def register(sub) -> None:
     p.add_argument("--mixed-precision", choices=("no", "bf16", "auto"),
                    help="hf: run the forwards under bf16 autocast (float32 weights); auto: where the device "
                         "computes bf16 natively (a CUDA GPU, a CPU with AVX512-BF16/AMX); default float32 "
-                        "(a threshold tuned in one precision is read in the same one)")
+                        "(a threshold tuned in one precision is read in the same one; bf16 moves the decision "
+                        "log-odds by more than a post-vs-twin gap: see aftraj probe --help)")
     p.add_argument("--draft-tokens", type=int, metavar="N",
                    help="hf: verify up to N tokens of the canonical SAFE/ALARM completion per forward "
                         "(greedy speculative decoding: the same tokens, fewer forwards; 0 turns it off; default 64)")
