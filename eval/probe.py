@@ -50,20 +50,23 @@ def _prompt_ids(tok, messages: list[dict]) -> list[int]:
 
 def hf_scorer(model, tok, *, full: bool = True) -> Scorer:
     """Decision-token log-odds (and the full-sequence margin) from one prompt forward whose KV
-    cache both completions share (`aftraj.scoring.pair_token_logps`, stage 1's too)."""
+    cache both completions share (`aftraj.scoring.pair_token_logps`, stage 1's too). A prompt runs
+    from where it leaves the one scored before it (`aftraj.scoring.PrefixCache`): a run's pre, post
+    and twin prompts, scored in turn, share the template and steps 0..k*-1."""
     import torch
 
-    from aftraj.scoring import pair_token_logps
+    from aftraj.scoring import PrefixCache, pair_token_logps
+
+    pc = PrefixCache(model)
 
     def score(messages: list[dict], t: int, alarm: Verdict) -> dict:
         s, a, d = decision_ids(tok, t, alarm)
         p = _prompt_ids(tok, messages)
         with torch.inference_mode():
             if full:
-                ls, la = pair_token_logps(model, p, [s, a])
+                ls, la = pair_token_logps(model, p, [s, a], prefix_cache=pc)
                 return {"decision": float(la[d] - ls[d]), "full": float(la.sum() - ls.sum())}
-            x = torch.tensor([p + s[:d]], device=model.device)
-            lp = torch.log_softmax(model(input_ids=x, logits_to_keep=1, use_cache=False).logits[0, -1].float(), -1)
+            lp = torch.log_softmax(pc.run(p + s[:d], logits_to_keep=1).logits[0, -1].float(), -1)
         return {"decision": float(lp[a[d]] - lp[s[d]])}
 
     return score
@@ -235,15 +238,18 @@ def run_probe(model_path: str | Path, trajs: Sequence[Trajectory], out: Path, *,
 
 # --------------------------------------------------------------------------- the linear probe
 
-def decision_features(model, tok, messages: list[dict], t: int, alarm: Verdict):
+def decision_features(model, tok, messages: list[dict], t: int, alarm: Verdict, *, prefix_cache=None):
     """The last layer's hidden state (after the final norm) at the position that predicts the
-    decision token: the prompt and the completions' common prefix."""
+    decision token: the prompt and the completions' common prefix. `prefix_cache`
+    (`aftraj.scoring.PrefixCache`): run from where the sequence leaves the last one it ran."""
     import torch
 
+    from aftraj.scoring import PrefixCache
+
     s, _, d = decision_ids(tok, t, alarm)
-    x = torch.tensor([_prompt_ids(tok, messages) + s[:d]], device=model.device)
+    pc = prefix_cache or PrefixCache(model)
     with torch.inference_mode():
-        h = model(input_ids=x, output_hidden_states=True, logits_to_keep=1, use_cache=False).hidden_states[-1]
+        h = pc.run(_prompt_ids(tok, messages) + s[:d], output_hidden_states=True, logits_to_keep=1).hidden_states[-1]
     return h[0, -1].float().cpu()
 
 
@@ -302,10 +308,15 @@ def linear_probe(model_path: str | Path, train: Sequence[Trajectory], heldout: S
                          f"and {len(te)} (a twin: a verified-safe run of an unsafe run's family, identical up "
                          f"to k*-1): build a larger corpus or drop the row from linear_probe_rows")
 
+    from aftraj.scoring import PrefixCache
+
+    pc = PrefixCache(model)         # a run's post and twin prompts share steps 0..k*-1
+
     def feats(items):
         with autocast(mixed_precision, model.device):
             return torch.stack([decision_features(model, tok, i["prompts"][s].messages, i["prompts"][s].t,
-                                                  _alarm_of(i["prompts"][s])) for i in items for s in ("post", "twin")])
+                                                  _alarm_of(i["prompts"][s]), prefix_cache=pc)
+                                for i in items for s in ("post", "twin")])
 
     x_tr, x_te = feats(tr), feats(te)
     y_tr = torch.tensor([1.0, 0.0] * len(tr))

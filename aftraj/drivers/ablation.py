@@ -93,7 +93,7 @@ class AblationConfig:
     # evaluation samples (stratified by domain, subset and gold verdict; seeded)
     heldout_sample: int = 24
     ww_data: str = "who_and_when"
-    ww_sample: int = 8
+    ww_sample: int = 8                     # 0: no Who&When walks (a CPU run's handful of runs says nothing)
     raw_base_sample: int | None = None     # the raw base never parses: a smaller sample may do
     val_sample: int = 8                    # checkpoint selection (0: take each run's final model)
     max_new_tokens: int = 128
@@ -116,9 +116,12 @@ class AblationConfig:
     def __post_init__(self) -> None:
         from aftraj.config import ConfigError
 
-        for k in ("heldout_sample", "ww_sample", "max_new_tokens", "eval_batch", "n_boot", "threshold_sample"):
+        for k in ("heldout_sample", "max_new_tokens", "eval_batch", "n_boot", "threshold_sample"):
             if not isinstance(getattr(self, k), int) or getattr(self, k) < 1:
                 raise ConfigError(f"must be an integer >= 1, got {getattr(self, k)!r}", key=k)
+        if not isinstance(self.ww_sample, int) or isinstance(self.ww_sample, bool) or self.ww_sample < 0:
+            raise ConfigError(f"must be an integer >= 0 (0: no Who&When walks), got {self.ww_sample!r}",
+                              key="ww_sample")
         if self.probe_mixed_precision not in ("no", "bf16", "auto"):
             raise ConfigError(f"must be 'no', 'bf16' or 'auto', got {self.probe_mixed_precision!r}",
                               key="probe_mixed_precision")
@@ -438,13 +441,18 @@ class Ablation:
                 "rules": f"rules:{c.rules_policy}" if target != "ww" else "rules"}[row]
         return ["--auditor", spec, *common]
 
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The walks' samples: the held-out test sample, and Who&When unless ww_sample is 0."""
+        return ("heldout", "ww") if self.cfg.ww_sample else ("heldout",)
+
     def eval_dir(self, target: str, row: str) -> Path:
         return self.out / "eval" / target / row_slug(row)
 
     def evaluate(self, row: str, model: Path | None = None) -> None:
         th = self.threshold(row, model) if row in self.cfg.threshold_rows else None
         finish = ["--decision-finish", "canonical"] if row in self.cfg.canonical_finish_rows else []
-        for target in ("heldout", "ww"):
+        for target in self.targets:
             d = self.eval_dir(target, row)
             self.r.run(f"eval {target} {row}", ["eval", *self._eval_args(row, target, model),
                                                 *([] if th is None else ["--decision-threshold", str(th)]),
@@ -513,10 +521,10 @@ class Ablation:
         from eval.compare import compare_runs
 
         rows = [*models, *BASELINE_ROWS]
-        res = {t: {row: read_metrics(self.eval_dir(t, row)) for row in rows} for t in ("heldout", "ww")}
+        res = {t: {row: read_metrics(self.eval_dir(t, row)) for row in rows} for t in self.targets}
         self.report.mkdir(parents=True, exist_ok=True)
         plots = {}
-        for t in ("heldout", "ww"):
+        for t in self.targets:
             w = compare_runs([self.eval_dir(t, row) for row in rows], self.report / f"compare-{t}")
             plots[t] = w
         phases = [json.loads(p.read_text()) for p in sorted((self.out / "phases").glob("*.json"),
@@ -642,6 +650,9 @@ def render_markdown(s: dict) -> str:
              f"seeded samples (seed {c['seed']}); 95 % bootstrap intervals over trajectories in brackets "
              f"({c['n_boot']} resamples).", ""]
     for t, title in (("heldout", "Held-out test sample (corpus test split)"), ("ww", "Who&When sample")):
+        if t not in s["samples"]:
+            lines += [f"## {title}: not walked (`ww_sample: 0`)", ""]
+            continue
         sm = s["samples"][t]
         rows = s["results"][t]
         lines += [f"## {title}: {sm['n']} runs ({sm['n_safe']} safe, {sm['n_unsafe']} unsafe)", ""]

@@ -58,8 +58,43 @@ def test_the_top_layers_from_frozen_features_give_the_same_logits(tiny_model_dir
         full = packed_logits(model, pack)
     h.remove()
     with torch.no_grad(), top_layers_only(model, 1):
-        top = packed_logits(model, pack, embeds=seen[0])
+        # the hook saw the base's forward, then the blocks'
+        top = packed_logits(model, pack, embeds=torch.cat(seen, dim=1))
+    assert len(seen) == 2 and torch.cat(seen, dim=1).shape[1] == len(pack)
     torch.testing.assert_close(top, full, atol=1e-5, rtol=1e-5)
+
+
+def test_gradients_through_the_cache_are_those_of_each_sequence_alone(tiny_model_dir):
+    # training reads the packed logits: a loss on them has the gradient the same loss has summed
+    # over each sequence run alone (the blocks' gradient flows through the base's cache)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa")
+    seqs = _seqs()
+    pack = Pack(seqs, base=3)
+    target = torch.arange(len(seqs)) + 5
+    w = model.model.layers[0].self_attn.q_proj.weight
+
+    def grad(loss):
+        model.zero_grad()
+        loss.backward()
+        return w.grad.clone()
+
+    packed = grad(torch.nn.functional.cross_entropy(packed_logits(model, pack), target, reduction="sum"))
+    alone = grad(sum(torch.nn.functional.cross_entropy(
+        model(input_ids=torch.tensor([s]), use_cache=False).logits[0, -1:], target[i:i + 1], reduction="sum")
+        for i, s in enumerate(seqs)))
+    assert packed.abs().sum() > 0
+    torch.testing.assert_close(packed, alone, atol=1e-5, rtol=1e-4)
+
+
+def test_the_mask_covers_the_blocks_rows_only():
+    pack = Pack(_seqs(), base=3)
+    m = pack.mask("sdpa")
+    assert m.shape == (1, 1, len(pack) - pack.base_len, len(pack)) and m.dtype == torch.bool
+    start, end, share = pack.blocks[0]
+    row = m[0, 0, 0]                                          # a block's first token
+    assert row[:share].all() and not row[share:start].any() and row[start] and not row[start + 1:].any()
 
 
 def test_bad_packs_are_refused():

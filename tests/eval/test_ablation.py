@@ -407,3 +407,28 @@ def test_probe_mixed_precision_reaches_every_probe_and_the_linear_probe(tmp_path
     assert all(argv[argv.index("--mixed-precision") + 1] == "auto" for argv in on.values())
     assert not any("--mixed-precision" in argv for argv in probe_calls({}).values())
     assert ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml").probe_mixed_precision == "no"   # float32: bf16 moves the ranking (cpu.yaml)
+
+
+def test_ww_sample_0_walks_no_who_and_when(tmp_path, monkeypatch):
+    # ww_sample: 0 (cpu.yaml: two Who&When runs said nothing and cost 12 min): no Who&When walk is
+    # run and the report says the sample was not walked
+    cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
+                         {"model_rows": ["warmed base"], "threshold_rows": [], "canonical_finish_rows": [],
+                          "val_sample": 0, "probe": False, "linear_probe_rows": [], "ww_sample": 0})
+    a = ab.Ablation(cfg, tmp_path / "out", echo=False)
+    calls = []
+    monkeypatch.setattr(a.r, "run", lambda name, argv, *, clean=None: calls.append(name) or {"phase": name})
+    monkeypatch.setattr(a, "base_model", lambda: tmp_path / "base")
+    monkeypatch.setattr(a, "probe_data", lambda: tmp_path / "heldout.jsonl")
+    monkeypatch.setattr(a, "write_report", lambda models, wall: models)
+    a.run()
+    walks = [n for n in calls if n.startswith("eval ")]
+    assert walks and all(n.startswith("eval heldout ") for n in walks)
+    assert a.targets == ("heldout",)
+    s = _summary({}, {})
+    del s["results"]["ww"], s["samples"]["ww"]
+    md = ab.render_markdown(s)
+    assert "Who&When sample: not walked" in md and "## Held-out test sample" in md
+    with pytest.raises(ConfigError, match="ww_sample"):
+        ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {"ww_sample": -1})
+    assert ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml").ww_sample == 0

@@ -172,3 +172,30 @@ def test_cli_probe_under_bf16_autocast_scores_near_float32(tiny_model_dir, make_
         assert res[mp]["mixed_precision"] == mp
     a, b = ([r["post"]["decision"] for r in res[mp]["runs"]] for mp in ("no", "bf16"))
     assert len(a) == 2 and a == pytest.approx(b, abs=0.1)
+
+
+def test_prompts_scored_in_turn_share_their_beginning_and_score_as_alone(noisy_tiny, monkeypatch):
+    # a run's pre, post and twin prompts share the template and steps 0..k*-1: one scorer runs each
+    # from where it leaves the one before (aftraj.scoring.PrefixCache) and scores what it scores alone
+    from aftraj.verdict import canonical_verdict
+
+    model, tok = noisy_tiny
+    steps = " ".join(f"step {i}: agent said {i * 7} things about the plan." for i in range(6))
+    prompts = [[{"role": "system", "content": "audit"}, {"role": "user", "content": steps + tail}]
+               for tail in (" stop", " step 6: it broke.", " step 6: it worked.", " stop")]
+    alarm = canonical_verdict(2, 1, "Solver")
+    ran = []
+    real = model.forward
+    monkeypatch.setattr(model, "forward", lambda *a, **kw: (ran.append(kw["input_ids"].shape[1]), real(*a, **kw))[1])
+    shared, shared_fast = hf_scorer(model, tok), hf_scorer(model, tok, full=False)
+    got = [shared(m, 2, alarm) for m in prompts] + [shared_fast(m, 2, alarm) for m in prompts]
+    n_shared = sum(ran)
+    ran.clear()
+    alone = [hf_scorer(model, tok)(m, 2, alarm) for m in prompts] + [hf_scorer(model, tok, full=False)(m, 2, alarm)
+                                                                      for m in prompts]
+    assert n_shared < 0.6 * sum(ran)                       # the shared beginning ran once a scorer
+    for g, a in zip(got, alone):
+        assert g.keys() == a.keys()
+        for k in g:
+            assert g[k] == pytest.approx(a[k], abs=1e-4)
+    assert got[0]["decision"] == pytest.approx(got[3]["decision"], abs=1e-5)   # the kept cache is intact

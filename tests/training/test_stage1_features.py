@@ -142,3 +142,26 @@ def test_under_bf16_the_capture_runs_in_the_steps_precision(tiny_model_dir, hand
     assert seen and all(seen)
     for a, b in zip(plain.history, cached.history, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], abs=1e-3)
+
+
+def test_prompts_in_turn_share_their_beginning_and_capture_what_they_capture_alone(tiny_model_dir):
+    # stage 1's capture runs a run's pre, post and twin pairs in turn (SharedPrompts): each prompt
+    # from where it leaves the last, its shared part's features the last prompt's; the features and
+    # log-probs equal each pair captured alone
+    from training.stage1.features import SharedPrompts
+
+    model = _model(tiny_model_dir)
+    stem = list(range(50, 90))
+    prompts = [stem + [5, 9], stem + [5, 11, 12], stem[:30] + [7, 7, 8], [3, 4] + stem]
+    shared = SharedPrompts(model)
+    reused = []
+    for p in prompts:
+        (fp, fc), lps = pair_features(model, p, COMPS, 1, shared=shared)
+        reused.append(shared.cache.reused)
+        (ap, ac), alone = pair_features(model, p, COMPS, 1)
+        assert fp.shape == ap.shape and fc.shape == ac.shape
+        torch.testing.assert_close(fp, ap, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(fc, ac, atol=1e-5, rtol=1e-5)
+        for x, y in zip(lps, alone):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
+    assert reused == [0, len(stem) + 1, 30, 0]          # the last shares nothing at its start

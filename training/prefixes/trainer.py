@@ -1,7 +1,7 @@
-"""Every-prefix decision training (see the package docstring). One packed forward a run
-(`aftraj.scoring.Pack`): the run's longest prompt once, then each prefix's own suffix tokens
-(~20) as a block that sees the prompt up to its own last step; the head runs at each prefix's
-decision position only. The input of the top `trainable_layers` layers is captured once for every
+"""Every-prefix decision training (see the package docstring). One packed run a time
+(`aftraj.scoring.Pack`): the run's longest prompt once (causal, its cache kept), then each
+prefix's own suffix tokens (~20) as blocks that see the prompt up to their own last step; the
+head runs at each prefix's decision position only. The input of the top `trainable_layers` layers is captured once for every
 packed token (the bottom is frozen), so a step runs those layers only.
 
     from training.prefixes.trainer import train
@@ -130,7 +130,7 @@ def select_runs(trajs: list[Trajectory], tok, cfg: PrefixesConfig, caps: tuple |
 
 def capture(model, runs: list[PrefixRun], n_top: int, *, progress: bool = False, mixed_precision: str = "no") -> list:
     """Per run (features (1, N, d) = the input of decoder layer L - n_top for every packed token,
-    the mask, the decision log-odds ALARM − SAFE of the model as it is, one per row). Under bf16
+    the blocks' mask (M x N, `Pack.mask`), the decision log-odds ALARM − SAFE of the model as it is, one per row). Under bf16
     autocast (`mixed_precision`) the features stay float32 (the residual stream), computed from
     bf16 matmuls."""
     import torch
@@ -150,7 +150,8 @@ def capture(model, runs: list[PrefixRun], n_top: int, *, progress: bool = False,
             mask = r.pack.mask(impl, p.dtype).to(p.device)      # built once, kept where the model is
             with torch.no_grad(), autocast(mixed_precision, p.device):
                 lo = r.log_odds(packed_logits(model, r.pack, mask=mask).float())
-            out.append((seen[0].float(), mask, lo))
+            out.append((torch.cat(seen, dim=1).float(), mask, lo))     # the base's forward, the blocks'
+
             if progress and len(out) % 25 == 0:
                 print(json.dumps({"captured_runs": len(out), "of": len(runs), "s": round(time.perf_counter() - t0, 1)}),
                       flush=True)

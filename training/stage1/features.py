@@ -57,12 +57,28 @@ def top_layers_only(model, n_top: int):
         inner.layers = layers
 
 
+class SharedPrompts:
+    """`pair_features` over pairs in turn whose prompts share their beginnings (a run's pre, post
+    and twin pairs: the template and steps 0..k*-1): each prompt runs from where it leaves the last
+    one (`aftraj.scoring.PrefixCache`), and its features over the shared part are the last prompt's
+    (the same tokens at the same positions). ~2x fewer prompt tokens through the model for stage 1's
+    pairs; equal features and log-probs (tests/training/test_stage1_features.py)."""
+
+    def __init__(self, model):
+        from aftraj.scoring import PrefixCache
+
+        self.cache = PrefixCache(model)
+        self.prompt = None                                # the last prompt's features (1, P, d)
+
+
 @torch.no_grad()
-def pair_features(model, prompt_ids: list[int], completions: list[list[int]], n_top: int):
+def pair_features(model, prompt_ids: list[int], completions: list[list[int]], n_top: int, *,
+                  shared: SharedPrompts | None = None):
     """One pair scored by the whole model (`pair_token_logps`), with the input of decoder layer
     L - n_top captured on both forwards. Returns ((prompt (1, P, d), completions (n, W-1, d)),
     [per-token log-probs of each completion]). A one-token-wide pair has no second forward; its
-    completions feature is an empty (n, 0, d) tensor."""
+    completions feature is an empty (n, 0, d) tensor. `shared`: the prompt runs from where it
+    leaves the last one `shared` saw."""
     from aftraj.scoring import pair_token_logps
 
     _, layers = _decoder(model)
@@ -73,9 +89,14 @@ def pair_features(model, prompt_ids: list[int], completions: list[list[int]], n_
 
     handle = layers[len(layers) - n_top].register_forward_pre_hook(grab, with_kwargs=True)
     try:
-        lps = pair_token_logps(model, prompt_ids, completions)
+        lps = pair_token_logps(model, prompt_ids, completions, prefix_cache=shared and shared.cache)
     finally:
         handle.remove()
+    if shared is not None:
+        n = shared.cache.reused
+        if n:
+            seen[0] = torch.cat([shared.prompt[:, :n], seen[0]], dim=1)
+        shared.prompt = seen[0]
     if len(seen) == 1:
         seen.append(seen[0].new_zeros((len(completions), 0, seen[0].shape[-1])))
     if len(seen) != 2:

@@ -59,7 +59,7 @@ from training.common import (fsdp_mixed_precision, launched_distributed, library
                              load_tokenizer, make_accelerator, save_final, wrap_trainable)
 from training.stage1.config import Stage1Config
 from training.stage1.data import TokenizedPair, collate, micro_batch_indices, tokenize_records
-from training.stage1.features import nbytes, pair_features, top_layers_only
+from training.stage1.features import SharedPrompts, nbytes, pair_features, top_layers_only
 from training.stage1.loss import bppo_loss, completion_logps, sequence_logps
 from training.stage1.preferences import sample_preferences
 from training.stage1.run_folder import CKPT, cache_paths, check_run_folder, latest_checkpoint, read_preferences, record
@@ -155,11 +155,15 @@ def precompute_reference(model, pairs: list[TokenizedPair], pad_id: int, batch_s
     # come from the same precision as the steps' forwards, and the capture of an unwrapped model
     # (feature_cache) is not left in float32 (~2.5x slower for a 1,100-token SmolLM2 pair on a CPU)
     if per_pair:
+        # feature_cache (one process): a run's pairs (pre, post, twin) come in turn, and each prompt
+        # runs from where it leaves the last; the wrapped model (FSDP, DDP) runs each whole
+        shared = SharedPrompts(acc.unwrap_model(model)) if features_below else None
         for i in mine:
             comps = [pairs[i].chosen_ids, pairs[i].rejected_ids]
             with acc.autocast():
                 if features_below:
-                    feats, (c, r) = pair_features(acc.unwrap_model(model), pairs[i].prompt_ids, comps, features_below)
+                    feats, (c, r) = pair_features(acc.unwrap_model(model), pairs[i].prompt_ids, comps, features_below,
+                                                  shared=shared)
                     features.append(tuple(f.float() for f in feats))
                 else:
                     c, r = pair_token_logps(model, pairs[i].prompt_ids, comps)
