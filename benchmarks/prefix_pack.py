@@ -1,6 +1,6 @@
-"""Every prefix of a run in one packed forward (`aftraj.scoring.Pack`, training/prefixes) vs one
-forward a prefix, on the same model and run, no grad, rounds alternating (packed, one by one,
-packed, ...) because the machine's load swings. Also the tokens each way and the largest
+"""Every prefix of a run packed (`aftraj.scoring.Pack`, training/prefixes: the base, then the blocks
+over its cache) vs one forward a prefix, on the same model and run, no grad, rounds alternating
+(packed, one by one, packed, ...) because the machine's load swings. Also the tokens each way and the largest
 difference of the decision-token log-odds between the two (they must agree).
 
     python benchmarks/prefix_pack.py --data runs/ablation-cpu/corpus [--model builtin:smollm2-135m]

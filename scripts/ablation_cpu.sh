@@ -2,10 +2,9 @@
 # The CPU-scale ablation (configs/ablation/cpu.yaml, the amended DESIGN §5): warmed base, stage 1,
 # stage 1 + 2; the learning ladder (linear probe, decision-token probe beside the content-blind
 # rules) on the held-out families; the strict walk beside the floors and the rules auditor, with
-# 95 % intervals, overall and per domain. Not the issue's 90 minutes on this project's 2-core
-# AVX2-only machine: stage 1 alone measured ~30-45 s a step under load (README, "The CPU
-# ablation"). Every phase caches its output in the run folder: run it again after an interruption
-# and it resumes at the phase it stopped in.
+# 95 % intervals, overall and per domain; it prints each phase's wall time and peak memory (README,
+# "The CPU ablation", has the last measured run). Every phase caches its output in the run folder:
+# run it again after an interruption and it resumes at the phase it stopped in.
 #   bash scripts/ablation_cpu.sh                      # runs/ablation-cpu, report in reports/ablation-cpu
 #   OUT=/tmp/abl bash scripts/ablation_cpu.sh --set heldout_sample=16
 set -euo pipefail

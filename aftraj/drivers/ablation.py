@@ -1,9 +1,10 @@
 """The ablation, end to end: corpus -> base model -> format warm-up -> stage 1 -> stage 2 ->
 stage 1 + 2, checkpoints chosen on the validation split, every row evaluated with the strict
-online walk on one stratified sample of held-out test runs and one of Who&When, beside the
-content-blind floors and the rules auditor; one table (ablation.md, ablation.json, plots).
+online walk on one stratified sample of held-out test runs and one of Who&When (none with
+`ww_sample: 0`), beside the content-blind floors and the rules auditor; one table (ablation.md,
+ablation.json, plots).
 
-    aftraj ablation --config configs/ablation/cpu.yaml --out runs/ablation-cpu          # hours on 2 AVX2 cores (README)
+    aftraj ablation --config configs/ablation/cpu.yaml --out runs/ablation-cpu          # ~1.5 h on 2 cores (README)
     aftraj ablation --config configs/ablation/demo.yaml --out out/demo/ablation --report reports/demo
     aftraj ablation --config configs/ablation/quick.yaml --out out/quick                 # tiny model, CI
 
