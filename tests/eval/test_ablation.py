@@ -201,12 +201,24 @@ def test_goal_lines_check_both_sides():
 
 def test_goal_lines_skip_rows_not_built():
     s = _summary({"warmed base": 0.2, "stage 1": 0.3}, {})
-    for k in ("stage 2", "stage 1 + 2"):
+    for k in ("stage 2", "stage 1 + 2", "every prefix"):
         del s["results"]["heldout"][k]
     lines = ab.goal_lines(s)
     assert len(lines) == 1 and lines[0].startswith("- stage 1:")
-    del s["results"]["heldout"]["warmed base"]
-    assert "not evaluated" in ab.goal_lines(s)[0]
+    del s["results"]["heldout"]["warmed base"]       # not walked: the floors still decide
+    assert "vs warmed base not walked and best floor 0.0 (above)" in ab.goal_lines(s)[0]
+    del s["results"]["heldout"]["stage 1"]
+    assert ab.goal_lines(s) == ["- (no trained row was walked)"]
+
+
+def test_goal_lines_check_the_parse_rate_of_every_walked_trained_row():
+    s = _summary({"every prefix": 0.111, "heuristic:position-prior": 0.054, "heuristic:length": 0.011},
+                 {"every prefix": 0.177})
+    s["results"]["heldout"]["every prefix"]["overall"]["parse_failure_rate"] = 0.0
+    s["results"]["heldout"]["stage 1"]["overall"]["parse_failure_rate"] = 0.06
+    lines = {ln.split(":")[0]: ln for ln in ab.goal_lines(s)}
+    assert lines["- every prefix"].endswith("best floor 5.4 (above); FAR 17.7 % (≤ 20 %); parse rate 100.0 % (≥ 95 %)")
+    assert lines["- stage 1"].endswith("parse rate 94.0 % (< 95 %)")
 
 
 def test_markdown_holds_every_row_interval_and_domain():
@@ -432,3 +444,34 @@ def test_ww_sample_0_walks_no_who_and_when(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="ww_sample"):
         ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {"ww_sample": -1})
     assert ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml").ww_sample == 0
+
+
+def test_walk_rows_walk_only_those_rows_and_the_report_names_the_others(tmp_path, monkeypatch):
+    # walk_rows (cpu.yaml: stage 1 and every prefix; the free-text walks of the warmed base and
+    # stage 1 + 2 scored 0 on 8 runs twice): the others are probed, not walked, and the report says so
+    cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
+                         {"model_rows": ["warmed base", "stage 1"], "threshold_rows": [], "canonical_finish_rows": [],
+                          "val_sample": 0, "linear_probe_rows": [], "ww_sample": 0, "walk_rows": ["stage 1", "stage 2"]})
+    assert cfg.walk_rows == ["stage 1", "stage 2"]        # a row not built changes nothing
+    a = ab.Ablation(cfg, tmp_path / "out", echo=False)
+    calls = []
+    monkeypatch.setattr(a.r, "run", lambda name, argv, *, clean=None: calls.append(name) or {"phase": name})
+    monkeypatch.setattr(a, "base_model", lambda: tmp_path / "base")
+    monkeypatch.setattr(a, "probe_data", lambda: tmp_path / "heldout.jsonl")
+    monkeypatch.setattr(a, "select", lambda row, run: run / "final")
+    monkeypatch.setattr(a, "write_report", lambda models, wall: models)
+    models = a.run()
+    assert [n for n in calls if n.startswith("probe ")] == ["probe warmed base", "probe stage 1"]
+    assert [n for n in calls if n.startswith("eval ")] == ["eval heldout stage 1", *(f"eval heldout {r}" for r in ab.BASELINE_ROWS)]
+    assert a.walked(models) == ["stage 1"]
+    s = _summary({}, {})
+    s["models"] = {"warmed base": "w", "stage 1": "s"}
+    del s["results"]["heldout"]["warmed base"], s["results"]["ww"], s["samples"]["ww"]
+    md = ab.render_markdown(s)
+    assert "Not walked (`walk_rows`): warmed base;" in md and "| warmed base | 10 |" not in md.split("## Goal")[0]
+    for bad, match in ((["stage 3"], "walk_rows"), ("stage 1", "walk_rows")):
+        with pytest.raises(ConfigError, match=match):
+            ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {"walk_rows": bad})
+    with pytest.raises(ConfigError, match="threshold_rows"):       # a tuned threshold needs its walk
+        ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml", {"walk_rows": ["stage 1"]})
+    assert ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml").walk_rows == ["stage 1", "every prefix"]
