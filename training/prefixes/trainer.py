@@ -135,7 +135,7 @@ def capture(model, runs: list[PrefixRun], n_top: int, *, progress: bool = False,
     bf16 matmuls."""
     import torch
 
-    from aftraj.scoring import autocast, packed_logits
+    from aftraj.scoring import autocast, packed_logits, release_freed_memory
 
     layers = model.model.layers
     impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
@@ -151,7 +151,7 @@ def capture(model, runs: list[PrefixRun], n_top: int, *, progress: bool = False,
             with torch.no_grad(), autocast(mixed_precision, p.device):
                 lo = r.log_odds(packed_logits(model, r.pack, mask=mask).float())
             out.append((torch.cat(seen, dim=1).float(), mask, lo))     # the base's forward, the blocks'
-
+            release_freed_memory()          # freed activations between the kept features: back to the OS
             if progress and len(out) % 25 == 0:
                 print(json.dumps({"captured_runs": len(out), "of": len(runs), "s": round(time.perf_counter() - t0, 1)}),
                       flush=True)
@@ -252,7 +252,7 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
     from transformers import get_cosine_schedule_with_warmup
 
     from aftraj.boundary import find_twins
-    from aftraj.scoring import autocast, packed_logits, resolve_mixed_precision
+    from aftraj.scoring import autocast, packed_logits, release_freed_memory, resolve_mixed_precision
     from training.common import export_folder, freeze_below, load_model, load_tokenizer, load_training_trajectories
     from training.models import resolve_model_spec
     from training.stage1.features import top_layers_only
@@ -350,6 +350,7 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
                 opt.step()
                 sched.step()
                 opt.zero_grad(set_to_none=True)
+                release_freed_memory()       # the step's activations, freed among the cached features
                 step += 1
                 rec = {"step": step, "epoch": epoch + (b + 1) / len(batches), "loss": round(loss_sum, 5),
                        "grad_norm": round(gnorm, 4), "lr": sched.get_last_lr()[0],

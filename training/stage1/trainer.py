@@ -54,7 +54,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from aftraj.scoring import pair_token_logps
+from aftraj.scoring import pair_token_logps, release_freed_memory
 from training.common import (fsdp_mixed_precision, launched_distributed, library_versions, load_model,  # noqa: F401
                              load_tokenizer, make_accelerator, save_final, wrap_trainable)
 from training.stage1.config import Stage1Config
@@ -63,6 +63,9 @@ from training.stage1.features import SharedPrompts, nbytes, pair_features, top_l
 from training.stage1.loss import bppo_loss, completion_logps, sequence_logps
 from training.stage1.preferences import sample_preferences
 from training.stage1.run_folder import CKPT, cache_paths, check_run_folder, latest_checkpoint, read_preferences, record
+
+# the feature capture gives the heap's free pages back every this many pairs (`release_freed_memory`)
+TRIM_EVERY = 8
 
 
 @dataclass
@@ -165,6 +168,8 @@ def precompute_reference(model, pairs: list[TokenizedPair], pad_id: int, batch_s
                     feats, (c, r) = pair_features(acc.unwrap_model(model), pairs[i].prompt_ids, comps, features_below,
                                                   shared=shared)
                     features.append(tuple(f.float() for f in feats))
+                    if len(features) % TRIM_EVERY == 0:
+                        release_freed_memory()
                 else:
                     c, r = pair_token_logps(model, pairs[i].prompt_ids, comps)
             lim = slice(0, margin_tokens)
@@ -475,6 +480,8 @@ def _train_step(cfg: Stage1Config, acc, out: Path, m: _Model, data: _Data, step:
     m.optimizer.step()
     m.scheduler.step()
     m.optimizer.zero_grad(set_to_none=True)
+    if features is not None:
+        release_freed_memory()       # the step's activations, freed among the cached features
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.synchronize()
