@@ -252,7 +252,7 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
     from transformers import get_cosine_schedule_with_warmup
 
     from aftraj.boundary import find_twins
-    from aftraj.scoring import autocast, packed_logits, release_freed_memory, resolve_mixed_precision
+    from aftraj.scoring import autocast, packed_logits, resolve_mixed_precision
     from training.common import export_folder, freeze_below, load_model, load_tokenizer, load_training_trajectories
     from training.models import resolve_model_spec
     from training.stage1.features import top_layers_only
@@ -350,7 +350,6 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
                 opt.step()
                 sched.step()
                 opt.zero_grad(set_to_none=True)
-                release_freed_memory()       # the step's activations, freed among the cached features
                 step += 1
                 rec = {"step": step, "epoch": epoch + (b + 1) / len(batches), "loss": round(loss_sum, 5),
                        "grad_norm": round(gnorm, 4), "lr": sched.get_last_lr()[0],

@@ -480,8 +480,6 @@ def _train_step(cfg: Stage1Config, acc, out: Path, m: _Model, data: _Data, step:
     m.optimizer.step()
     m.scheduler.step()
     m.optimizer.zero_grad(set_to_none=True)
-    if features is not None:
-        release_freed_memory()       # the step's activations, freed among the cached features
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.synchronize()
