@@ -40,7 +40,7 @@ def release_freed_memory() -> bool:
     9.4 GB heap for 1.45 GB of features on one machine and 5 GB on another (2026-12-03), so the
     capture loops call this as they go. Not after every training step: a step's freed activations
     are what the next step reuses, and handing them back makes it fault every page in again
-    (stage 1's 412 steps took ~50 % longer)."""
+    (stage 1 with it after each of its 412 steps: 1,320 s against 1,021, one run)."""
     global _MALLOC_TRIM
     if _MALLOC_TRIM is None:
         _MALLOC_TRIM = False
