@@ -72,6 +72,93 @@ def hf_scorer(model, tok, *, full: bool = True) -> Scorer:
     return score
 
 
+def shared_layers(a, b) -> int:
+    """How many of their bottom decoder layers two causal LMs hold equal (weights and buffers),
+    the token embeddings included: 0 when the embeddings, the architecture or the layer count
+    differ. Rows trained with `trainable_layers: N` from one model share all but its top N."""
+    import torch
+
+    from training.stage1.features import _decoder
+
+    if type(a) is not type(b):
+        return 0
+    try:
+        (ia, la), (ib, lb) = _decoder(a), _decoder(b)
+    except ValueError:                                    # no model.layers: nothing to share
+        return 0
+    if len(la) != len(lb) or not hasattr(ia, "embed_tokens"):
+        return 0
+
+    def same(x, y) -> bool:
+        sx, sy = x.state_dict(), y.state_dict()
+        return sx.keys() == sy.keys() and all(sx[k].shape == sy[k].shape and torch.equal(sx[k], sy[k]) for k in sx)
+
+    if not same(ia.embed_tokens, ib.embed_tokens):
+        return 0
+    return next((i for i, (x, y) in enumerate(zip(la, lb)) if not same(x, y)), len(la))
+
+
+def shared_trunk_scorers(models: Sequence, tok) -> tuple[list[Scorer], list[int]]:
+    """One full scorer (`hf_scorer`, full=True) per model, where the models whose bottom decoder
+    layers equal the first model's (`shared_layers`, at least half of them) share that trunk: each
+    prompt runs once through the first model, whose scores it gives, with the input of its top
+    layers kept (`training/stage1/features.pair_features`, the prompts run in turn from where they
+    leave the last); each other model of the group runs only its top layers on those features.
+    Equal to scoring each model on its own (tests/eval/test_probe.py); the ablation's warmed base,
+    stage 1 and every-prefix rows share 28 of SmolLM2's 30 layers, so three probes cost ~1.2
+    passes. A model outside the group gets its own `hf_scorer`. Returns (scorers, per model the top
+    layers it ran on the shared trunk, 0 for the first model and a model that ran alone).
+
+    Each scorer must be called on the same prompts in the same order (`probe` over one list of
+    runs, model after model): a group's scores for a prompt are computed at its first request and
+    kept until every model of the group took its own."""
+    import torch
+
+    from aftraj.scoring import pair_token_logps
+    from training.stage1.features import SharedPrompts, _decoder, pair_features, top_layers_only
+
+    try:
+        n_layers = len(_decoder(models[0])[1])
+    except ValueError:
+        return [hf_scorer(m, tok) for m in models], [0] * len(models)
+    k = [n_layers] + [shared_layers(models[0], m) for m in models[1:]]
+    group = [i for i in range(len(models)) if 2 * k[i] >= n_layers]
+    if len(group) < 2:
+        return [hf_scorer(m, tok) for m in models], [0] * len(models)
+    n_top = n_layers - min(k[i] for i in group)
+    shared = SharedPrompts(models[0])
+    kept: dict[tuple, dict[int, dict]] = {}
+
+    def margins(ls, la, d: int) -> dict:
+        return {"decision": float(la[d] - ls[d]), "full": float(la.sum() - ls.sum())}
+
+    def scores(messages: list[dict], t: int, alarm: Verdict) -> dict[int, dict]:
+        s, a, d = decision_ids(tok, t, alarm)
+        p = _prompt_ids(tok, messages)
+        with torch.inference_mode():
+            feats, (ls, la) = pair_features(models[0], p, [s, a], n_top, shared=shared)
+            out = {0: margins(ls, la, d)}
+            for i in group[1:]:
+                with top_layers_only(models[i], n_top):
+                    out[i] = margins(*pair_token_logps(models[i], p, [s, a], embeds=feats), d)
+        return out
+
+    def scorer(i: int) -> Scorer:
+        def score(messages: list[dict], t: int, alarm: Verdict) -> dict:
+            key = (json.dumps(messages, sort_keys=True), t, repr(alarm))
+            if key not in kept:
+                kept[key] = scores(messages, t, alarm)
+            got = kept[key].pop(i)
+            if not kept[key]:
+                del kept[key]
+            return got
+
+        return score
+
+    scorers = [scorer(i) if i in group else hf_scorer(m, tok) for i, m in enumerate(models)]
+    return scorers, [n_top if i in group[1:] else 0 for i in range(len(models))]
+
+
 def decision_log_odds(model, tok, messages: list[dict], t: int, alarm: Verdict) -> float:
     """log p(ALARM) − log p(SAFE) at the decision token on one prompt."""
     model.eval()
@@ -214,26 +301,43 @@ def _budget(model, tok, budget: int | None) -> int:
 
 def run_probe(model_path: str | Path, trajs: Sequence[Trajectory], out: Path, *, budget: int | None = None,
               n_boot: int = 1000, seed: int = 0, dtype: str = "float32", max_post_tokens: int | None = None,
-              error_types: dict[str, str] | None = None, mixed_precision: str = "no") -> dict:
+              error_types: dict[str, str] | None = None, mixed_precision: str = "no",
+              also: Sequence[tuple[str | Path, Path]] = ()) -> dict:
     """Load the model (a folder, a merged model or a LoRA adapter folder), probe, write OUT/probe.json.
     budget None: the hf auditor's default, the model's context less the template and 128 tokens.
-    `mixed_precision` "bf16"/"auto": the forwards under bf16 autocast (float32 weights)."""
+    `mixed_precision` "bf16"/"auto": the forwards under bf16 autocast (float32 weights).
+    `also` [(model, out)]: probe these models too, on the same prompts, each into its OUT/probe.json;
+    those whose bottom layers equal the first model's share them (`shared_trunk_scorers`).
+    Returns the first model's result."""
     from aftraj.scoring import autocast, resolve_mixed_precision
     from eval.auditors.hf import load_model
 
-    model, tok = load_model(model_path, dtype=dtype)
-    model.eval()
-    budget = _budget(model, tok, budget)
-    t0 = time.perf_counter()
-    with autocast(mixed_precision, model.device):
-        res = probe(trajs, hf_scorer(model, tok), budget=budget, n_boot=n_boot, seed=seed,
-                    count_tokens=lambda s: len(tok(s, add_special_tokens=False)["input_ids"]),
-                    max_post_tokens=max_post_tokens, error_types=error_types)
-    res = {"model": str(model_path), "budget": budget, "seed": seed, "n_boot": n_boot,
-           "max_post_tokens": max_post_tokens, "mixed_precision": resolve_mixed_precision(mixed_precision), "wall_s": round(time.perf_counter() - t0, 1), **res}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "probe.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
-    return res
+    paths, outs = [model_path, *(m for m, _ in also)], [out, *(Path(o) for _, o in also)]
+    loaded = [load_model(p, dtype=dtype) for p in paths]
+    models, tok = [m for m, _ in loaded], loaded[0][1]
+    for p, (m, t) in zip(paths, loaded):
+        m.eval()
+        if t.get_vocab() != tok.get_vocab():
+            from aftraj.errors import UsageError
+            raise UsageError(f"probe: {p}'s tokenizer is not {model_path}'s; probe it on its own")
+    budget = _budget(models[0], tok, budget)
+    scorers, tops = shared_trunk_scorers(models, tok) if len(models) > 1 else ([hf_scorer(models[0], tok)], [0])
+    results = []
+    for p, o, score, top in zip(paths, outs, scorers, tops):
+        t0 = time.perf_counter()
+        with autocast(mixed_precision, models[0].device):
+            res = probe(trajs, score, budget=budget, n_boot=n_boot, seed=seed,
+                        count_tokens=lambda s: len(tok(s, add_special_tokens=False)["input_ids"]),
+                        max_post_tokens=max_post_tokens, error_types=error_types)
+        res = {"model": str(p), "budget": budget, "seed": seed, "n_boot": n_boot,
+               "max_post_tokens": max_post_tokens, "mixed_precision": resolve_mixed_precision(mixed_precision),
+               # the seconds of this model's scoring; a shared trunk's pass counts in the first model's
+               "wall_s": round(time.perf_counter() - t0, 1),
+               "shared_trunk": {"from": str(paths[0]), "top_layers": top} if top else None, **res}
+        o.mkdir(parents=True, exist_ok=True)
+        (o / "probe.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+        results.append(res)
+    return results[0]
 
 
 # --------------------------------------------------------------------------- the linear probe

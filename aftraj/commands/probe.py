@@ -33,6 +33,10 @@ def register(sub) -> None:
                    help="bf16 autocast of the forwards (float32 weights); auto: where the device computes "
                         "bf16 natively (a CUDA GPU, a CPU with AVX512-BF16/AMX). Default no: float32. bf16 moves the "
                         "log-odds by more than the post-vs-twin gap (one stage-1 model: 71.1 %% float32, 51.1 %% bf16)")
+    p.add_argument("--also", nargs=2, action="append", default=[], metavar=("MODEL", "OUT"),
+                   help="probe this model too, on the same prompts, into OUT/probe.json (repeatable); models "
+                        "whose bottom decoder layers equal --model's (rows trained with trainable_layers from "
+                        "one model) run those layers once for all")
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
@@ -52,6 +56,8 @@ def run(args) -> int:
     from eval.probe import linear_probe, read_error_types
 
     if args.linear_train:
+        if args.also:
+            raise UsageError("--also: the linear probe takes one --model")
         train = load_trajectories(args.linear_train)
         res = linear_probe(args.model, train, trajs, Path(args.out), budget=args.budget, n_boot=args.n_boot,
                            seed=args.seed, max_post_tokens=args.max_post_tokens,
@@ -65,7 +71,7 @@ def run(args) -> int:
         return 0
     res = run_probe(args.model, trajs, Path(args.out), budget=args.budget, n_boot=args.n_boot, seed=args.seed,
                     max_post_tokens=args.max_post_tokens, error_types=read_error_types(args.data),
-                    mixed_precision=args.mixed_precision)
+                    mixed_precision=args.mixed_precision, also=[(m, Path(o)) for m, o in args.also])
     s = res["summary"]
     print(json.dumps({"split": split, "n_runs": s["n_runs"],
                       "post_beats_twin": s["post_beats_twin"]["share"], "post_beats_twin_ci": s["post_beats_twin"]["ci"],

@@ -366,11 +366,13 @@ class Ablation:
         heldout = self.probe_data() if c.probe or c.linear_probe_rows else None
         lim = ["--max-post-tokens", str(c.probe_max_post_tokens)] if c.probe_max_post_tokens else []
         lim += ["--mixed-precision", c.probe_mixed_precision] if c.probe_mixed_precision != "no" else []
-        for row, path in (models.items() if c.probe else ()):   # teacher forcing, held-out unsafe runs
-            d = self.out / "probe" / row_slug(row)
-            r.run(f"probe {row}", ["probe", "--model", str(path), "--data", str(heldout), "--split", "all",
-                                   "--out", str(d), "--n-boot", str(c.n_boot), "--seed", str(c.seed), *lim],
-                  clean=d)
+        if c.probe and models:     # teacher forcing, held-out unsafe runs; one phase, the rows' shared layers once
+            (first, path), *rest = models.items()
+            r.run(f"probe {', '.join(models)}",
+                  ["probe", "--model", str(path), "--data", str(heldout), "--split", "all",
+                   "--out", str(self.out / "probe" / row_slug(first)),
+                   *(a for row, p in rest for a in ("--also", str(p), str(self.out / "probe" / row_slug(row)))),
+                   "--n-boot", str(c.n_boot), "--seed", str(c.seed), *lim], clean=self.out / "probe")
         for row in c.linear_probe_rows:      # is the content signal in the frozen representation at all?
             d = self.out / "linear_probe" / row_slug(row)
             r.run(f"linear probe {row}", ["probe", "--model", str({**models, "raw base": base, "warmed base": warmed}[row]),

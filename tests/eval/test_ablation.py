@@ -454,14 +454,19 @@ def test_walk_rows_walk_only_those_rows_and_the_report_names_the_others(tmp_path
                           "val_sample": 0, "linear_probe_rows": [], "ww_sample": 0, "walk_rows": ["stage 1", "stage 2"]})
     assert cfg.walk_rows == ["stage 1", "stage 2"]        # a row not built changes nothing
     a = ab.Ablation(cfg, tmp_path / "out", echo=False)
-    calls = []
-    monkeypatch.setattr(a.r, "run", lambda name, argv, *, clean=None: calls.append(name) or {"phase": name})
+    calls, argvs = [], {}
+    monkeypatch.setattr(a.r, "run", lambda name, argv, *, clean=None: calls.append(name) or argvs.update({name: argv}) or {"phase": name})
     monkeypatch.setattr(a, "base_model", lambda: tmp_path / "base")
     monkeypatch.setattr(a, "probe_data", lambda: tmp_path / "heldout.jsonl")
     monkeypatch.setattr(a, "select", lambda row, run: run / "final")
     monkeypatch.setattr(a, "write_report", lambda models, wall: models)
     models = a.run()
-    assert [n for n in calls if n.startswith("probe ")] == ["probe warmed base", "probe stage 1"]
+    assert [n for n in calls if n.startswith("probe ")] == ["probe warmed base, stage 1"]   # one phase, every row
+    argv = argvs["probe warmed base, stage 1"]          # (the rows' shared bottom layers run once)
+    assert argv[argv.index("--model") + 1] == str(tmp_path / "out" / "warmup" / "final")
+    assert argv[argv.index("--out") + 1] == str(tmp_path / "out" / "probe" / "warmed_base")
+    assert argv[argv.index("--also") + 1:argv.index("--also") + 3] == [str(tmp_path / "out" / "stage1" / "final"),
+                                                                      str(tmp_path / "out" / "probe" / "stage_1")]
     assert [n for n in calls if n.startswith("eval ")] == ["eval heldout stage 1", *(f"eval heldout {r}" for r in ab.BASELINE_ROWS)]
     assert a.walked(models) == ["stage 1"]
     s = _summary({}, {})

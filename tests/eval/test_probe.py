@@ -199,3 +199,71 @@ def test_prompts_scored_in_turn_share_their_beginning_and_score_as_alone(noisy_t
         for k in g:
             assert g[k] == pytest.approx(a[k], abs=1e-4)
     assert got[0]["decision"] == pytest.approx(got[3]["decision"], abs=1e-5)   # the kept cache is intact
+
+
+def test_models_sharing_their_bottom_layers_score_as_each_alone(noisy_tiny, make_traj):
+    # the ablation's warmed base, stage 1 and every-prefix rows differ only in their top layers: the
+    # shared layers run once a prompt, each model runs its top layers on their output, and every
+    # model's scores equal its own full pass; a model that differs below runs alone
+    import copy
+
+    from eval.probe import shared_layers, shared_trunk_scorers
+
+    model, tok = noisy_tiny
+    n = len(model.model.layers)
+    top, below = copy.deepcopy(model), copy.deepcopy(model)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in [*top.model.layers[-1].parameters(), top.model.norm.weight]:
+            p.add_(torch.randn(p.shape, generator=g) * 0.3)
+        for p in below.model.layers[0].parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.3)
+    assert (shared_layers(model, model), shared_layers(model, top), shared_layers(model, below)) == (n, n - 1, 0)
+
+    trajs = [t for i, k in enumerate((2, 3)) for t in _with_twin(make_traj, i, 5, k)] + [make_traj(5, 4, 1)]
+    kw = dict(budget=None, count_tokens=lambda s: len(tok(s, add_special_tokens=False)["input_ids"]), n_boot=20)
+    ran = []
+    real = model.forward
+    model.forward = lambda *a, **k: (ran.append(k["input_ids"].shape[1]), real(*a, **k))[1]
+    scorers, tops = shared_trunk_scorers([model, top, below], tok)
+    assert tops == [0, 1, 0]
+    got = [probe(trajs, s, **kw)["runs"] for s in scorers]
+    n_shared = sum(ran)
+    ran.clear()
+    alone = [probe(trajs, hf_scorer(m, tok), **kw)["runs"] for m in (model, top, below)]
+    assert n_shared == sum(ran)                 # the first model's pass is the only full one of the group
+    for g_runs, a_runs in zip(got, alone):
+        assert len(g_runs) == len(a_runs) == 3
+        for gr, ar in zip(g_runs, a_runs):
+            for sub in ("pre", "post", "twin"):
+                if sub in ar:
+                    assert gr[sub]["decision"] == pytest.approx(ar[sub]["decision"], abs=1e-4)
+                    assert gr[sub]["full"] == pytest.approx(ar[sub]["full"], abs=1e-3)
+    assert got[1][0]["post"]["decision"] != pytest.approx(got[0][0]["post"]["decision"], abs=1e-3)  # not vacuous
+
+
+def test_cli_probe_also_writes_each_models_probe_json(tiny_model_dir, make_traj, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from aftraj.cli import main
+    from aftraj.schema import write_jsonl
+
+    m = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        m.model.layers[-1].mlp.down_proj.weight.mul_(3.0)
+    m.save_pretrained(tmp_path / "top")
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(tmp_path / "top")
+    trajs = _with_twin(make_traj, 0, 5, 2) + [make_traj(1, 5, 1)]
+    write_jsonl(trajs, tmp_path / "d.jsonl")
+    rc = main(["probe", "--model", str(tiny_model_dir), "--data", str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "a"),
+               "--also", str(tmp_path / "top"), str(tmp_path / "b"), "--n-boot", "20"])
+    assert rc == 0
+    a, b = (json.loads((tmp_path / x / "probe.json").read_text()) for x in "ab")
+    assert a["model"] == str(tiny_model_dir) and a["shared_trunk"] is None
+    assert b["model"] == str(tmp_path / "top") and b["shared_trunk"]["top_layers"] == 1
+    assert a["summary"]["n_runs"] == b["summary"]["n_runs"] == 2
+    alone = tmp_path / "alone"
+    assert main(["probe", "--model", str(tmp_path / "top"), "--data", str(tmp_path / "d.jsonl"), "--out", str(alone),
+                 "--n-boot", "20"]) == 0
+    c = json.loads((alone / "probe.json").read_text())
+    assert [r["post"]["decision"] for r in b["runs"]] == pytest.approx([r["post"]["decision"] for r in c["runs"]], abs=1e-4)
