@@ -64,6 +64,27 @@ def autocast(mixed_precision: str, device):
     return torch.autocast(kind, dtype=torch.bfloat16, enabled=resolve_mixed_precision(mixed_precision) == "bf16")
 
 
+def past(model, cache) -> dict:
+    """The forward keyword that hands `model` a KV cache: transformers 5.24 renamed
+    `past_key_values` to `cache` (the old name warns, and goes in 5.40); 5.17, the GPU script's pin,
+    knows only the old one. Read from the forward's signature (through its decorators; a PEFT
+    model's from its base model's, which it passes the keyword on to)."""
+    import inspect
+
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model   # a PEFT model passes it on
+    try:
+        params = inspect.signature(inner.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    return {"cache" if "cache" in params else "past_key_values": cache}
+
+
+def cache_of(out):
+    """The KV cache a forward returned (`cache` from transformers 5.24, `past_key_values` before)."""
+    c = getattr(out, "cache", None)
+    return c if c is not None else out.past_key_values
+
+
 def decision_ids(tok, t: int, alarm) -> tuple[list[int], list[int], int]:
     """(SAFE ids, ALARM ids, decision position) of the canonical completions on prefix t: the
     canonical SAFE completion and `alarm` (a Verdict) formatted, and their first divergence."""
@@ -85,7 +106,7 @@ class PrefixCache:
     Equal to running each sequence whole (tests/aftraj/test_scoring_pack.py).
 
         pc = PrefixCache(model)
-        out = pc.run(ids, logits_to_keep=1)        # out.past_key_values: all of ids, the caller's
+        out = pc.run(ids, logits_to_keep=1)        # cache_of(out): all of ids, the caller's
     """
 
     def __init__(self, model, min_shared: int = 16):
@@ -112,9 +133,10 @@ class PrefixCache:
         device = next(self.model.parameters()).device
         out = self.model(input_ids=torch.tensor([ids[n:]], device=device),
                          position_ids=torch.arange(n, len(ids), device=device)[None],
-                         past_key_values=cache, use_cache=True, **kw)
-        self.ids, self.cache = list(ids), out.past_key_values
-        out.past_key_values = copy.deepcopy(self.cache)   # the caller may extend its copy
+                         **past(self.model, cache), use_cache=True, **kw)
+        self.ids, self.cache = list(ids), cache_of(out)
+        # the caller may extend its copy
+        setattr(out, "cache" if getattr(out, "cache", None) is not None else "past_key_values", copy.deepcopy(self.cache))
         return out
 
 
@@ -143,14 +165,14 @@ def pair_token_logps(model, prompt_ids: list[int], completions: list[list[int]],
         first_in = {"input_ids": p} if embeds is None else {"inputs_embeds": embeds[0]}
         out = model(**first_in, use_cache=True, logits_to_keep=1)
     first = out.logits[:, -1:]                                   # predicts completion token 0
-    cache = out.past_key_values
+    cache = cache_of(out)
     n, width = len(completions), max(map(len, completions))
     ids = torch.tensor([c + [c[-1]] * (width - len(c)) for c in completions], device=device)
     if width > 1:
         cache.batch_repeat_interleave(n)
         pos = torch.arange(len(prompt_ids), len(prompt_ids) + width - 1, device=device).expand(n, -1)
         rest_in = {"input_ids": ids[:, :-1]} if embeds is None else {"inputs_embeds": embeds[1]}
-        rest = model(**rest_in, past_key_values=cache, position_ids=pos, use_cache=True).logits
+        rest = model(**rest_in, **past(model, cache), position_ids=pos, use_cache=True).logits
         logits = torch.cat([first.expand(n, -1, -1), rest], dim=1)
     else:
         logits = first.expand(n, -1, -1)
@@ -247,7 +269,7 @@ def packed_logits(model, pack: Pack, *, embeds=None, mask=None):
         if mask is None:
             impl = getattr(model.config, "_attn_implementation", None) or "sdpa"
             mask = pack.mask(impl, next(model.parameters()).dtype)
-        rest = model(**inputs(slice(b, None)), position_ids=pos[:, b:], past_key_values=out.past_key_values,
+        rest = model(**inputs(slice(b, None)), position_ids=pos[:, b:], **past(model, cache_of(out)),
                      attention_mask=mask.to(device), use_cache=True,
                      logits_to_keep=torch.tensor([i - b for i in in_blocks], device=device)).logits[0]
         at.update({i: len(in_base) + j for j, i in enumerate(in_blocks)})

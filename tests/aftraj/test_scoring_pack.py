@@ -136,3 +136,31 @@ def test_release_freed_memory_is_a_no_op_without_glibc(monkeypatch):
 
     monkeypatch.setattr(sc, "_MALLOC_TRIM", False)
     assert sc.release_freed_memory() is False
+
+
+def test_the_kv_cache_goes_by_the_name_the_installed_transformers_takes(tiny_model_dir):
+    # transformers 5.24 renamed forward's past_key_values to cache (the old name warns, removal in
+    # 5.40); the GPU script's 5.17 knows only past_key_values: the name comes from the signature
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    from aftraj.scoring import PrefixCache, cache_of, pair_token_logps, past
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None):
+            return None
+
+    assert past(Old(), "c") == {"past_key_values": "c"}
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    pc = PrefixCache(model)
+    seq = _seqs()[3]                                         # 44 tokens
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)      # no deprecated keyword on any forward
+        with torch.no_grad():
+            pc.run(seq + [5, 6], logits_to_keep=1)
+            out = pc.run(seq + [7], logits_to_keep=1)          # from the kept cache
+            got = pair_token_logps(model, seq, [[3, 4], [8]], prefix_cache=pc)
+    assert pc.reused == len(seq) - 1 and cache_of(out) is not None   # the prompt ran from the cache
+    want = pair_token_logps(model, seq, [[3, 4], [8]])
+    assert all(torch.allclose(g, w, atol=1e-5) for g, w in zip(got, want))
