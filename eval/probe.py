@@ -78,7 +78,7 @@ def shared_layers(a, b) -> int:
     differ. Rows trained with `trainable_layers: N` from one model share all but its top N."""
     import torch
 
-    from training.stage1.features import _decoder
+    from aftraj.scoring import decoder_layers as _decoder
 
     if type(a) is not type(b):
         return 0
@@ -102,7 +102,7 @@ def shared_trunk_scorers(models: Sequence, tok) -> tuple[list[Scorer], list[int]
     """One full scorer (`hf_scorer`, full=True) per model, where the models whose bottom decoder
     layers equal the first model's (`shared_layers`, at least half of them) share that trunk: each
     prompt runs once through the first model, whose scores it gives, with the input of its top
-    layers kept (`training/stage1/features.pair_features`, the prompts run in turn from where they
+    layers kept (`aftraj.scoring.pair_features`, stage 1's feature capture, the prompts run in turn from where they
     leave the last); each other model of the group runs only its top layers on those features.
     Equal to scoring each model on its own (tests/eval/test_probe.py); the ablation's warmed base,
     stage 1 and every-prefix rows share 28 of SmolLM2's 30 layers, so three probes cost ~1.2
@@ -114,8 +114,8 @@ def shared_trunk_scorers(models: Sequence, tok) -> tuple[list[Scorer], list[int]
     kept until every model of the group took its own."""
     import torch
 
-    from aftraj.scoring import pair_token_logps
-    from training.stage1.features import SharedPrompts, _decoder, pair_features, top_layers_only
+    from aftraj.scoring import SharedPrompts, pair_features, pair_token_logps, top_layers_only
+    from aftraj.scoring import decoder_layers as _decoder
 
     try:
         n_layers = len(_decoder(models[0])[1])
