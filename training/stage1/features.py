@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from aftraj.scoring import SharedPrompts, decoder_layers, pair_features, top_layers_only  # noqa: F401  (the one definition)
 
-_decoder = decoder_layers
-
 
 def nbytes(features) -> int:
     return sum(t.numel() * t.element_size() for pair in features for t in pair)
