@@ -57,6 +57,7 @@ class EvalConfig:
     mixed_precision: str | None = None   # hf: "bf16"/"auto" runs the forwards under bf16 autocast
     reference_answer: bool = False
     max_in_flight: int = 32
+    lookahead: bool = True          # spare rows of a round audit walks' next prefixes (hf; same records)
     all_prefixes: bool = False
     auc_start: int = 0
     limit: int | None = None
@@ -158,7 +159,7 @@ def evaluate(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> EvalRe
         raise UsageError(f"unknown auditor {name!r}; available: {', '.join(available_auditors())}")
     try:
         walk_cfg = WalkConfig(protocol=cfg.protocol, max_in_flight=cfg.max_in_flight,
-                              all_prefixes=cfg.all_prefixes, parser=cfg.parser)
+                              all_prefixes=cfg.all_prefixes, parser=cfg.parser, lookahead=cfg.lookahead)
     except ValueError as e:
         raise UsageError(str(e)) from None
     trajs, split = load_eval_data(cfg)
@@ -283,5 +284,5 @@ def _provenance(cfg: EvalConfig) -> dict:
         "auditor", "model", "endpoint", "api_model", "max_new_tokens", "budget", "decision_threshold",
         "concurrency",
         "timeout", "retries", "protocol", "reference_answer", "all_prefixes", "max_in_flight",
-        "seed", "split", "limit", "layout", "parser", "decision_finish", "mixed_precision")}
+        "lookahead", "seed", "split", "limit", "layout", "parser", "decision_finish", "mixed_precision")}
     return provenance(command=cfg.command, settings=settings, layout=cfg.layout or "ours")

@@ -9,7 +9,11 @@ that walk's next prefix at once.
 
 Query plans, chosen per trajectory:
 - "online": t = 0, 1, … until the first ALARM (with `all_prefixes` the walk goes on to N-1 to
-  score every prefix for the threshold sweep and the AUC; d is still the first ALARM).
+  score every prefix for the threshold sweep and the AUC; d is still the first ALARM). With an
+  auditor whose answer depends on its prefix alone (`Auditor.lookahead`, `hf`) and fewer live
+  walks than the round holds, the spare rows audit the walks' next prefixes ahead of time
+  (`lookahead`); an answer is used only when its walk asks for that prefix, so the records are
+  the same (`WalkConfig(lookahead=False)`, CLI `--no-lookahead`, turns it off).
 - "posthoc": one call on the whole trajectory (t = N-1); d = N-1. Labelled post-hoc.
 - "bisect": binary search for the earliest prefix that alarms (Who&When's binary search
   over our one prompt): about log2(N) calls; d = that prefix.
@@ -45,6 +49,7 @@ class WalkConfig:
     max_in_flight: int = 32       # trajectories walked at once
     all_prefixes: bool = False    # keep scoring after the first ALARM (threshold sweep, AUC)
     parser: str = "strict"        # "reference": the release's acceptance rules (aftraj.reference_parse)
+    lookahead: bool = True        # spare rows of a round audit live online walks' next prefixes
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -233,13 +238,18 @@ def walk(auditor: Auditor, trajs: Iterable[Trajectory], cfg: WalkConfig = WalkCo
             _walk_async(auditor, live, refill, finish, check, called)
         while live:
             order = sorted(live)
-            requests: Sequence[tuple[Trajectory, int]] = [(live[i].traj, live[i].next_t) for i in order]
+            asked = [(i, live[i].next_t) for i in order]
+            if cfg.lookahead and auditor.lookahead:
+                asked += lookahead(live, order, cap - len(order))
+            requests: Sequence[tuple[Trajectory, int]] = [(live[i].traj, t) for i, t in asked]
             results = auditor.audit_batch(requests)
             if len(results) != len(requests):
                 raise RuntimeError(f"{auditor.label}: audit_batch returned {len(results)} results "
                                    f"for {len(requests)} requests")
-            for i, r in zip(order, results):
-                w = live[i]
+            for (i, t), r in zip(asked, results):
+                w = live.get(i)
+                if w is None or w.next_t != t:   # a lookahead answer its walk did not ask for
+                    continue
                 called(w, check(w, r))
                 if w.next_t is None:
                     finish(i)
@@ -247,6 +257,30 @@ def walk(auditor: Auditor, trajs: Iterable[Trajectory], cfg: WalkConfig = WalkCo
     finally:
         bar.close()
     return [records[i] for i in range(len(trajs))]
+
+
+def lookahead(live: dict, order: list[int], spare: int) -> list[tuple[int, int]]:
+    """Up to `spare` (walk, prefix) requests beyond the ones the live walks ask for: the online
+    walks' next prefixes t+1, t+2, … taken one per walk in turn (so every walk gains a prefix
+    before any gains two). An online plan asks for t+1 after t unless the walk ends there (its
+    first ALARM), so those answers are used in order and the rest dropped: the records are the
+    ones the walk without lookahead writes, and the spare rows of a round (a sample's tail, or a
+    sample smaller than the batch) cost a batched backend little (`hf`: decoding is
+    memory-bound on a CPU, one row or twelve read the weights once a token)."""
+    extra: list[tuple[int, int]] = []
+    depth = 1
+    while len(extra) < spare:
+        grew = False
+        for i in order:
+            w = live[i]
+            t = w.next_t + depth
+            if w.mode == "online" and t < len(w.traj.steps) and len(extra) < spare:
+                extra.append((i, t))
+                grew = True
+        if not grew:
+            break
+        depth += 1
+    return extra
 
 
 def _walk_async(auditor: Auditor, live: dict, refill, finish, check, called) -> None:

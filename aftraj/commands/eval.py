@@ -100,6 +100,9 @@ def register(sub) -> None:
     p.add_argument("--reference-answer", action="store_true",
                    help="show the ground-truth answer in the prompt (Who&When 'with ground truth')")
     p.add_argument("--max-in-flight", type=int, default=32, help="trajectories walked at once")
+    p.add_argument("--no-lookahead", dest="lookahead", action="store_false",
+                   help="hf: leave a round's spare rows empty instead of auditing the live walks' next "
+                        "prefixes ahead (the records are the same either way; this measures the gain)")
     p.add_argument("--all-prefixes", action="store_true",
                    help="score every prefix (go on after the first ALARM): threshold sweep, AUC")
     p.add_argument("--auc-start", type=int, default=0,

@@ -32,6 +32,10 @@ The contract:
   post-hoc in every report) or "bisect" (binary search for the first alarming prefix).
 - `max_in_flight` caps how many trajectories the walker interleaves (the `hf` backend sets its
   `batch_size`, default 16: one KV cache per live trajectory, each round decoded together).
+- `lookahead = True` says the answer for prefix t depends on prefix t alone and `audit_batch`
+  accepts several prefixes of one trajectory in a round (`hf`): when fewer walks are live than
+  `max_in_flight` (the sample's tail, a small sample), the walker fills the round's spare rows
+  with the live online walks' next prefixes and keeps an answer only when its walk asks for it.
 - Constructor: `Cls(arg=None, **kw)`; `get_auditor("name:arg", model=…, endpoint=…, …)` builds
   one. Unknown keywords should be accepted and ignored (`**kw`) so one CLI can feed any auditor.
 - Modules in this package are imported on the first `get_auditor`/`available_auditors`, so keep
@@ -103,6 +107,10 @@ class Auditor:
     strategy: str = "online"         # "online" | "posthoc" | "bisect"
     max_in_flight: int | None = None  # cap on trajectories walked at once (None: the walker's)
     confidence_kind: str = "probability"  # "probability": P(UNSAFE); "score": a [0, 1] score that is not one
+    # True: the answer for prefix t depends on prefix t only, and one `audit_batch` round may hold
+    # several prefixes of one trajectory; the walker then fills a round's spare rows with the next
+    # prefixes of live online walks (`eval.walker`, lookahead) and drops those a walk never asks for
+    lookahead: bool = False
 
     def __init__(self, arg: str | None = None, *, layout: str = "ours", **kw) -> None:
         self.arg = arg

@@ -62,8 +62,10 @@ JSON under "model", the default).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,6 +83,24 @@ from eval.auditors import AuditResult, Auditor, register_auditor
 class _Session:
     ids: list[int] = field(default_factory=list)   # token ids held by `cache`
     cache: object | None = None
+
+
+@dataclass
+class _Row:
+    """One prefix of a batched round, prepared: its trajectory's session (whose cache holds the
+    prompt, or, with `suffix_kv`, its first n_stable tokens), the prompt ids, the suffix's last
+    logits, the decision tokens and the drafts."""
+    traj: object
+    t: int
+    session: _Session
+    ids: list[int]
+    n_stable: int
+    cached: int
+    logits: object
+    t0: float
+    dec: tuple
+    drafts: tuple
+    suffix_kv: list | None = None   # per layer (keys, values) of the suffix, when a later row shares the cache
 
 
 @functools.cache
@@ -126,6 +146,55 @@ def new_cache(config):
     cache = DynamicCache(config=config)
     cache.layers = [_slack_layer_class()() if type(layer) is DynamicLayer else layer for layer in cache.layers]
     return cache
+
+
+_MIN_DRAFT = 2   # the shortest draft `_next_cap` falls back to after a miss
+
+
+@contextlib.contextmanager
+def masked_gqa(enabled: bool = True):
+    """Let PyTorch's SDPA take grouped KV heads under an attention mask for the block.
+
+    transformers' SDPA attention (5.x, `integrations.sdpa_attention`) repeats a grouped-query
+    model's KV heads, a copy of the whole stacked cache per layer and forward, whenever an
+    attention mask comes with more than one query token, unless `TRANSFORMERS_SDPA_FORCE_GQA=1`
+    (read at every call by `use_gqa_in_sdpa`); PyTorch's CPU kernel takes the mask with
+    `enable_gqa`. The walk is that case throughout: a step or a suffix fed onto a cache, a draft
+    verified, a batched round. On 2 CPU cores, SmolLM2 (9 query, 3 KV heads), 10 stacked rows at a
+    3,600-token cache, a 3-token forward took 2.5 s with the copy and 0.39 s without; one row, 16
+    tokens, 140 vs 110 ms (2026-12-03). The auditor sets it only on CPU (a CUDA mask with
+    `enable_gqa` would leave the fused kernels for the math one); the value before is restored."""
+    if not enabled:
+        yield
+        return
+    key = "TRANSFORMERS_SDPA_FORCE_GQA"
+    before = os.environ.get(key)
+    os.environ[key] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
+def _keep_rows(cache, keep) -> None:
+    """Keep only the batch rows `keep` of a stacked cache (finished rows out, so that a long
+    completion does not carry the finished ones through every forward), one layer at a time:
+    the copy adds one layer's worth of memory, not a second cache."""
+    for li, layer in enumerate(cache.layers):
+        k, v = layer.keys.index_select(0, keep), layer.values.index_select(0, keep)
+        layer.keys = layer.values = None
+        if hasattr(layer, "_buf"):
+            layer._buf = None
+        layer.is_initialized = False
+        cache.update(k, v, li)
+
+
+def _crop_to(cache, n: int) -> None:
+    """Keep the first n positions of `cache` (transformers' `crop` takes how many to remove)."""
+    cache.crop(-(cache.get_seq_length() - n))
 
 
 def _lcp(a: list[int], b: list[int]) -> int:
@@ -229,6 +298,7 @@ class HFAuditor(Auditor):
         self.max_new_tokens, self.budget = max_new_tokens, budget
         # The walker interleaves at most this many walks; each round is decoded together.
         self.max_in_flight = batch_size if reuse_cache else 1
+        self.lookahead = reuse_cache   # a round may hold several prefixes of one trajectory
         self.max_batch_tokens = max_batch_tokens
         self.reference_answer, self.reuse_cache = reference_answer, reuse_cache
         self.top_k, self.prefill_chunk = top_k, prefill_chunk
@@ -297,23 +367,25 @@ class HFAuditor(Auditor):
         import torch
 
         rows = self._extend(cache, suffix_ids)[None]    # rows[j]: the next token after gen + prop[:j]
-        gen, tops, lo, prop = [], [], [None], []
+        gen, tops, lo, prop, cap = [], [], [None], [], self.draft_tokens
         while True:
             j, done = self._take(rows, gen, tops, prop, dec, lo)
             if done:
                 return gen, tops, lo[0]
             if len(prop) > j:                # the draft's tokens after the first miss: out of the cache
                 cache.crop(-(len(prop) - j))
-            prop = self._propose(gen, drafts)
+            cap = self._next_cap(cap, prop, j)
+            prop = self._propose(gen, drafts, cap)
             x = torch.tensor([[gen[-1], *prop]], dtype=torch.long, device=self.device)
             rows = self.model(input_ids=x, cache=cache, use_cache=True,
                               logits_to_keep=x.shape[1]).logits[0].float()
 
-    def _prepare(self, traj, t):
+    def _prepare(self, traj, t, prompt=None):
         """Bring traj's session cache to prefix t's stable part; returns
-        (session, prompt ids, n_stable, tokens reused from the cache)."""
+        (session, prompt ids, n_stable, tokens reused from the cache). `prompt`: `prompt_ids`'
+        answer when the caller already has it."""
 
-        ids, n_stable = self.prompt_ids(traj, t)
+        ids, n_stable = prompt if prompt is not None else self.prompt_ids(traj, t)
         s = self.sessions.setdefault(traj.id, _Session())
         if s.cache is None:
             s.cache = new_cache(self.model.config)
@@ -386,15 +458,28 @@ class HFAuditor(Auditor):
                 return j, False
         return rows.shape[0] - 1, False
 
-    def _propose(self, gen: list[int], drafts) -> list[int]:
-        """The tokens a draft expects after `gen` (up to `draft_tokens`, and no further than
-        `max_new_tokens` allows): the continuation of the first draft that `gen` has followed
-        so far, else of the last place in a draft that holds gen's last 3 tokens, else none.
-        Decoding feeds them with the last token in one forward and keeps the longest run the
-        model's own choices confirm (greedy speculative decoding: the tokens are the greedy
-        ones; the canonical SAFE completion of a trained auditor, ~50 tokens, then costs one
-        forward instead of ~50)."""
-        room = min(self.draft_tokens, self.max_new_tokens - len(gen) - 1)
+    def _next_cap(self, cap: int, prop: list[int], j: int) -> int:
+        """The next draft's length cap after a forward that verified `prop` and kept j of its
+        tokens: doubled (up to `draft_tokens`) when all were kept, else twice what was kept (at
+        least 2). A rejected draft costs a forward as wide as the draft (on 2 CPU cores at a
+        3,600-token cache, 65 tokens ~4x one), so a completion that has left both canonical
+        completions (a runaway, an untrained row) stops paying for 64-token guesses, and one that
+        follows a draft again is back to full length after a few forwards."""
+        if not prop:
+            return cap
+        if j >= len(prop):
+            return min(self.draft_tokens, 2 * cap)
+        return min(self.draft_tokens, max(_MIN_DRAFT, 2 * j))
+
+    def _propose(self, gen: list[int], drafts, cap: int | None = None) -> list[int]:
+        """The tokens a draft expects after `gen` (up to `cap`, default `draft_tokens`, and no
+        further than `max_new_tokens` allows): the continuation of the first draft that `gen`
+        has followed so far, else of the last place in a draft that holds gen's last 3 tokens,
+        else none. Decoding feeds them with the last token in one forward and keeps the longest
+        run the model's own choices confirm (greedy speculative decoding: the tokens are the
+        greedy ones; the canonical SAFE completion of a trained auditor, ~50 tokens, then costs
+        one forward instead of ~50). `_next_cap` shortens the drafts after a miss."""
+        room = min(self.draft_tokens if cap is None else cap, self.max_new_tokens - len(gen) - 1)
         if room <= 0:
             return []
         m = len(gen)
@@ -424,13 +509,14 @@ class HFAuditor(Auditor):
         import torch
 
         t0 = time.perf_counter()
-        with torch.inference_mode(), autocast(self.mixed_precision, self.device):
+        with (torch.inference_mode(), autocast(self.mixed_precision, self.device),
+              masked_gqa(self.device.type == "cpu")):
             dec = self._dec(traj, t)
             drafts = self.drafts(traj, t) if self.draft_tokens else ()
             if self.reuse_cache:
                 s, ids, n_stable, cached = self._prepare(traj, t)
                 gen, tops, lo = self._greedy(s.cache, ids[n_stable:], dec, drafts)
-                s.cache.crop(-(s.cache.get_seq_length() - n_stable))
+                _crop_to(s.cache, n_stable)
             else:
                 ids, n_stable = self.prompt_ids(traj, t)
                 gen, tops, lo = self._greedy(new_cache(self.model.config), ids, dec, drafts)
@@ -439,26 +525,44 @@ class HFAuditor(Auditor):
 
     # --------------------------------------------------------------- batched rounds
     def audit_batch(self, requests):
-        """One round of prefixes from different trajectories: each trajectory's cache is brought to
-        its prefix and runs its suffix alone, then the round decodes together (caches stacked with
-        left padding, pads masked, each row at its own positions), split so that no stacked batch
-        holds more than `max_batch_tokens` cache tokens."""
+        """One round of prefixes: each trajectory's cache is brought to its prefix and runs its
+        suffix alone, then the round decodes together (caches stacked with left padding, pads
+        masked, each row at its own positions), split so that no stacked batch holds more than
+        `max_batch_tokens` cache tokens.
+
+        A round may hold several prefixes of one trajectory (the walker's lookahead,
+        `lookahead`): they are prepared in order on the trajectory's one cache; a row that is not
+        its trajectory's last in the round keeps a copy of its suffix's keys and values only and
+        is stacked from the cache's first n_stable positions (which the later rows extend, never
+        rewrite) plus that copy. If a later prefix's prompt does not extend an earlier row's
+        stable part (a bounded view that recompiled), the rows gathered so far are decoded first."""
         import torch
 
         if not self.reuse_cache or len(requests) <= 1:
             return [self.audit(traj, t) for traj, t in requests]
-        if len({traj.id for traj, _ in requests}) != len(requests):
-            raise ValueError("hf auditor: one round holds two prefixes of the same trajectory")
+        last = {traj.id: i for i, (traj, _) in enumerate(requests)}
         results = []
-        with torch.inference_mode(), autocast(self.mixed_precision, self.device):
-            group: list = []
-            for traj, t in requests:
+        with (torch.inference_mode(), autocast(self.mixed_precision, self.device),
+              masked_gqa(self.device.type == "cpu")):
+            group: list[_Row] = []
+            for i, (traj, t) in enumerate(requests):
                 t0 = time.perf_counter()
-                s, ids, n_stable, cached = self._prepare(traj, t)
+                ids, n_stable = self.prompt_ids(traj, t)
+                s = self.sessions.get(traj.id)
+                if s is not None and any(r.session is s and r.n_stable > _lcp(s.ids, ids[:n_stable])
+                                         for r in group):
+                    results += self._decode_group(group)
+                    group = []
+                s, ids, n_stable, cached = self._prepare(traj, t, (ids, n_stable))
                 logits = self._extend(s.cache, ids[n_stable:])     # the suffix, alone
-                row = (traj, t, s, ids, n_stable, cached, logits, t0, self._dec(traj, t),
-                       self.drafts(traj, t) if self.draft_tokens else ())
-                longest = max([len(r[3]) for r in group] + [len(ids)]) + self.max_new_tokens
+                suffix_kv = None
+                if last[traj.id] != i:          # a later prefix of this trajectory follows in the round
+                    suffix_kv = [(layer.keys[:, :, n_stable:].clone(), layer.values[:, :, n_stable:].clone())
+                                 for layer in s.cache.layers]
+                    _crop_to(s.cache, n_stable)
+                row = _Row(traj, t, s, ids, n_stable, cached, logits, t0, self._dec(traj, t),
+                           self.drafts(traj, t) if self.draft_tokens else (), suffix_kv)
+                longest = max([len(r.ids) for r in group] + [len(ids)]) + self.max_new_tokens
                 if group and longest * (len(group) + 1) > self.max_batch_tokens:
                     results += self._decode_group(group)
                     group = []
@@ -466,7 +570,7 @@ class HFAuditor(Auditor):
             results += self._decode_group(group)
         return results
 
-    def _decode_group(self, group) -> list[AuditResult]:
+    def _decode_group(self, group: list[_Row]) -> list[AuditResult]:
         """Decode a round's rows together: their caches stacked with left padding (pads masked),
         each row at its own positions. With drafts (`_propose`), a forward feeds each row its
         last token and its draft's next tokens (rows padded to the longest, padding masked);
@@ -474,57 +578,76 @@ class HFAuditor(Auditor):
         are masked from then on."""
         import torch
 
+        if not group:
+            return []
         gens, topss, done, los = [], [], [], [[None] for _ in group]
         for row, lo in zip(group, los):
-            nxt, top = self._pick(row[6], [], row[8], lo)
+            nxt, top = self._pick(row.logits, [], row.dec, lo)
             gens.append([nxt])
             topss.append([top])
             done.append(nxt in self.eos or self.max_new_tokens <= 1)
-        lengths = [len(r[3]) for r in group]          # each row's cache now holds its whole prompt
+        lengths = [len(r.ids) for r in group]         # each row's whole prompt
         width = max(lengths)
-        n_layers = len(group[0][2].cache.layers)
+        n_layers = len(group[0].session.cache.layers)
         stacked = new_cache(self.model.config)
         for li in range(n_layers):
             ks, vs = [], []
             for row, n in zip(group, lengths):
-                layer = row[2].cache.layers[li]
+                layer = row.session.cache.layers[li]
+                if row.suffix_kv is None:             # the trajectory's cache holds this prompt
+                    k, v = layer.keys, layer.values
+                else:                                 # its stable part, then its own suffix
+                    sk, sv = row.suffix_kv[li]
+                    k = torch.cat([layer.keys[:, :, :row.n_stable], sk], 2)
+                    v = torch.cat([layer.values[:, :, :row.n_stable], sv], 2)
                 pad = width - n
-                ks.append(torch.nn.functional.pad(layer.keys, (0, 0, pad, 0)))
-                vs.append(torch.nn.functional.pad(layer.values, (0, 0, pad, 0)))
+                ks.append(torch.nn.functional.pad(k, (0, 0, pad, 0)))
+                vs.append(torch.nn.functional.pad(v, (0, 0, pad, 0)))
             stacked.update(torch.cat(ks), torch.cat(vs), li)
         mask = torch.zeros(len(group), width, dtype=torch.long, device=self.device)
         for i, n in enumerate(lengths):
             mask[i, width - n:] = 1
         fed = list(lengths)                           # each row's valid positions in the stacked cache
+        caps = [self.draft_tokens] * len(group)
+        live = list(range(len(group)))                # the rows still decoding, in stacked order
         pad_id = next(iter(self.eos))
-        while not all(done):
-            props = [[] if done[i] else self._propose(gens[i], group[i][9]) for i in range(len(group))]
+        while True:
+            live_now = [i for i in live if not done[i]]
+            if not live_now:
+                break
+            if 4 * len(live_now) <= 3 * len(live):   # a quarter of the stack has finished: drop it
+                keep = torch.tensor([k for k, i in enumerate(live) if not done[i]], device=self.device)
+                _keep_rows(stacked, keep)
+                mask = mask.index_select(0, keep)
+                live = live_now
+            props = [self._propose(gens[i], group[i].drafts, caps[i]) if not done[i] else [] for i in live]
             width_new = 1 + max(len(p) for p in props)
-            x = torch.full((len(group), width_new), pad_id, dtype=torch.long, device=self.device)
-            new_mask = torch.zeros(len(group), width_new, dtype=torch.long, device=self.device)
-            pos = torch.zeros(len(group), width_new, dtype=torch.long, device=self.device)
-            for i, p in enumerate(props):
-                x[i, :1 + len(p)] = torch.tensor([gens[i][-1], *p])
+            x = torch.full((len(live), width_new), pad_id, dtype=torch.long, device=self.device)
+            new_mask = torch.zeros(len(live), width_new, dtype=torch.long, device=self.device)
+            pos = torch.zeros(len(live), width_new, dtype=torch.long, device=self.device)
+            for k, (i, p) in enumerate(zip(live, props)):
+                x[k, :1 + len(p)] = torch.tensor([gens[i][-1], *p])
                 if not done[i]:
-                    new_mask[i, :1 + len(p)] = 1
-                pos[i] = torch.arange(fed[i], fed[i] + width_new)
+                    new_mask[k, :1 + len(p)] = 1
+                pos[k] = torch.arange(fed[i], fed[i] + width_new)
             col = mask.shape[1]
             mask = torch.cat([mask, new_mask], 1)
             out = self.model(input_ids=x, cache=stacked, attention_mask=mask, position_ids=pos,
                              use_cache=True, logits_to_keep=width_new)
             logits = out.logits.float()
-            for i, p in enumerate(props):
+            for k, (i, p) in enumerate(zip(live, props)):
                 if done[i]:
                     continue
-                j, done[i] = self._take(logits[i, :1 + len(p)], gens[i], topss[i], p, group[i][8], los[i])
-                mask[i, col + 1 + j:] = 0                # the draft's tokens after the first miss
+                j, done[i] = self._take(logits[k, :1 + len(p)], gens[i], topss[i], p, group[i].dec, los[i])
+                mask[k, col + 1 + j:] = 0                # the draft's tokens after the first miss
                 fed[i] += 1 + j
+                caps[i] = self._next_cap(caps[i], p, j)
         del stacked
         results = []
         for row, gen, tops, lo in zip(group, gens, topss, los):
-            traj, t, s, ids, n_stable, cached, _, t0, _, _ = row
-            s.cache.crop(-(s.cache.get_seq_length() - n_stable))
-            results.append(self._result(t, ids, gen, tops, cached, t0, lo[0]))
+            if row.suffix_kv is None:                 # the suffix out: the cache holds the stable part
+                _crop_to(row.session.cache, row.n_stable)
+            results.append(self._result(row.t, row.ids, gen, tops, row.cached, row.t0, lo[0]))
         return results
 
     def _confidence(self, gen: list[int], tops: list) -> float | None:

@@ -488,3 +488,127 @@ def test_bf16_autocast_runs_every_forward_and_keeps_the_log_odds(noisy_tiny, mak
     assert len(res["bf16"]) == len(res["no"])
     with pytest.raises(ValueError, match="mixed_precision"):
         get_auditor("hf", model=model, tokenizer=tok, mixed_precision="fp8")
+
+
+# --------------------------------------------------------------------------- lookahead rounds
+
+def _prefix_answers(aud, requests):
+    return [(tr.id, t, r.raw, r.completion_tokens, r.prompt_tokens) for (tr, t), r in
+            zip(requests, aud.audit_batch(requests))]
+
+
+@pytest.mark.parametrize("max_batch_tokens", [65536, 1])   # one stacked batch; every row alone
+def test_a_round_may_hold_several_prefixes_of_one_trajectory(noisy_tiny, make_traj, max_batch_tokens):
+    """The walker's lookahead: rounds with prefixes t, t+1, t+2 of one trajectory beside other
+    trajectories' prefixes give what one prefix at a time gives, token for token, and leave each
+    cache where the next round continues it."""
+    model, tok = noisy_tiny
+    a, b = make_traj(40, 9, None), make_traj(41, 7, 4)
+    rounds = [[(a, 0), (b, 0), (a, 1), (a, 2)], [(a, 3), (b, 1), (b, 2), (a, 4), (b, 3)],
+              [(b, 4), (a, 5), (a, 6), (a, 7), (a, 8)], [(b, 5), (b, 6)]]
+    one = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=10, batch_size=1)
+    many = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=10, batch_size=16,
+                       max_batch_tokens=max_batch_tokens)
+    assert many.lookahead
+    got = [x for req in rounds for x in _prefix_answers(many, req)]
+    ref = [x for req in rounds for r in req for x in _prefix_answers(one, [r])]   # one prefix a call
+    assert got == ref
+    assert len({x[2] for x in got}) > 1                 # completions depend on the prefix
+    s = many.sessions[a.id]                              # the cache holds prefix 8's stable part
+    assert s.cache.get_seq_length() == len(s.ids) == many.prompt_ids(a, 8)[1]
+
+
+def test_a_round_whose_later_prefix_recompiles_the_view_stays_exact(noisy_tiny, ww_trajs):
+    """Over the budget a later prefix's bounded view can rewrite the stable part an earlier row
+    of the same round stands on: the rows gathered so far are decoded first, tokens still match."""
+    model, tok = noisy_tiny
+    traj = next(t for t in ww_trajs if t.meta["subset"] == "Hand-Crafted" and len(t.steps) >= 20)
+    kw = dict(model=model, tokenizer=tok, max_new_tokens=16, budget=4000)
+    many = get_auditor("hf", **kw, batch_size=16)
+    scratch = get_auditor("hf", **kw, reuse_cache=False)
+    stable = [many.prompt_ids(traj, t) for t in range(6)]
+    assert any(s[0][:s[1]] != n[0][:s[1]] for s, n in zip(stable, stable[1:]))  # a recompile is inside
+    req = [(traj, t) for t in range(6)]
+    got, ref = many.audit_batch(req), [scratch.audit(traj, t) for t in range(6)]
+    assert [r.raw for r in got] == [r.raw for r in ref]
+
+
+def test_the_walk_with_lookahead_writes_the_records_of_the_walk_without(noisy_tiny, make_traj):
+    """Two trajectories and a round of 8: spare rows audit the next prefixes; the answers a
+    walk never asks for (after its first ALARM) are dropped, the records are the same."""
+    model, tok = noisy_tiny
+    trajs = [make_traj(50, 8, 3), make_traj(51, 6, None), make_traj(52, 5, 2)]
+    kw = dict(model=model, tokenizer=tok, max_new_tokens=8, batch_size=8)
+    seen = []
+
+    def strip(recs):
+        return [{k: v for k, v in r.items() if k != "latencies_s"} for r in recs]
+
+    off = walk(get_auditor("hf", **kw), trajs, WalkConfig(max_in_flight=8, lookahead=False), progress=False)
+    aud = get_auditor("hf", **kw)
+    inner = aud.audit_batch
+    aud.audit_batch = lambda req: seen.append([(tr.id, t) for tr, t in req]) or inner(req)
+    on = walk(aud, trajs, WalkConfig(max_in_flight=8), progress=False)
+    assert strip(on) == strip(off)
+    assert max(len(b) for b in seen) == 8 and len(seen) < max(len(t.steps) for t in trajs)
+
+
+
+def test_drafts_shrink_after_a_miss_and_grow_back(noisy_tiny, make_traj):
+    """A rejected draft costs a forward as wide as the draft: after a miss the next draft is at
+    most twice what was kept (at least 2), after a full hit twice as long again (up to
+    draft_tokens). Drafts the model never follows then feed a few tokens a forward, not 65."""
+    model, tok = noisy_tiny
+    aud = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=24, draft_tokens=64)
+    assert aud._next_cap(64, [1] * 40, 0) == 2 and aud._next_cap(64, [1] * 40, 5) == 10
+    assert aud._next_cap(2, [1, 2], 2) == 4 and aud._next_cap(48, [1] * 48, 48) == 64
+    assert aud._next_cap(8, [], 0) == 8                  # nothing proposed: unchanged
+    assert aud._propose([1, 2, 3], ([1, 2, 3, 4, 5, 6, 7, 8, 9],), 3) == [4, 5, 6]
+
+    trajs = [make_traj(60, 6, None), make_traj(61, 5, 2)]
+    prefixes = [(tr, t) for tr in trajs for t in range(len(tr.steps))]
+    plain = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=24, draft_tokens=0)
+    greedy = {}
+    for tr, t in prefixes:
+        plain.audit(tr, t)
+        greedy[(tr.id, t)] = list(plain.last_generated)
+    widths = []
+    h = model.register_forward_pre_hook(lambda m, a, kw: widths.append(kw["input_ids"].shape[1]),
+                                        with_kwargs=True)
+    try:
+        aud = _drafted(get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=24), greedy, False)
+        for tr, t in prefixes:
+            aud.audit(tr, t)
+            assert aud.last_generated == greedy[(tr.id, t)]
+    finally:
+        h.remove()
+    decode = [w for w in widths if w <= 65]           # the prompt's chunks are wider
+    assert max(decode) > 2 and sum(decode) < 4 * sum(len(g) for g in greedy.values()), decode
+
+
+def test_batched_rounds_on_cpu_attend_without_copying_the_kv_heads(noisy_tiny, make_traj, monkeypatch):
+    """transformers' SDPA path repeats grouped KV heads (a copy of the cache a forward) under a
+    mask unless TRANSFORMERS_SDPA_FORCE_GQA=1 (read per call): the auditor sets it for its
+    forwards on CPU, restores it after; batched rounds still give one row's tokens."""
+    import transformers.integrations.sdpa_attention as sdpa
+    from eval.auditors.hf import masked_gqa
+
+    model, tok = noisy_tiny
+    assert model.config.num_key_value_heads < model.config.num_attention_heads   # the case at stake
+    monkeypatch.delenv("TRANSFORMERS_SDPA_FORCE_GQA", raising=False)
+    with masked_gqa():
+        assert sdpa.use_gqa_in_sdpa(torch.ones(1), torch.ones(1, 1, 2, 8), torch.ones(1, 1, 2, 8))
+    assert "TRANSFORMERS_SDPA_FORCE_GQA" not in __import__("os").environ
+    repeats = []
+    real = sdpa.repeat_kv
+    monkeypatch.setattr(sdpa, "repeat_kv", lambda h, n: repeats.append(h.shape) or real(h, n))
+    trajs = [make_traj(70, 6, None), make_traj(71, 5, 2), make_traj(72, 7, None)]
+    kw = dict(model=model, tokenizer=tok, max_new_tokens=16)
+    got = _walk_rounds(get_auditor("hf", **kw, batch_size=16), trajs, [0, 0, 0])
+    ref = _walk_rounds(get_auditor("hf", **kw, batch_size=1), trajs, [0, 0, 0])
+    assert repeats == [] and got == ref
+    with torch.inference_mode():   # the same kind of forward outside: the library copies
+        out = model(input_ids=torch.tensor([[5, 6, 7]]), use_cache=True)
+        model(input_ids=torch.tensor([[8, 9]]), past_key_values=out.past_key_values,
+              attention_mask=torch.tensor([[0, 1, 1, 1, 1]]))
+    assert repeats

@@ -58,6 +58,49 @@ def test_strict_gold_walk_is_perfect(corpus):
     assert m["exact_f1"] == 1.0 and m["far"] == 0.0 and m["agent_acc"] == 1.0 and m["ass"] == 0.0
 
 
+def _same(a, b):
+    drop = ("latencies_s",)
+    return [{k: v for k, v in r.items() if k not in drop} for r in a] == \
+           [{k: v for k, v in r.items() if k not in drop} for r in b]
+
+
+@pytest.mark.parametrize("protocol, all_prefixes", [("strict", False), ("strict", True), ("reference", False)])
+def test_lookahead_fills_spare_rows_and_keeps_the_records(corpus, protocol, all_prefixes):
+    """An auditor that answers each prefix alone (`lookahead`) gets the live online walks' next
+    prefixes in a round's spare rows; the answers a walk never asks for are dropped, so the
+    records are those of the walk without lookahead, in fewer rounds."""
+    cfg = dict(protocol=protocol, all_prefixes=all_prefixes, max_in_flight=8)
+    off = Recording()
+    ref = walk(off, corpus, WalkConfig(**cfg, lookahead=False), progress=False)
+    on = Recording()
+    on.lookahead = True
+    got = walk(on, corpus, WalkConfig(**cfg), progress=False)
+    assert _same(got, ref)
+    assert max(len(b) for b in on.batches) == 8 and len(on.batches) < len(off.batches)
+    dropped = sum(map(len, on.batches)) - sum(map(len, off.batches))  # answers no walk asked for
+    assert dropped == 0 if all_prefixes else dropped > 0
+    for b in on.batches:
+        assert len(set(b)) == len(b)
+    by_id = {t.id: t for t in corpus}
+    for b in on.batches:                 # a posthoc walk (reference protocol, safe run) never looks ahead
+        for i, t in b:
+            if protocol == "reference" and not by_id[i].label.unsafe:
+                assert t == len(by_id[i].steps) - 1
+    off.lookahead = False
+    walk(off, corpus, WalkConfig(**cfg), progress=False)   # the default auditor never gets two prefixes
+    assert all(len({i for i, _ in b}) == len(b) for b in off.batches)
+
+
+def test_lookahead_takes_one_prefix_a_walk_in_turn(make_traj):
+    from eval.walker import _Walk, _online, lookahead
+
+    trajs = [make_traj(0, 3, None), make_traj(1, 6, None)]
+    live = {i: _Walk(t, "online", _online(len(t.steps), False), False) for i, t in enumerate(trajs)}
+    assert lookahead(live, [0, 1], 5) == [(0, 1), (1, 1), (0, 2), (1, 2), (1, 3)]
+    assert lookahead(live, [0, 1], 0) == []
+    assert lookahead(live, [0, 1], 99)[-1] == (1, 5) and len(lookahead(live, [0, 1], 99)) == 2 + 5
+
+
 def test_auditor_cap_on_in_flight(corpus):
     aud = Recording(max_in_flight=1)
     walk(aud, corpus, WalkConfig(max_in_flight=8), progress=False)
