@@ -19,10 +19,14 @@ may break the other way: compare on your hardware with benchmarks/walk_cost.py -
 `audit_batch` (the walker's round: prefixes of up to `batch_size` different trajectories, CLI
 `--max-in-flight N`, default 16; 1 keeps one call at a time) brings each trajectory's cache to its
 prefix and runs its suffix alone, then decodes the round together: the caches stacked with left
-padding, pads masked, explicit position ids per row, greedy, each row stopping at EOS; then each
-cache is cropped back to its stable part. `max_batch_tokens` caps the stacked cache (rows x
-(longest prompt + max_new_tokens)) by splitting a round. The tests assert batched == batch 1 token
-for token in float32 on CPU.
+padding, pads masked, explicit position ids per row, greedy, each row stopping at EOS (when a
+quarter of the stack has finished, the finished rows leave it); then each cache is cropped back
+to its stable part. `max_batch_tokens` caps the stacked cache (rows x (longest prompt +
+max_new_tokens)) by splitting a round. A round may also hold several prefixes of one trajectory
+(`lookahead`: the walker fills spare rows with live walks' next prefixes, `eval.walker`); they
+share the trajectory's cache and keep copies of their suffixes only. The tests assert batched ==
+batch 1 token for token in float32 on CPU. On CPU every forward runs under `masked_gqa` (no copy
+of the grouped KV heads under a mask).
 
 Without `budget`, the prompt budget is `aftraj.tokens.prompt_budget` (the one rule: stage 1 and
 stage 2 use it) of the model's context (`context_length`: config max_position_embeddings, else a
@@ -34,8 +38,10 @@ mostly writes one of two canonical completions, the prefix's SAFE one or its ALA
 step (`drafts`). While a completion has followed one of them, each forward feeds the last token
 with the draft's next tokens and keeps the run the model's own greedy choices confirm (greedy
 speculative decoding with a draft that costs nothing): the tokens are the greedy ones, and the
-~50-token SAFE completion takes a few forwards instead of ~50. In a batched round each row takes
-its own draft, padded and masked; the positions a row rejected stay masked. The tests assert
+~50-token SAFE completion takes a few forwards instead of ~50. After a miss the next draft is at
+most twice what was kept (`_next_cap`), so a completion that follows neither (an untrained row's
+runaway) feeds 2-3 tokens a forward, not 65. In a batched round each row takes its own draft,
+padded and masked; the positions a row rejected stay masked. The tests assert
 drafted == plain greedy token for token in float32 on CPU (log-odds and confidence to float
 rounding: a many-token forward sums in another order); `benchmarks/walk_cost.py --compare-drafts`
 prints the ratio.
