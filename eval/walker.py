@@ -264,9 +264,10 @@ def lookahead(live: dict, order: list[int], spare: int) -> list[tuple[int, int]]
     walks' next prefixes t+1, t+2, … taken one per walk in turn (so every walk gains a prefix
     before any gains two). An online plan asks for t+1 after t unless the walk ends there (its
     first ALARM), so those answers are used in order and the rest dropped: the records are the
-    ones the walk without lookahead writes, and the spare rows of a round (a sample's tail, or a
-    sample smaller than the batch) cost a batched backend little (`hf`: decoding is
-    memory-bound on a CPU, one row or twelve read the weights once a token)."""
+    ones the walk without lookahead writes. The spare rows of a round (a sample's tail, or a
+    sample smaller than the batch) share one read of the weights a token; each still reads its
+    own cache, so the gain shrinks as prompts grow (`hf`, 2 CPU cores: ×1.60 on 2 held-out runs
+    of ~1,000-token prompts, ×1.05-1.14 on a Who&When run of up to 7,300; walk_speed.py)."""
     extra: list[tuple[int, int]] = []
     depth = 1
     while len(extra) < spare:

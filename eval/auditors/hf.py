@@ -191,10 +191,7 @@ def _keep_rows(cache, keep) -> None:
     the copy adds one layer's worth of memory, not a second cache."""
     for li, layer in enumerate(cache.layers):
         k, v = layer.keys.index_select(0, keep), layer.values.index_select(0, keep)
-        layer.keys = layer.values = None
-        if hasattr(layer, "_buf"):
-            layer._buf = None
-        layer.is_initialized = False
+        layer.reset()
         cache.update(k, v, li)
 
 
@@ -555,8 +552,8 @@ class HFAuditor(Auditor):
                 t0 = time.perf_counter()
                 ids, n_stable = self.prompt_ids(traj, t)
                 s = self.sessions.get(traj.id)
-                if s is not None and any(r.session is s and r.n_stable > _lcp(s.ids, ids[:n_stable])
-                                         for r in group):
+                kept = _lcp(s.ids, ids[:n_stable]) if s is not None else 0   # what _prepare will keep
+                if any(r.session is s and r.n_stable > kept for r in group):
                     results += self._decode_group(group)
                     group = []
                 s, ids, n_stable, cached = self._prepare(traj, t, (ids, n_stable))
