@@ -42,43 +42,91 @@ def langfuse():
     lf.shutdown()
 
 
+def _verdicts(exp):
+    return [s for s in exp.get_finished_spans() if s.name == "aftraj.verdict"]
+
+
 def test_otel_spans_carry_the_verdict(otel):
     tp, exp = otel
     em = OtelVerdictEmitter(tp)
-    em.emit(CONT, run_id="run-1", model="auditor-7b")
-    em.emit(ALARM, run_id="run-1", model="auditor-7b")
-    a, b = exp.get_finished_spans()
-    assert a.name == b.name == "aftraj.verdict"
+    em.emit(CONT, tenant="acme", run_id="run-1", model="auditor-7b")
+    em.emit(ALARM, tenant="acme", run_id="run-1", model="auditor-7b")
+    a, b = _verdicts(exp)
     assert dict(b.attributes) == {"aftraj.step": 1, "aftraj.decision": "ALARM", "aftraj.agent": "calc",
                                   "aftraj.reason": "418 is wrong", "aftraj.latency_ms": 30.0,
-                                  "aftraj.model": "auditor-7b", "aftraj.run_id": "run-1", "aftraj.decisive_step": 1,
-                                  "aftraj.auditor": "ok", "aftraj.confidence": 0.93, "aftraj.action": "halt",
-                                  "aftraj.findings": ("error_streak",)}
+                                  "aftraj.model": "auditor-7b", "aftraj.run_id": "run-1", "aftraj.tenant": "acme",
+                                  "aftraj.decisive_step": 1, "aftraj.auditor": "ok", "aftraj.confidence": 0.93,
+                                  "aftraj.action": "halt", "aftraj.findings": ("error_streak",)}
     assert "aftraj.agent" not in a.attributes and a.attributes["aftraj.decision"] == "CONTINUE"
     assert b.status.status_code.name == "ERROR" and b.status.description == "418 is wrong"
     assert a.status.status_code.name == "UNSET"
     assert a.context.trace_id == b.context.trace_id                # one trace for a run's verdicts
-    # a run named by an OTel trace id (GatewaySpanProcessor's runs): the verdicts join that trace
-    tid = "0af7651916cd43dd8448eb211c80319c"
-    em.emit(CONT, run_id=tid)
-    assert format(exp.get_finished_spans()[-1].context.trace_id, "032x") == tid
+    # the GenAI conventions' evaluation event, on the verdict span
+    (ev,) = b.events
+    assert ev.name == "gen_ai.evaluation.result" and dict(ev.attributes) == {
+        "gen_ai.evaluation.name": "aftraj.verdict", "gen_ai.evaluation.score.value": 0.93,
+        "gen_ai.evaluation.score.label": "ALARM", "gen_ai.evaluation.explanation": "418 is wrong"}
+    assert dict(a.events[0].attributes)["gen_ai.evaluation.score.value"] == 0.0
+    # a step with its own span (the event carries it): the verdict is that span's child, in its trace
+    tid, sid = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    step = {"seq": 1, "meta": {"source": "otel", "otel": {"trace_id": tid, "span_id": sid}}}
+    em.emit(CONT, tenant="acme", run_id="run-2", step=[{"seq": 0, "meta": {}}, step])
+    last = exp.get_finished_spans()[-1]
+    assert format(last.context.trace_id, "032x") == tid and format(last.parent.span_id, "016x") == sid
+    # a resent verdict is the same span (ids derived, not random)
+    n = len(_verdicts(exp))
+    em.emit(ALARM, tenant="acme", run_id="run-1", model="auditor-7b")
+    assert _verdicts(exp)[n].context.span_id == b.context.span_id
 
 
-def test_langfuse_scores_on_the_runs_trace(langfuse):
+def test_two_tenants_same_run_id_never_share_an_id(otel, langfuse):
+    """Issue 45.1: tenant B's run `prod-7` wrote A's `prod-7` trace and score ids (A's ALARM became
+    B's CONTINUE). Every id is now derived from (tenant, run)."""
+    tp, exp = otel
+    lf, sent = langfuse
+    ot, lfe = OtelVerdictEmitter(tp), LangfuseVerdictEmitter(lf)
+    for tenant, v in (("tenant-a", ALARM), ("tenant-b", {**ALARM, "decision": "CONTINUE", "reason": None})):
+        ot.emit(v, tenant=tenant, run_id="prod-7")
+        lfe.emit(v, tenant=tenant, run_id="prod-7")
+    lfe.flush()
+    a, b = _verdicts(exp)
+    assert a.context.trace_id != b.context.trace_id and a.context.span_id != b.context.span_id
+    assert a.parent.span_id != b.parent.span_id
+    sa, sb = sent
+    assert (sa["value"], sb["value"]) == ("ALARM", "CONTINUE")
+    assert sa["id"] != sb["id"] and sa["traceId"] != sb["traceId"] and sa["observationId"] != sb["observationId"]
+    # no (tenant, run) pair writes another's: the key is length-prefixed
+    from aftraj.adapters.emit import run_key
+    assert run_key("a/b", "c") != run_key("a", "b/c")
+    with pytest.raises(TypeError):
+        Emitters([ot]).emit(ALARM, run_id="prod-7")          # tenant is required
+    with pytest.raises(ValueError, match="tenant"):
+        ot.emit(ALARM, tenant="", run_id="prod-7")
+
+
+def test_langfuse_scores_on_the_judged_steps_observation(langfuse):
     lf, sent = langfuse
     em = LangfuseVerdictEmitter(lf)
-    em.emit(CONT, run_id="run-1", model="auditor-7b")
-    em.emit(ALARM, run_id="run-1", model="auditor-7b")
-    em.emit(ALARM, run_id="run-1", model="auditor-7b")       # a resent verdict: the same score id
+    em.emit(CONT, tenant="acme", run_id="run-1", model="auditor-7b")
+    em.emit(ALARM, tenant="acme", run_id="run-1", model="auditor-7b")
+    em.emit(ALARM, tenant="acme", run_id="run-1", model="auditor-7b")       # a resent verdict: the same score id
+    tid, sid = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    em.emit(CONT, tenant="acme", run_id="run-2",
+            step={"seq": 1, "meta": {"otel": {"trace_id": tid, "span_id": sid}}})
     em.flush()
-    assert [s["value"] for s in sent] == ["CONTINUE", "ALARM", "ALARM"]
-    a, b, c = sent
+    assert [s["value"] for s in sent] == ["CONTINUE", "ALARM", "ALARM", "CONTINUE"]
+    a, b, c, d = sent
     assert b["name"] == "aftraj.verdict" and b["dataType"] == "CATEGORICAL" and b["comment"] == "418 is wrong"
-    assert b["traceId"] == a["traceId"] == lf.create_trace_id(seed="run-1")
+    assert b["traceId"] == a["traceId"] == em.trace_id("acme", "run-1")
     assert b["metadata"] == {"step": 1, "decisive_step": 1, "agent": "calc", "latency_ms": 30.0, "model": "auditor-7b",
-                             "auditor": "ok", "confidence": 0.93, "action": "halt", "run_id": "run-1", "seq": 2}
+                             "auditor": "ok", "confidence": 0.93, "action": "halt", "run_id": "run-1",
+                             "tenant": "acme", "seq": 2}
     assert b["id"] == c["id"] != a["id"]
     assert a["comment"] == "step 0: CONTINUE"
+    # each score names its step's observation: its own span when the step has one
+    assert a["observationId"] and b["observationId"] and a["observationId"] != b["observationId"]
+    assert b["observationId"] == c["observationId"]
+    assert (d["traceId"], d["observationId"]) == (tid, sid)
 
 
 def test_emitters_fail_open(caplog):
@@ -90,7 +138,7 @@ def test_emitters_fail_open(caplog):
             raise ConnectionError("collector down")
     em = Emitters([Broken()])
     with caplog.at_level("WARNING", logger="aftraj.emit"):
-        em.emit(ALARM, run_id="run-1")
+        em.emit(ALARM, tenant="acme", run_id="run-1")
         em.flush()
     assert em.failures == 2 and em.emitted == 0 and "collector down" in caplog.text
     with pytest.raises(ValueError, match="unknown verdict emitter 'phoenix'"):
