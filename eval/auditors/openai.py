@@ -113,7 +113,12 @@ class OpenAIAuditor(Auditor):
     def payload(self, traj, t) -> dict:
         r = render_prompt(traj, t, self.budget, count_tokens=self.count_tokens,
                           reference_answer=self.reference_answer, layout=self.layout)
+        # every sampling field an OpenAI-compatible endpoint takes, stated (greedy by default);
+        # vLLM's own (top_k, min_p, repetition_penalty) are neutral on a server we start
+        # (`--generation-config vllm`, serve/vllm.py), else they come from the model's
+        # generation_config.json: docs/gpu.md, "Decoding"
         body = {"model": self.api_model, "messages": r.messages, "temperature": self.temperature,
+                "top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
                 "max_tokens": self.max_new_tokens, **self.extra_body}
         if self.logprobs:
             body.update(logprobs=True, top_logprobs=self.top_logprobs)

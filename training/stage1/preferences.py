@@ -67,6 +67,27 @@ def canonical_wrong(p: BoundaryPrompt) -> Verdict:
     return p.wrong
 
 
+# --------------------------------------------------------------------------- the decoding
+# Preference samples are plain ancestral samples at the config's temperature and top_p: no top-k,
+# no min-p, no repetition penalty, like verl's rollouts (SamplingParams with repetition_penalty=1.0,
+# top_k=-1) and TRL's (GRPOConfig top_k 0, repetition_penalty 1.0, min_p None). Every field is set
+# here because both backends fill an unset one from the model folder's generation_config.json
+# (transformers `_prepare_generation_config`; vLLM's `get_diff_sampling_param` unless the server
+# runs with `--generation-config vllm`, which every server we start does): Qwen2.5-7B-Instruct's
+# sets repetition_penalty 1.05 and top_k 20. docs/gpu.md, "Decoding".
+
+def hf_sampling(temperature: float, top_p: float) -> dict:
+    """`generate` keyword arguments: sampling at `temperature`/`top_p` with every other filter off."""
+    return {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0, "min_p": None,
+            "typical_p": 1.0, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0}
+
+
+def openai_sampling(temperature: float, top_p: float) -> dict:
+    """The request's sampling fields an OpenAI-compatible endpoint takes (OpenAI's own names; the
+    vLLM-only ones, top_k, min_p and repetition_penalty, are neutral on a server we start)."""
+    return {"temperature": temperature, "top_p": top_p, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
 class Sampler(Protocol):
     def sample(self, prompts: Sequence[list[dict]], k: int) -> list[list[str]]:
         """K completions (text only) for each prompt's chat messages."""
@@ -100,10 +121,9 @@ class HFSampler:
             torch.manual_seed(self.seed + start)   # reproducible samples, batch by batch
             with torch.no_grad():
                 gen = self.model.generate(
-                    input_ids=input_ids.to(device), attention_mask=mask.to(device), do_sample=True,
-                    temperature=self.temperature, top_p=self.top_p, top_k=0,
-                    max_new_tokens=self.max_new_tokens, num_return_sequences=k,
-                    pad_token_id=pad_id, eos_token_id=tok.eos_token_id)
+                    input_ids=input_ids.to(device), attention_mask=mask.to(device),
+                    **hf_sampling(self.temperature, self.top_p), max_new_tokens=self.max_new_tokens,
+                    num_return_sequences=k, pad_token_id=pad_id, eos_token_id=tok.eos_token_id)
             texts = tok.batch_decode(gen[:, width:], skip_special_tokens=True)
             out.extend(texts[i * k:(i + 1) * k] for i in range(len(chunk)))
             _tick(self, len(chunk))
@@ -131,8 +151,8 @@ class OpenAISampler:
     def _one(self, i: int, messages: list[dict], k: int) -> list[str]:
         from aftraj.llm_client import EndpointError
 
-        body = {"model": self.model, "messages": messages, "n": k, "temperature": self.temperature,
-                "top_p": self.top_p, "max_tokens": self.max_new_tokens, "seed": self.seed + i}
+        body = {"model": self.model, "messages": messages, "n": k, **openai_sampling(self.temperature, self.top_p),
+                "max_tokens": self.max_new_tokens, "seed": self.seed + i}
         try:
             c = self.client.complete(body)
         except EndpointError as e:

@@ -32,6 +32,17 @@ from training.stage1.gpu_check import build_random_qwen2, write_figures
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "stage2" / "tiny-cpu.yaml"
+PRODUCTION = REPO / "configs" / "stage2" / "qwen2.5-7b-8xh200.yaml"
+# share of the decoder layers' weight elements an update must have moved (fp32 masters move all
+# but those whose gradient is exactly 0; bf16 masters at 1e-6 about 1 %: test_master_precision.py)
+MIN_CHANGED_FRACTION = 0.5
+
+
+def production_learning_rate() -> float:
+    """The learning rate of the production stage-2 config (the check trains at it)."""
+    from training.stage2.config import load_stage2_config
+
+    return load_stage2_config(PRODUCTION).learning_rate
 WARMUP = REPO / "configs" / "warmup" / "tiny-cpu.yaml"
 
 
@@ -51,21 +62,22 @@ def _n_params(model_dir: Path) -> int:
     return n
 
 
+def _tensors(d: Path):
+    from safetensors import safe_open
+
+    for f in sorted(Path(d).glob("*.safetensors")):
+        with safe_open(f, framework="pt") as st:
+            for k in st.keys():
+                yield k, st.get_tensor(k)
+
+
 def param_change(a_dir: Path, b_dir: Path) -> tuple[int, int, float]:
     """(tensors that differ, tensors compared, largest absolute difference) between two saved
     checkpoints of the same shapes."""
-    from safetensors import safe_open
-
-    def tensors(d: Path):
-        for f in sorted(Path(d).glob("*.safetensors")):
-            with safe_open(f, framework="pt") as st:
-                for k in st.keys():
-                    yield k, st.get_tensor(k)
-
-    b = dict(tensors(b_dir))
+    b = dict(_tensors(b_dir))
     changed = n = 0
     biggest = 0.0
-    for k, ta in tensors(a_dir):
+    for k, ta in _tensors(a_dir):
         if k not in b:
             continue
         n += 1
@@ -73,6 +85,38 @@ def param_change(a_dir: Path, b_dir: Path) -> tuple[int, int, float]:
         changed += d > 0
         biggest = max(biggest, d)
     return changed, n, biggest
+
+
+def is_layer_matrix(name: str, t) -> bool:
+    """A decoder layer's weight matrix: every element gets a gradient from any token (an embedding
+    row only from its own token), so after an Adam step with a non-zero loss gradient each one moved."""
+    return t.dim() == 2 and ".layers." in name
+
+
+def kept_update(before: dict, after: dict) -> dict:
+    """How much of an update the weights kept, over the decoder layers' weight matrices of two
+    states ({name: tensor}): `changed_fraction`, the share of elements that differ; and
+    `bf16_kept_fraction`, the share that would still differ had both been rounded to bfloat16
+    (what bf16 master weights could have held of the same update)."""
+    import torch
+
+    n = changed = kept16 = 0
+    for k, a in before.items():
+        b = after.get(k)
+        if b is None or not is_layer_matrix(k, a):
+            continue
+        a32, b32 = a.float(), b.float()
+        n += a.numel()
+        changed += (a32 != b32).sum().item()
+        kept16 += (a32.to(torch.bfloat16) != b32.to(torch.bfloat16)).sum().item()
+    if not n:
+        raise ValueError("no decoder-layer weight matrix to compare")
+    return {"changed_fraction": changed / n, "bf16_kept_fraction": kept16 / n, "elements": n}
+
+
+def saved_kept_update(a_dir: Path, b_dir: Path) -> dict:
+    """`kept_update` between two saved checkpoints."""
+    return kept_update(dict(_tensors(a_dir)), dict(_tensors(b_dir)))
 
 
 def warm_start(model_dir: Path, out: Path, *, steps: int, dtype: str, cuda: bool, tiny: bool) -> dict:
@@ -101,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--generations", type=int, default=8)
     ap.add_argument("--completion", type=int, default=512)
+    ap.add_argument("--learning-rate", type=float, default=None,
+                    help=f"default: the production config's ({PRODUCTION.relative_to(REPO)})")
     ap.add_argument("--out", help="keep the run folder here (default: a temporary folder)")
     ap.add_argument("--figures-dir", help="write gpu_stage2.json (the figures) into this folder")
     a = ap.parse_args(argv)
@@ -118,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(a.out) if a.out else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
-        dtype = "bfloat16" if cuda else "float32"
+        dtype = "float32"                   # master weights; bf16 compute by autocast on CUDA
+        lr = a.learning_rate if a.learning_rate is not None else production_learning_rate()
         heads = max(2, hidden // 64)        # a Qwen2.5-like shape, saved in bf16 by the stage-1 builder
         shape = {"vocab": vocab, "hidden": hidden, "intermediate": int(hidden * 5.25) // 64 * 64,
                  "layers": layers, "heads": heads, "kv_heads": max(1, heads // 4)}
@@ -131,12 +178,13 @@ def main(argv: list[str] | None = None) -> int:
                 "save_steps": a.steps, "save_total_limit": 1, "report_to": [], "dtype": dtype, "bf16": cuda,
                 "num_generations": 4 if a.tiny else a.generations, "max_completion_length": completion,
                 "overlong_buffer_len": completion // 2, "prompts_per_step": 2 if a.tiny else 4,
-                "max_prompt_tokens": 4096, "learning_rate": 1e-3 if a.tiny else 1e-5}
+                "max_prompt_tokens": 4096, "learning_rate": lr}
         cfg = load_stage2_config(TINY, over)
         if cuda:
             torch.cuda.reset_peak_memory_stats()
         res = train(cfg, progress=False)
         changed, compared, biggest = param_change(init, res.final_dir)
+        kept = saved_kept_update(init, res.final_dir)
     rows = res.history
     for r in rows:
         print(json.dumps({k: r[k] for k in ("step", "reward", "reward_std", "frac_reward_zero_std", "kl", "loss",
@@ -154,12 +202,18 @@ def main(argv: list[str] | None = None) -> int:
            "frac_reward_zero_std_min": min((r["frac_reward_zero_std"] for r in rows if "frac_reward_zero_std" in r),
                                            default=None),
            "kl_last": round(rows[-1]["kl"], 6), "params_changed": changed, "params_compared": compared,
-           "max_param_change": biggest, "dtype": cfg.dtype,
+           "max_param_change": biggest, "learning_rate": cfg.learning_rate,
+           "layer_elements_changed_fraction": round(kept["changed_fraction"], 6),
+           "bf16_master_would_keep_fraction": round(kept["bf16_kept_fraction"], 6),
+           "dtype": cfg.dtype, "bf16_autocast": cfg.bf16,
            "device": f"cuda:{torch.cuda.get_device_name()}" if cuda else "cpu"}
     write_figures(fig, "gpu_stage2", a.figures_dir)
     assert fig["reward_std_max"] > 0, ("every group's rewards were equal: every GRPO advantage was 0 "
                                        "(the warm-start did not give the reward a spread)")
     assert changed > 0 and biggest > 0, "the GRPO steps changed no parameter"
+    assert kept["changed_fraction"] >= MIN_CHANGED_FRACTION, (
+        f"only {kept['changed_fraction']:.2%} of the decoder layers' weights moved at learning rate "
+        f"{cfg.learning_rate:g} (dtype {cfg.dtype}): the update was lost")
     return 0
 
 

@@ -30,6 +30,8 @@ RECIPE_NAME = "stage2_grpo"
 REWARD_MODULE = "pkg://training.reward"
 DEFAULT_VERL_PYTHON = REPO / ".venv-verl" / "bin" / "python"
 _OPTIMIZERS = {"adamw_bnb_8bit": ("AdamW8bit", "bitsandbytes.optim"), "adamw_torch": ("AdamW", "torch.optim")}
+# stage-2 dtype -> verl's precision names (verl.utils.torch_dtypes.PrecisionType)
+VERL_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def _v(x) -> str:
@@ -64,6 +66,8 @@ def verl_overrides(cfg: Stage2Config, model_path: str | Path, data_dir: str | Pa
         "actor_rollout_ref.actor.clip_ratio": cfg.epsilon,
         "actor_rollout_ref.actor.ppo_mini_batch_size": cfg.verl_ppo_mini_batch_size,
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": cfg.verl_micro_batch_size_per_gpu,
+        # the actor's master weights (verl's FSDP engine: model_dtype; compute is bf16 either way)
+        "actor_rollout_ref.actor.fsdp_config.model_dtype": VERL_DTYPES[cfg.dtype],
         "actor_rollout_ref.actor.optim.optimizer": opt,
         "actor_rollout_ref.actor.optim.optimizer_impl": impl,
         "actor_rollout_ref.actor.optim.lr": cfg.learning_rate,
