@@ -305,3 +305,181 @@ def split_rendered(user_content: str) -> list[dict]:
         steps.append(d)
         pos = m.end()
     return steps
+
+
+# --------------------------------------------------------------------------- the step-tagged reading
+# (issue 44: one forward scores every prefix). The same system prompt, header, step blocks and
+# escaping as `render`, with STEP_TAG after every step and no per-prefix suffix: the next-token
+# logits at the last token of step t's tag, over the two decision tokens, are the decision on
+# prefix 0..t. Nothing after step t is in those logits (a causal model reads left to right), so
+# one forward over a run gives every prefix's score, and an auditor that feeds one step at a time
+# onto a KV cache (eval/auditors/hf_steps.py) gives the same scores.
+
+STEP_TAG = "<answer/>\n"          # '<answer' is a reserved tag: step content cannot forge it (aftraj.escape)
+STEP_DECISIONS = ("SAFE", "ALARM")   # the decision tokens: the first token of each word, tokenised alone
+STEP_READING_VERSION = 1          # bump when the reading's text or its token rules change
+
+
+def render_tagged_step(step: Step) -> str:
+    """One step block of the step-tagged reading: `render_step(step)` then STEP_TAG."""
+    return render_step(step) + STEP_TAG
+
+
+def render_steps(traj: Trajectory, t: int, *, reference_answer: bool = False) -> list[dict]:
+    """The step-tagged reading of steps 0..t as chat messages (for reading it; the model reads the
+    ids of `StepReading`, whose text is this one's up to per-step truncation and segments)."""
+    if not 0 <= t < len(traj.steps):
+        raise PrefixRangeError(f"prefix t={t} is out of range for trajectory {traj.id!r} "
+                               f"with {len(traj.steps)} steps (0..{len(traj.steps) - 1})")
+    body = "".join(render_tagged_step(s) for s in traj.steps[: t + 1])
+    return [{"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": render_header(traj, reference_answer=reference_answer) + body}]
+
+
+@dataclass
+class StepSegment:
+    """One forward's ids of the step-tagged reading: the chat template's opening (system prompt,
+    the user turn up to `<trajectory>`), a coverage line when older steps are left out, then the
+    tagged blocks of steps `first`.. ; `tags[i]` is the position of the last token of step
+    first+i's tag (where its decision is read)."""
+
+    first: int
+    ids: list[int]
+    tags: list[int]
+    block_starts: list[int]
+
+    @property
+    def last(self) -> int:
+        return self.first + len(self.tags) - 1
+
+
+class StepReading:
+    """The ids of a run's step-tagged reading, built one step at a time (the auditor adds each
+    arriving step; training adds a run's steps). Each piece is tokenised on its own (the opening,
+    each step's block, the tag), so the ids for steps 0..t are a prefix of those for 0..t+1 by
+    construction, whatever the tokenizer would merge across a boundary.
+
+    Bounds, both prefix-stable (they depend on steps 0..t only, so the score of step t is the same
+    whether the run goes on or not):
+    - `max_step_tokens`: a step block longer than this keeps its first and last halves with a
+      `[… N tokens cut …]` line between (the tag is never cut);
+    - `max_tokens`: when adding step t would take the current segment past it, a new segment
+      starts: the opening, `<coverage>steps 0 to j-1 not shown</coverage>`, and the blocks of
+      steps j..t, j the earliest step such that this fits in half of `max_tokens` (so a new
+      segment starts at most every ~max_tokens/2 tokens). A step's score is read in the segment
+      that holds it when it arrives.
+
+        r = StepReading(tok, traj)
+        for step in traj.steps:
+            new_ids, restarted = r.add(step)       # feed new_ids (the whole segment when restarted)
+        seg = r.segments[-1]; seg.tags[-1]          # where the last step's decision is read
+    """
+
+    def __init__(self, tok, traj: Trajectory, *, max_step_tokens: int | None = None,
+                 max_tokens: int | None = None, reference_answer: bool = False) -> None:
+        from aftraj.tokens import chat_prompt_text, text_ids
+
+        self.tok, self.traj_id = tok, traj.id
+        self._ids = lambda s: text_ids(tok, s)
+        header = render_header(traj, reference_answer=reference_answer)
+        text = chat_prompt_text(tok, [{"role": "system", "content": SYSTEM_PROMPT},
+                                      {"role": "user", "content": header}])
+        cut = text.find(header)
+        if cut < 0:
+            raise ValueError("the chat template changed the user message; cannot locate the trajectory header")
+        self.opening = self._ids(text[: cut + len(header)])
+        self.tag = self._ids(STEP_TAG)
+        self.decisions = step_decision_ids(tok)
+        if max_step_tokens is not None and max_step_tokens < len(self.tag) + 16:
+            raise ValueError(f"max_step_tokens must be >= {len(self.tag) + 16}, got {max_step_tokens}")
+        self.max_step_tokens, self.max_tokens = max_step_tokens, max_tokens
+        self.blocks: list[list[int]] = []          # each step's block ids (tag included)
+        self.segments: list[StepSegment] = []
+        self.cut_steps = 0                          # steps whose block was cut to max_step_tokens
+        self.scored_at: list[tuple[int, int]] = []  # step -> (segment index, its tag's position)
+
+    def block(self, step: Step) -> list[int]:
+        ids = self._ids(render_step(step))
+        cap = None if self.max_step_tokens is None else self.max_step_tokens - len(self.tag)
+        if cap is not None and len(ids) > cap:
+            self.cut_steps += 1
+            mark = self._ids(f"\n[… {len(ids) - cap} tokens cut …]\n")
+            head = max(1, (cap - len(mark)) // 2)
+            tail = max(1, cap - len(mark) - head)
+            ids = ids[:head] + mark + ids[len(ids) - tail:]
+        return ids + self.tag
+
+    def add(self, step: Step) -> tuple[list[int], bool]:
+        """Append the next step; returns (the ids to feed, restarted): the new block's ids onto
+        the current segment, or the whole new segment's ids (restarted: a fresh cache) when a
+        segment starts, the first one included."""
+        t = len(self.blocks)
+        b = self.block(step)
+        self.blocks.append(b)
+        seg = self.segments[-1] if self.segments else None
+        if seg is None:
+            seg = StepSegment(0, list(self.opening), [], [])
+            self.segments.append(seg)
+            fed_from = 0
+        elif self.max_tokens is not None and len(seg.ids) + len(b) > self.max_tokens:
+            seg = self._restart(t)
+            self.segments.append(seg)
+            self.scored_at.append((len(self.segments) - 1, seg.tags[-1]))
+            return list(seg.ids), True
+        else:
+            fed_from = len(seg.ids)
+        seg.block_starts.append(len(seg.ids))
+        seg.ids.extend(b)
+        seg.tags.append(len(seg.ids) - 1)
+        self.scored_at.append((len(self.segments) - 1, seg.tags[-1]))
+        if self.max_tokens is not None and len(seg.ids) > self.max_tokens:
+            raise ValueError(f"trajectory {self.traj_id!r}: step {t} alone takes the step-tagged reading to "
+                             f"{len(seg.ids)} tokens, over max_tokens={self.max_tokens}; set max_step_tokens")
+        return seg.ids[fed_from:], fed_from == 0
+
+    def _restart(self, t: int) -> StepSegment:
+        half = self.max_tokens // 2
+        j, size = t, len(self.blocks[t])
+        cov = lambda j: self._ids(f"<coverage>steps 0 to {j - 1} not shown</coverage>\n")   # noqa: E731
+        while j > 0 and len(self.opening) + len(cov(j - 1)) + size + len(self.blocks[j - 1]) <= half:
+            j -= 1
+            size += len(self.blocks[j])
+        ids = list(self.opening) + (cov(j) if j > 0 else [])
+        seg = StepSegment(j, ids, [], [])
+        for i in range(j, t + 1):
+            seg.block_starts.append(len(seg.ids))
+            seg.ids.extend(self.blocks[i])
+            seg.tags.append(len(seg.ids) - 1)
+        if len(seg.ids) > self.max_tokens:
+            raise ValueError(f"trajectory {self.traj_id!r}: step {t} alone takes the step-tagged reading to "
+                             f"{len(seg.ids)} tokens, over max_tokens={self.max_tokens}; set max_step_tokens")
+        return seg
+
+    def where(self, t: int) -> tuple[int, int]:
+        """(the index of the segment in which step t was scored, the position of its tag there)."""
+        if not 0 <= t < len(self.scored_at):
+            raise IndexError(f"step {t} has not been added ({len(self.scored_at)} steps so far)")
+        return self.scored_at[t]
+
+    def scored(self, i: int) -> list[tuple[int, int]]:
+        """(step, tag position) of the steps scored in segment i (a new segment re-reads a few
+        earlier steps as context; their scores were read in the segment before)."""
+        return [(t, pos) for t, (si, pos) in enumerate(self.scored_at) if si == i]
+
+
+def step_decision_ids(tok) -> tuple[int, int]:
+    """(SAFE's token, ALARM's token): the first token of each word of STEP_DECISIONS tokenised alone."""
+    from aftraj.tokens import text_ids
+
+    s, a = (text_ids(tok, w)[0] for w in STEP_DECISIONS)
+    if s == a:
+        raise ValueError(f"the decision words {STEP_DECISIONS} share their first token under this tokenizer")
+    return s, a
+
+
+def step_reading(tok, traj: Trajectory, last: int | None = None, **kw) -> StepReading:
+    """The step-tagged reading of steps 0..last (default: every step) of `traj`."""
+    r = StepReading(tok, traj, **kw)
+    for step in traj.steps[: len(traj.steps) if last is None else last + 1]:
+        r.add(step)
+    return r

@@ -12,16 +12,19 @@ import importlib
 
 STAGES = {"warmup": "format warm-up, NOT in the paper (issue 11)",
           "stage1": "BPPO on boundary pairs (DESIGN §5)", "stage2": "GRPO (DESIGN §5)",
-          "prefixes": "decision training on every prefix, NOT in the paper (issue 21)"}
+          "prefixes": "decision training on every prefix, NOT in the paper (issue 21)",
+          "steps": "step-scored decision training, one forward a run, NOT in the paper (issue 44)"}
+# a stage whose command joins packages runs through a driver (training, then eval's calibration)
+CLI = {"steps": "aftraj.drivers.steps"}
 
 
 def register(sub) -> None:
     found = {}
     for name in STAGES:
         try:
-            found[name] = importlib.import_module(f"training.{name}.cli")
+            found[name] = importlib.import_module(CLI.get(name, f"training.{name}.cli"))
         except ModuleNotFoundError as e:
-            if e.name and e.name.startswith(f"training.{name}"):
+            if e.name and e.name.startswith((f"training.{name}", CLI.get(name, "-"))):
                 continue
             raise
     # `aftraj --help` names only the stages that exist

@@ -1,0 +1,204 @@
+"""`hf-steps`: a step-scored checkpoint (`aftraj train steps`) in process, one incremental forward
+per arriving step, and the full verdict only when the score crosses.
+
+    aftraj eval --auditor hf-steps --model RUN/final --data CORPUS/test.jsonl --out RUN/eval-test
+
+The run is read as its step-tagged sequence (`aftraj.prompt.StepReading`: the normal prompt's
+system prompt, header and step blocks, with a tag after each step). Per live trajectory the
+auditor keeps the reading and its KV cache; prefix t feeds the blocks of the steps not fed yet
+(normally only step t's, ~tens to hundreds of tokens) onto the cache and reads the next-token
+logits at step t's tag: log-odds = log p(ALARM token) - log p(SAFE token). The cost of an event is
+that step's tokens attending to the cache, whatever the run's length; a run past the reading's
+`max_tokens` starts a new segment (the reading's own prefix-stable rule, so the scores are those
+training and calibration read).
+
+Tier 1, every step: ALARM iff log-odds (+ the calibration's offset, none by default) >= the
+threshold; the ALARM names step t and its agent (the decision is about prefix 0..t, so the step
+that tipped it is t). Tier 2, only on a crossing (`reason: generate`, the default): the same
+checkpoint answers the normal prompt for prefix t through the generative path (`eval.auditors.hf.
+HFAuditor`, the ALARM side forced at its decision token), and its reason (or its raw text) becomes
+the ALARM's reason; `reason: none` skips it.
+
+The threshold comes from MODEL/steps_calibration.json (chosen on val at FAR <= 20 %,
+eval/step_calibration.py), or `threshold=` (CLI `--decision-threshold`); the reading's bounds and
+decision tokens from MODEL/steps_reading.json. Without a calibration the threshold is 0 (the two
+tokens' argmax), said in `label`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aftraj.prompt import STEP_READING_VERSION, StepReading, step_decision_ids
+from aftraj.scoring import autocast, past
+from aftraj.verdict import Verdict
+from eval.auditors import AuditResult, Auditor, register_auditor
+
+READING_FILE = "steps_reading.json"
+CALIBRATION_FILE = "steps_calibration.json"   # eval/step_calibration.py writes it
+
+
+def read_calibration(folder: str | Path | None) -> tuple[dict, dict | None]:
+    """(the reading's settings, the calibration or None) stored with a step-scored checkpoint."""
+    reading, cal = {}, None
+    if folder is not None:
+        p = Path(folder).expanduser()
+        if (p / READING_FILE).is_file():
+            reading = json.loads((p / READING_FILE).read_text(encoding="utf-8"))
+            if reading.get("version") != STEP_READING_VERSION:
+                raise ValueError(f"{p / READING_FILE}: reading version {reading.get('version')!r}, this code "
+                                 f"reads version {STEP_READING_VERSION}: retrain or use the matching code")
+        if (p / CALIBRATION_FILE).is_file():
+            cal = json.loads((p / CALIBRATION_FILE).read_text(encoding="utf-8"))
+            if not isinstance(cal.get("threshold"), (int, float)) or not math.isfinite(cal["threshold"]):
+                raise ValueError(f"{p / CALIBRATION_FILE}: field 'threshold' must be a finite number, "
+                                 f"got {cal.get('threshold')!r}")
+    return reading, cal
+
+
+def offset_of(cal: dict | None, traj, t: int) -> float:
+    """The calibration's offset for step t (per agent, when the calibration kept offsets)."""
+    offs = (cal or {}).get("offsets") or {}
+    return float(offs.get(traj.steps[t].agent, 0.0))
+
+
+@dataclass
+class _Session:
+    reading: StepReading
+    cache: object | None = None
+    scores: list[float] = field(default_factory=list)   # log-odds of each step fed
+    fed: int = 0                                          # tokens of the current segment in the cache
+
+
+@register_auditor("hf-steps")
+class HFStepsAuditor(Auditor):
+    """Arguments: `hf-steps` with `model=PATH` (CLI `--model`), or `hf-steps:PATH`."""
+
+    confidence_kind = "probability"       # sigmoid(log-odds): P(ALARM token | one of the two)
+
+    def __init__(self, arg: str | None = None, *, model=None, tokenizer=None, dtype: str = "float32",
+                 device: str | None = None, threshold: float | None = None,
+                 decision_threshold: float | None = None, reason: str = "generate",
+                 reason_max_new_tokens: int = 256, mixed_precision: str = "no",
+                 max_tokens: int | None = None, max_step_tokens: int | None = None, **kw) -> None:
+        super().__init__(arg, **kw)
+        from eval.auditors.hf import load_model
+
+        path = model if isinstance(model, (str, Path)) else arg
+        if tokenizer is not None and model is not None and not isinstance(model, (str, Path)):
+            self.model, self.tok = model, tokenizer
+            folder = getattr(getattr(model, "config", None), "_name_or_path", None)
+        elif path is not None:
+            self.model, self.tok = load_model(path, dtype=dtype, device=device)
+            folder = path
+        else:
+            raise ValueError("hf-steps auditor needs a model folder: --model PATH (or hf-steps:PATH)")
+        if reason not in ("generate", "none"):
+            raise ValueError(f"reason must be 'generate' or 'none', got {reason!r}")
+        reading, self.calibration = read_calibration(folder if folder and Path(folder).expanduser().is_dir() else None)
+        thr = threshold if threshold is not None else decision_threshold
+        if thr is None:
+            thr = self.calibration["threshold"] if self.calibration else 0.0
+        if not math.isfinite(thr):
+            raise ValueError(f"threshold must be a finite number, got {thr}")
+        self.threshold, self.reason = float(thr), reason
+        self.uncalibrated = threshold is None and decision_threshold is None and self.calibration is None
+        self.bounds = {"max_tokens": max_tokens or reading.get("max_tokens"),
+                       "max_step_tokens": max_step_tokens or reading.get("max_step_tokens")}
+        if self.bounds["max_tokens"] is None:
+            from eval.auditors.hf import context_length
+
+            self.bounds["max_tokens"] = context_length(self.model, self.tok)
+        self.decisions = step_decision_ids(self.tok)
+        if reading.get("decision_ids") and tuple(reading["decision_ids"]) != self.decisions:
+            raise ValueError(f"{folder}: steps_reading.json's decision ids {reading['decision_ids']} are not this "
+                             f"tokenizer's {list(self.decisions)}")
+        self.mixed_precision, self.reason_max_new_tokens = mixed_precision, reason_max_new_tokens
+        self.device = next(self.model.parameters()).device
+        self.sessions: dict[str, _Session] = {}
+        self._reasoner = None
+
+    @property
+    def label(self) -> str:
+        base = super().label
+        return base + " (uncalibrated: threshold 0)" if self.uncalibrated else base
+
+    # --------------------------------------------------------------- scores
+    def _feed(self, s: _Session, ids: list[int], restarted: bool) -> float:
+        import torch
+
+        from eval.auditors.hf import new_cache
+
+        if restarted:
+            s.cache, s.fed = new_cache(self.model.config), 0
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        pos = torch.arange(s.fed, s.fed + len(ids), device=self.device)[None]
+        out = self.model(input_ids=x, position_ids=pos, **past(self.model, s.cache), use_cache=True, logits_to_keep=1)
+        s.fed += len(ids)
+        lp = torch.log_softmax(out.logits[0, -1].float(), -1)
+        return float(lp[self.decisions[1]] - lp[self.decisions[0]])
+
+    def scores(self, traj, t: int) -> tuple[list[float], int, int]:
+        """The log-odds of steps 0..t (feeding the steps not fed yet), the tokens of t's segment
+        up to its tag, and how many of those were already in the cache."""
+        import torch
+
+        from eval.auditors.hf import masked_gqa
+
+        s = self.sessions.get(traj.id)
+        if s is None or len(s.scores) > t + 1:
+            s = self.sessions[traj.id] = _Session(StepReading(self.tok, traj, **self.bounds))
+        cached = s.fed
+        with (torch.inference_mode(), autocast(self.mixed_precision, self.device),
+              masked_gqa(self.device.type == "cpu")):
+            while len(s.scores) <= t:
+                ids, restarted = s.reading.add(traj.steps[len(s.scores)])
+                if restarted:
+                    cached = 0
+                s.scores.append(self._feed(s, ids, restarted))
+        return s.scores[: t + 1], s.fed, cached
+
+    def audit(self, traj, t) -> AuditResult:
+        t0 = time.perf_counter()
+        lo, n_prompt, cached = self.scores(traj, t)
+        v = lo[t] + offset_of(self.calibration, traj, t)
+        p = 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, v))))
+        completion, raw = 0, None
+        if v >= self.threshold:
+            reason, raw, completion = self._reason(traj, t, v)
+            verdict = Verdict("UNSAFE", step=t, agent=traj.steps[t].agent, reason=reason, confidence=p)
+        else:
+            verdict = Verdict("SAFE", confidence=p)
+        return AuditResult(verdict, t=t, confidence=p, latency_s=time.perf_counter() - t0,
+                           prompt_tokens=n_prompt, cached_tokens=cached, completion_tokens=completion,
+                           raw=raw, decision_log_odds=lo[t])
+
+    # --------------------------------------------------------------- tier 2
+    def _reason(self, traj, t: int, v: float) -> tuple[str, str | None, int]:
+        """The reason of an ALARM at step t: the generative path's full verdict on the normal
+        prompt for prefix t (the ALARM side forced at its decision token), its reason when it gave
+        one, else its text; with `reason: none`, the score."""
+        fallback = f"step-scored log-odds {v:.3f} >= threshold {self.threshold:.3f} at step {t}"
+        if self.reason == "none":
+            return fallback, None, 0
+        if self._reasoner is None:
+            from eval.auditors.hf import HFAuditor
+
+            self._reasoner = HFAuditor(model=self.model, tokenizer=self.tok, batch_size=1,
+                                       max_new_tokens=self.reason_max_new_tokens, decision_threshold=-1e9,
+                                       layout=self.layout, mixed_precision=self.mixed_precision)
+        r = self._reasoner.audit(traj, t)
+        self._reasoner.end(traj)
+        got = r.verdict.reason if isinstance(r.verdict, Verdict) and r.verdict.reason else None
+        text = (r.raw or "").strip()
+        return (got or (text[:500] if text else fallback)), r.raw, r.completion_tokens
+
+    def end(self, traj) -> None:
+        self.sessions.pop(traj.id, None)
+
+    def close(self) -> None:
+        self.sessions.clear()

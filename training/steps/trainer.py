@@ -1,0 +1,411 @@
+"""Step-scored decision training (see the package docstring). A run is read once as its
+step-tagged sequence (`aftraj.prompt.StepReading`): one forward gives the decision logits at every
+step's tag, and the loss is the cross-entropy of the decision token there (SAFE before k*, ALARM
+at k*; after k* per `after_kstar`; SAFE at every step of a safe run), ALARM rows weighted to
+balance the classes, plus the twin term: a run and its verified-safe twin (`aftraj.boundary.
+find_twins`) in one forward, -log sigmoid(log-odds(run, k*) - log-odds(twin, k*)).
+
+    from training.steps.trainer import train
+    res = train(load_steps_config("configs/steps/tiny-cpu.yaml"))
+
+Frozen layers (below `trainable_layers`) run without autograd, so a step costs one forward of the
+run and the backward of the top layers; nothing is cached between epochs (memory stays one run's
+activations whatever the corpus). The head runs at the tags only (`logits_to_keep`).
+
+Writes OUT/config.json, OUT/data.json (rows, tokens, timings), OUT/metrics.jsonl (one line a logged
+step), OUT/checkpoint/ (with `save_steps`), OUT/heldout_steps.jsonl (with `heldout_split`: every
+held-out run's log-odds at every step, float32, from one forward a segment), OUT/final/ (the model,
+`AutoModelForCausalLM.from_pretrained`, with final/steps_reading.json: the reading's bounds and
+decision tokens the `hf-steps` auditor reads with).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from aftraj.errors import UsageError
+from aftraj.schema import Trajectory
+from training.steps.config import StepsConfig
+
+
+@dataclass
+class StepRun:
+    """One run's step-tagged reading as training reads it: its segments' ids, and the trained rows
+    (segment, tag position, step t, ALARM?) in step order."""
+    traj_id: str
+    segs: list[list[int]]
+    rows: list[tuple[int, int, int, bool]]
+    k: int | None
+
+    @property
+    def tokens(self) -> int:
+        return sum(map(len, self.segs))
+
+    def row_of(self, t: int) -> int | None:
+        return next((i for i, r in enumerate(self.rows) if r[2] == t), None)
+
+
+def step_run(traj: Trajectory, tok, cfg: StepsConfig, *, every_step: bool = False) -> StepRun:
+    """The rows of `traj`: every step up to k* (unsafe, `after_kstar: skip`) or to the end, each
+    scored where it arrives in the reading. `every_step`: the whole run, every step a row (the
+    held-out scoring: the walk reads a run to its end)."""
+    from aftraj.prompt import step_reading
+    from aftraj.verdict import norm_agent
+
+    lb = traj.label
+    k = lb.decisive_step if lb.unsafe else None
+    if k is not None and norm_agent(traj.steps[k].agent) != norm_agent(lb.decisive_agent or ""):
+        raise UsageError(f"trajectory {traj.id!r}: label.decisive_agent {lb.decisive_agent!r} is not "
+                         f"step {k}'s agent {traj.steps[k].agent!r}")
+    last = k if (k is not None and cfg.after_kstar == "skip" and not every_step) else len(traj.steps) - 1
+    r = step_reading(tok, traj, last, **cfg.reading())
+    sticky = cfg.after_kstar == "alarm" and not every_step
+    rows = [(si, pos, t, k is not None and (t == k or (sticky and t > k)))
+            for t, (si, pos) in enumerate(r.scored_at)]
+    return StepRun(traj.id, [s.ids for s in r.segments], rows, k)
+
+
+def select_runs(trajs: list[Trajectory], tok, cfg: StepsConfig, caps: tuple | None = None,
+                every_step: bool = False) -> tuple[list[StepRun], dict]:
+    """Every run of the split (capped by `max_unsafe_runs` / `max_safe_runs`, `caps`): unsafe runs
+    in order, then safe runs, the twins of the unsafe runs taken first."""
+    from aftraj.boundary import find_twins, is_from_who_and_when, refuse_unlabeled
+
+    refuse_unlabeled(trajs, "step-scored training")
+    who = next((t for t in trajs if is_from_who_and_when(t)), None)
+    if who is not None:
+        raise UsageError(f"trajectory {who.id!r} comes from Who&When ({who.source}): evaluation only, never trained on")
+    cap = dict(zip(("unsafe", "safe"), caps or (cfg.max_unsafe_runs, cfg.max_safe_runs)))
+    twin_of = find_twins(trajs)
+    unsafe = [t for t in trajs if t.label.unsafe]
+    twins = {twin_of[t.id].id for t in unsafe if t.id in twin_of}
+    safe = [t for t in trajs if not t.label.unsafe]
+    order = (unsafe[: cap["unsafe"]] if cap["unsafe"] is not None else unsafe)
+    first = {twin_of[t.id].id for t in order if t.id in twin_of}
+    safe = [t for t in safe if t.id in first] + [t for t in safe if t.id in twins - first] + \
+        [t for t in safe if t.id not in twins]
+    order += safe[: cap["safe"]] if cap["safe"] is not None else safe
+    runs = [step_run(t, tok, cfg, every_step=every_step) for t in order]
+    rows = sum(len(r.rows) for r in runs)
+    alarms = sum(y for r in runs for *_, y in r.rows)
+    return runs, {"unsafe": sum(r.k is not None for r in runs), "safe": sum(r.k is None for r in runs),
+                  "twins": sum(r.traj_id in twins for r in runs), "rows": rows, "alarm_rows": alarms,
+                  "safe_rows": rows - alarms, "tokens": sum(r.tokens for r in runs),
+                  "segments": sum(len(r.segs) for r in runs)}
+
+
+def twin_pairs(runs: list[StepRun], twin_of: dict[str, Trajectory]) -> list[tuple[int, int, int, int]]:
+    """(unsafe run, its twin run, the unsafe run's k* row, the twin's row at k*) for every unsafe
+    run whose verified-safe twin is among `runs` (indices into `runs` and into each run's rows)."""
+    at = {r.traj_id: i for i, r in enumerate(runs)}
+    out = []
+    for i, r in enumerate(runs):
+        tw = twin_of.get(r.traj_id)
+        if r.k is None or tw is None or tw.id not in at:
+            continue
+        j = at[tw.id]
+        ri, rj = r.row_of(r.k), runs[j].row_of(r.k)
+        if ri is not None and rj is not None:
+            out.append((i, j, ri, rj))
+    return out
+
+
+def weights(runs: list[StepRun], alarm_weight) -> float:
+    """The weight of an ALARM row (SAFE rows weigh 1): "balanced" is SAFE rows / ALARM rows."""
+    rows = sum(len(r.rows) for r in runs)
+    alarms = sum(y for r in runs for *_, y in r.rows)
+    if alarm_weight == "balanced":
+        return (rows - alarms) / alarms if alarms else 1.0
+    return float(alarm_weight)
+
+
+def row_logits(model, runs: list[StepRun]) -> list:
+    """Per run, the (rows, vocab) next-token logits at its rows' tags: every segment of `runs` in
+    one forward (right-padded, pads masked: a causal model's real tokens never see the pads after
+    them), the head at the tags only."""
+    import torch
+
+    device = next(model.parameters()).device
+    seqs = [(ri, si, s) for ri, r in enumerate(runs) for si, s in enumerate(r.segs)]
+    width = max(len(s) for _, _, s in seqs)
+    keep = sorted({pos for r in runs for _, pos, _, _ in r.rows})
+    col = {p: j for j, p in enumerate(keep)}
+    if len(seqs) == 1:
+        ids, mask = torch.tensor([seqs[0][2]], device=device), None
+    else:
+        pad = 0
+        ids = torch.tensor([s + [pad] * (width - len(s)) for _, _, s in seqs], device=device)
+        mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for _, _, s in seqs], device=device)
+    out = model(input_ids=ids, attention_mask=mask, use_cache=False,
+                logits_to_keep=torch.tensor(keep, device=device)).logits
+    row_of = {(ri, si): b for b, (ri, si, _) in enumerate(seqs)}
+    return [out[[row_of[(ri, si)] for si, _, _, _ in r.rows], [col[p] for _, p, _, _ in r.rows]]
+            for ri, r in enumerate(runs)]
+
+
+def log_odds(logp, decisions: tuple[int, int]):
+    """log p(ALARM) - log p(SAFE) of (rows, vocab) log-probs."""
+    return logp[:, decisions[1]] - logp[:, decisions[0]]
+
+
+def _rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+
+
+@dataclass
+class StepsResult:
+    output_dir: Path
+    final_dir: Path | None
+    history: list[dict]
+    data: dict
+
+
+def plan_steps(runs: list[StepRun], pairs, cfg: StepsConfig) -> list[list[list[int]]]:
+    """Every optimizer step of the run, in order: each a list of groups (a twin with the unsafe
+    runs it is the twin of; every other run alone), `runs_per_step` runs a step, reshuffled each
+    epoch from `seed` (so a resumed run replans the same steps)."""
+    from training.prefixes.trainer import epoch_batches, step_groups
+
+    rng = random.Random(cfg.seed)
+    groups = step_groups(len(runs), pairs)
+    return [b for _ in range(cfg.num_epochs) for b in epoch_batches(groups, cfg.runs_per_step, rng)]
+
+
+class _Checkpoint:
+    """OUT/checkpoint/: the trainable weights, optimizer, schedule, step and history (one process:
+    torch.save; under accelerate: `save_state`)."""
+
+    def __init__(self, out: Path, acc=None):
+        self.dir, self.acc = out / "checkpoint", acc
+
+    def exists(self) -> bool:
+        return (self.dir / "trainer.json").is_file()
+
+    def save(self, model, opt, sched, step: int, history: list) -> None:
+        import torch
+
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if self.acc is not None:
+            self.acc.save_state(str(self.dir / "accelerate"))
+        else:
+            trainable = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+            torch.save({"trainable": trainable, "opt": opt.state_dict(), "sched": sched.state_dict(),
+                        "rng": torch.get_rng_state()}, self.dir / "state.pt")
+        if self.acc is None or self.acc.is_main_process:
+            (self.dir / "trainer.json").write_text(json.dumps({"step": step, "history": history}) + "\n")
+        if self.acc is not None:
+            self.acc.wait_for_everyone()
+
+    def load(self, model, opt, sched) -> tuple[int, list]:
+        import torch
+
+        meta = json.loads((self.dir / "trainer.json").read_text())
+        if self.acc is not None:
+            self.acc.load_state(str(self.dir / "accelerate"))
+        else:
+            st = torch.load(self.dir / "state.pt", weights_only=False)
+            params = dict(model.named_parameters())
+            missing = set(st["trainable"]) ^ {n for n, p in params.items() if p.requires_grad}
+            if missing:
+                raise UsageError(f"{self.dir}: the checkpoint's trainable parameters differ from this config's "
+                                 f"({sorted(missing)[:3]}…): resume with the same trainable_layers")
+            with torch.no_grad():
+                for n, v in st["trainable"].items():
+                    params[n].copy_(v)
+            opt.load_state_dict(st["opt"])
+            sched.load_state_dict(st["sched"])
+            torch.set_rng_state(st["rng"])
+        return meta["step"], meta["history"]
+
+
+def train(cfg: StepsConfig, *, progress: bool = False, resume: bool = False) -> StepsResult:
+    import torch
+    import torch.nn.functional as F
+    from transformers import get_cosine_schedule_with_warmup
+
+    from aftraj.boundary import find_twins
+    from aftraj.prompt import STEP_DECISIONS, STEP_READING_VERSION, STEP_TAG, step_decision_ids
+    from aftraj.scoring import autocast, resolve_mixed_precision
+    from training.common import (export_folder, freeze_below, launched_distributed, load_model, load_tokenizer,
+                                 load_training_trajectories, make_accelerator, save_final)
+    from training.models import resolve_model_spec
+
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    acc = make_accelerator(cfg, out) if launched_distributed() else None
+    main = acc is None or acc.is_main_process
+    if main:
+        (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n", encoding="utf-8")
+    path = resolve_model_spec(cfg.model)
+    tok = load_tokenizer(path)
+    decisions = step_decision_ids(tok)
+    device = acc.device if acc is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_model(cfg, path)
+    if acc is None:
+        model = model.to(device)
+    trajs, src = load_training_trajectories(cfg.data, synthetic_n=cfg.synthetic_trajectories, seed=cfg.seed)
+    t0 = time.perf_counter()
+    runs, counts = select_runs(trajs, tok, cfg)
+    if not counts["alarm_rows"]:
+        raise UsageError(f"{src}: no unsafe run to train the ALARM decision on ({counts})")
+    w_alarm = weights(runs, cfg.alarm_weight)
+    pairs = twin_pairs(runs, find_twins(trajs)) if cfg.twin_weight > 0 else []
+    pairs_of: dict[int, list] = {}
+    for pr in pairs:
+        pairs_of.setdefault(pr[1], []).append(pr)          # keyed by the twin: its group holds them
+    plan = plan_steps(runs, pairs, cfg)
+    total = len(plan)
+    data = {"source": src, **counts, "alarm_weight": w_alarm, "twin_pairs": len(pairs), "steps_planned": total,
+            "tokenize_s": round(time.perf_counter() - t0, 1)}
+
+    n_trainable = (freeze_below(model, cfg.trainable_layers) if cfg.trainable_layers
+                   else sum(p.numel() for p in model.parameters()))
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    sched = get_cosine_schedule_with_warmup(opt, cfg.warmup_steps, total)
+    if acc is not None:
+        model, opt, sched = acc.prepare(model, opt, sched)
+        params = [p for p in model.parameters() if p.requires_grad]
+    ckpt = _Checkpoint(out, acc)
+    step, history = 0, []
+    if resume:
+        if not ckpt.exists():
+            raise UsageError(f"{ckpt.dir}: no checkpoint to resume from (save_steps: {cfg.save_steps})")
+        step, history = ckpt.load(model, opt, sched)
+    rank, world = (acc.process_index, acc.num_processes) if acc is not None else (0, 1)
+    stop = total if cfg.max_steps is None else min(total, cfg.max_steps)
+    t1 = time.perf_counter()
+    runs_done = 0
+    model.train()
+    with (out / "metrics.jsonl").open("a" if resume else "w", encoding="utf-8") as log:
+        while step < stop:
+            batch = plan[step]
+            t_step = time.perf_counter()
+            members = [i for g in batch for i in g]
+            w_total = sum(w_alarm if y else 1.0 for i in members for *_, y in runs[i].rows)
+            n_pairs = sum(len(pairs_of.get(i, ())) for i in members)
+            mine = batch[rank::world]
+            # every rank runs as many forwards as the busiest (FSDP gathers in each): a rank with
+            # fewer groups repeats one with its loss multiplied by 0
+            n_fwd = -(-len(batch) // world)
+            loss_sum, lo_a, lo_s, margins = 0.0, [], [], []
+            for f in range(n_fwd):
+                g, scale = (mine[f], 1.0) if f < len(mine) else (batch[0], 0.0)
+                with autocast(cfg.mixed_precision, device):
+                    logits = row_logits(model, [runs[i] for i in g])
+                loss, lp = 0.0, {}
+                for i, lg in zip(g, logits):
+                    lp[i] = torch.log_softmax(lg.float(), -1)
+                    y = torch.tensor([int(a) for *_, a in runs[i].rows], device=lp[i].device)
+                    tgt = torch.tensor(decisions, device=lp[i].device)[y]
+                    w = torch.tensor([w_alarm if a else 1.0 for *_, a in runs[i].rows], device=lp[i].device)
+                    loss = loss + (w * F.nll_loss(lp[i], tgt, reduction="none")).sum() / w_total
+                    if scale:
+                        lo = log_odds(lp[i].detach(), decisions).tolist()
+                        lo_a += [v for v, (*_, a) in zip(lo, runs[i].rows) if a]
+                        lo_s += [v for v, (*_, a) in zip(lo, runs[i].rows) if not a]
+                for i, j, ri, rj in pairs_of.get(g[0], ()):
+                    m = log_odds(lp[i][ri:ri + 1], decisions) - log_odds(lp[j][rj:rj + 1], decisions)
+                    loss = loss + cfg.twin_weight * F.softplus(-m[0]) / n_pairs
+                    if scale:
+                        margins.append(float(m.detach()))
+                loss = loss * scale * world        # gradients are averaged over ranks: sum them
+                if acc is not None:
+                    acc.backward(loss)
+                else:
+                    loss.backward()
+                loss_sum += float(loss.detach()) / world
+                runs_done += len(g) if scale else 0
+            if acc is not None:
+                gnorm = float(acc.clip_grad_norm_(params, cfg.max_grad_norm))
+                loss_sum = float(acc.reduce(torch.tensor(loss_sum, device=device), "sum"))
+            else:
+                gnorm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            rec = {"step": step, "epoch": round(step * cfg.num_epochs / total, 4), "loss": round(loss_sum, 6),
+                   "grad_norm": round(gnorm, 4), "lr": sched.get_last_lr()[0],
+                   "runs": [runs[i].traj_id for i in members],
+                   "log_odds_alarm_rows": round(sum(lo_a) / len(lo_a), 4) if lo_a else None,
+                   "log_odds_safe_rows": round(sum(lo_s) / len(lo_s), 4) if lo_s else None,
+                   "step_s": round(time.perf_counter() - t_step, 3)}
+            if margins:
+                rec.update(twin_pairs=len(margins), twin_margin=round(sum(margins) / len(margins), 4))
+            history.append(rec)
+            if main and (step % cfg.logging_steps == 0 or step == stop):
+                log.write(json.dumps(rec) + "\n")
+                log.flush()
+                if progress:
+                    print(json.dumps({k: v for k, v in rec.items() if k != "runs"}), flush=True)
+            if cfg.save_steps and step % cfg.save_steps == 0 and step < total:
+                ckpt.save(model, opt, sched, step, history)
+    train_s = time.perf_counter() - t1
+    data.update(steps=step, runs_trained=runs_done * world, train_s=round(train_s, 1),
+                runs_per_minute=round(60 * runs_done * world / train_s, 2) if train_s > 0 else None,
+                mixed_precision=resolve_mixed_precision(cfg.mixed_precision), trainable_parameters=n_trainable,
+                device=device.type)
+    model.eval()
+    final = None
+    if step >= total:
+        reading = {"version": STEP_READING_VERSION, "tag": STEP_TAG, "decision_words": list(STEP_DECISIONS),
+                   "decision_ids": list(decisions), **cfg.reading()}
+        if acc is not None:
+            final = save_final(cfg, acc, model, tok, out / "final")
+        else:
+            final = export_folder(model, tok, out / "final", lora=False, dtype=cfg.export_dtype)
+        if main:
+            (final / "steps_reading.json").write_text(json.dumps(reading, indent=1) + "\n", encoding="utf-8")
+        if cfg.heldout_split and main:
+            data["heldout"] = score_heldout(acc.unwrap_model(model) if acc is not None else model, tok, cfg,
+                                            decisions, out, progress=progress)
+    data["peak_rss_gib"] = round(_rss_gib(), 2)
+    if device.type == "cuda":
+        data["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
+    if main:
+        (out / "data.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return StepsResult(out, final, history, data)
+
+
+def score_heldout(model, tok, cfg: StepsConfig, decisions, out: Path, *, progress: bool = False) -> dict:
+    """Every step of every held-out run (`heldout_split` of the corpus folder), float32, one
+    forward a segment: OUT/heldout_steps.jsonl, one row a step ({id, t, alarm, step_agent,
+    log_odds}), what the walk's calibration reads."""
+    import torch
+
+    from aftraj.readers import load_trajectories
+
+    hp = Path(cfg.data) / f"{cfg.heldout_split}.jsonl"
+    if not hp.is_file():
+        raise FileNotFoundError(f"{hp}: heldout_split {cfg.heldout_split!r} needs this file in the corpus folder")
+    trajs = load_trajectories(hp, "jsonl")
+    by_id = {t.id: t for t in trajs}
+    runs, counts = select_runs(trajs, tok, cfg, (cfg.max_heldout_runs, cfg.max_heldout_runs), every_step=True)
+    t0, rows = time.perf_counter(), []
+    with torch.no_grad():
+        for n, r in enumerate(runs):
+            lo = log_odds(torch.log_softmax(row_logits(model, [r])[0].float(), -1), decisions).tolist()
+            steps = by_id[r.traj_id].steps
+            rows += [{"id": r.traj_id, "t": t, "alarm": t == r.k, "step_agent": steps[t].agent,
+                      "log_odds": round(v, 4)} for (_, _, t, _), v in zip(r.rows, lo)]
+            if progress and (n + 1) % 25 == 0:
+                print(json.dumps({"heldout_runs": n + 1, "of": len(runs), "s": round(time.perf_counter() - t0, 1)}),
+                      flush=True)
+    with (out / "heldout_steps.jsonl").open("w", encoding="utf-8") as f:
+        f.writelines(json.dumps(x) + "\n" for x in rows)
+    from training.prefixes.trainer import auc
+
+    return {"split": cfg.heldout_split, **counts, "score_s": round(time.perf_counter() - t0, 1),
+            "auc_k_vs_safe_rows": auc([x["log_odds"] for x in rows if x["alarm"]],
+                                      [x["log_odds"] for x in rows if not x["alarm"]
+                                       and (by_id[x["id"]].label.unsafe is False
+                                            or x["t"] < by_id[x["id"]].label.decisive_step)])}
