@@ -124,7 +124,12 @@ class LimitsConfig:
     for a lock past `ledger_timeout_s` answers 503. Requests without a valid key are limited per
     client address (`auth_failures_per_s`, then 429). The run cache keeps at most
     `max_cached_runs` runs and `max_cached_bytes` of their steps, and evicts runs idle for
-    `run_idle_s` (an evicted run is rebuilt from the ledger when next used)."""
+    `run_idle_s` (an evicted run is rebuilt from the ledger when next used). The web view's reads
+    run on `web_threads` threads of their own, at most `web_reads_per_key` of a key at once, and
+    count against `max_inflight_per_key`. A client address holds at most
+    `max_connections_per_address` connections (`max_connections` in all) and
+    `max_pending_bodies_per_address` requests whose body is still coming in; past these a new
+    connection is closed at once and a new request answered 429 with `Connection: close`."""
 
     max_body_bytes: int = 1024 * 1024
     max_events_per_batch: int = 1000
@@ -142,6 +147,11 @@ class LimitsConfig:
     max_cached_bytes: int = 256 * 1024 * 1024
     run_idle_s: float = 600.0
     worker_threads: int = 16
+    web_threads: int = 4             # threads for the web view's reads (apart from the ingest threads)
+    web_reads_per_key: int = 2       # a key's web reads running at once (the rest wait their turn)
+    max_connections_per_address: int = 1024  # behind a reverse proxy all clients share its address: raise it
+    max_connections: int = 8192      # all addresses (kept below the process's open-file limit)
+    max_pending_bodies_per_address: int = 256
 
     def __post_init__(self) -> None:
         need_int(self.max_body_bytes, "max_body_bytes", 1024)
@@ -149,7 +159,8 @@ class LimitsConfig:
         need_number(self.rate_per_s, "rate_per_s", 0.001)
         need_int(self.burst, "burst", 1)
         for k in ("max_inflight_per_key", "max_streams_per_key", "max_streams", "auth_failure_burst",
-                  "max_cached_runs", "worker_threads"):
+                  "max_cached_runs", "worker_threads", "web_threads", "web_reads_per_key",
+                  "max_connections_per_address", "max_connections", "max_pending_bodies_per_address"):
             need_int(getattr(self, k), k, 1)
         need_int(self.max_cached_bytes, "max_cached_bytes", 1 << 20)
         for k in ("header_timeout_s", "body_timeout_s", "ledger_timeout_s", "run_idle_s"):
@@ -169,6 +180,9 @@ class GatewayConfig:
     intervention: InterventionConfig = field(default_factory=InterventionConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     metrics_public: bool = False        # /metrics without a key (counters of every tenant)
+    metrics_keys: tuple[str, ...] = ()  # names of the keys that may read /metrics (the operator's)
+    session_ttl_s: float = 12 * 3600.0  # a web sign-in lasts this long
+    stalled_after_s: float = 300.0      # web view: a run with no event for this long, not ended, is "stalled"
 
     def __post_init__(self) -> None:
         need(self.kind == "gateway", "kind", "must be 'gateway'")
@@ -178,6 +192,11 @@ class GatewayConfig:
         need(isinstance(self.ledger_url, str) and "://" in self.ledger_url, "ledger_url",
              f"must be an SQLAlchemy URL (sqlite:///path.db, postgresql+psycopg://…), got {self.ledger_url!r}")
         need(len({k.name for k in self.api_keys}) == len(self.api_keys), "api_keys", "names must be unique")
+        names = {k.name for k in self.api_keys}
+        need(all(isinstance(n, str) and n in names for n in self.metrics_keys), "metrics_keys",
+             f"must name keys of api_keys ({sorted(names)}), got {list(self.metrics_keys)!r}")
+        need_number(self.session_ttl_s, "session_ttl_s", 60)
+        need_number(self.stalled_after_s, "stalled_after_s", 1)
         seen: dict[str, str] = {}
         for k in self.api_keys:
             need(k.sha256 not in seen, "api_keys",

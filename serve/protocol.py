@@ -39,6 +39,15 @@ class RunCreate(BaseModel):
     category: str | None = Field(None, max_length=64,
                                  description="tool-policy category (the fold's permitted tools)")
 
+    @field_validator("run_id")
+    @classmethod
+    def _not_a_path_step(cls, v):
+        if v is not None and set(v) == {"."}:
+            raise ValueError(f"{v!r} is not a usable run id: it is a path step (URLs normalise '.' and '..' "
+                             f"away, so the run could never be read); use letters, digits, '_', '.', ':' or '-' "
+                             f"with at least one character other than '.'")
+        return v
+
     @field_validator("task", "category")
     @classmethod
     def _valid_text(cls, v, info):
@@ -90,9 +99,13 @@ class Verdict(BaseModel):
     cached_tokens: int = 0
     accepted: int = 0
     duplicates: int = 0
+    ts: float | None = Field(None, description="when the verdict was given (epoch seconds, the gateway's clock)")
 
 
 class RunView(BaseModel):
+    """A run and one page of its verdicts (`?verdicts_after=SEQ&verdicts_limit=N`, at most 1000
+    a page, in seq order): pass `verdicts_next` as `verdicts_after` for the next page (null at the end)."""
+
     run_id: str
     owner: str
     task: str
@@ -100,6 +113,8 @@ class RunView(BaseModel):
     category: str | None
     observer: dict[str, Any]
     verdicts: list[Verdict]
+    verdicts_total: int = 0
+    verdicts_next: int | None = None
 
 
 class Problem(BaseModel):

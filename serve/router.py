@@ -22,14 +22,14 @@ import asyncio
 import time
 
 import orjson
-from fastapi import FastAPI, Header, Request
+from fastapi import FastAPI, Header, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from pydantic import ValidationError
 
 from serve.protocol import EventBatch, Problem, RunCreate, RunCreated, RunView, Verdict
-from serve.service import GatewayError, GatewayService
+from serve.service import VIEW_PAGE, GatewayError, GatewayService
 
 ERRORS = {401: {"model": Problem}, 404: {"model": Problem}, 408: {"model": Problem}, 409: {"model": Problem},
           413: {"model": Problem}, 422: {"model": Problem}, 429: {"model": Problem}, 503: {"model": Problem}}
@@ -58,22 +58,46 @@ class BodyLimit:
         v = headers.get(b"content-length", b"")
         if v.isdigit() and int(v) > self.limit:
             return await _send_413(send, self.limit)
+        client = scope.get("client")
+        addr = client[0] if client else "?"
+        # a body to wait for: counted per client address while it comes in (half-sent bodies
+        # held open by one address are capped; the rest of the gateway's sockets stay free)
+        expects_body = (v.isdigit() and int(v) > 0) or b"chunked" in headers.get(b"transfer-encoding", b"").lower()
+        if self.svc is not None and expects_body:
+            cap = self.svc.cfg.limits.max_pending_bodies_per_address
+            if self.svc.pending_bodies[addr] >= cap:
+                self.svc.metrics.inc("aftraj_gateway_pending_bodies_refused_total")
+                return await _send_problem(send, 429, {"detail": f"over {cap} request bodies still coming in from "
+                                                                 f"this address", "event_index": None,
+                                                       "event_id": None, "field": None},
+                                           {"Retry-After": "1", "Connection": "close"})
+            self.svc.pending_bodies[addr] += 1
+        try:
+            await self._call(scope, receive, send, headers, t0, addr, expects_body)
+        finally:
+            if self.svc is not None and expects_body:
+                self.svc.pending_bodies[addr] -= 1
+                if self.svc.pending_bodies[addr] <= 0:
+                    del self.svc.pending_bodies[addr]
+
+    async def _call(self, scope, receive, send, headers, t0, addr, counted):
         owner = None                                   # set: a request counted in flight for this key
         path = scope.get("path", "")
         if self.svc is not None and path.startswith("/v1/"):
             auth = headers.get(b"authorization")
-            client = scope.get("client")
             try:
-                who = self.svc.authenticate(auth.decode("latin-1") if auth else None, client[0] if client else None)
+                who = self.svc.authenticate(auth.decode("latin-1") if auth else None, addr)
                 if not path.endswith("/stream"):         # a stream is counted as a stream instead
                     self.svc.begin_request(who)
                     owner = who
             except GatewayError as e:
                 self.svc.metrics.inc("aftraj_gateway_http_errors_total", status=str(e.status))
-                return await _send_problem(send, e.status, e.body(), e.headers)
+                # the body is not read: close the connection rather than drain it
+                return await _send_problem(send, e.status, e.body(),
+                                           {**e.headers, **({"Connection": "close"} if counted else {})})
             scope["aftraj.owner"] = who
         try:
-            chunks, seen, first = [], 0, None
+            chunks, seen = [], 0
             while True:
                 left = t0 + self.body_timeout_s - time.perf_counter()
                 try:
@@ -83,9 +107,10 @@ class BodyLimit:
                                                                      f"{self.body_timeout_s:g} s", "event_index": None,
                                                            "event_id": None, "field": None},
                                                {"Connection": "close"})
-                if msg["type"] != "http.request":           # the client left: hand that on
-                    first = msg
-                    break
+                if msg["type"] != "http.request":           # the client left mid-body: nothing to answer
+                    if self.svc is not None:
+                        self.svc.metrics.inc("aftraj_gateway_client_left_total")
+                    return
                 body = msg.get("body", b"")
                 seen += len(body)
                 if seen > self.limit:
@@ -93,7 +118,7 @@ class BodyLimit:
                 chunks.append(body)
                 if not msg.get("more_body"):
                     break
-            pending = [first or {"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+            pending = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
 
             async def replay():
                 return pending.pop() if pending else await receive()
@@ -164,13 +189,17 @@ def build_app(svc: GatewayService) -> FastAPI:
               openapi_extra=_json_body(EventBatch))
     async def post_events(request: Request, run_id: str, authorization: str | None = Header(None)):
         body = await request.body()
-        v = await svc.ingest(_owner(request), run_id, body, t0=request.scope.get("aftraj.t0"))
-        emit_verdict(v, run_id)
+        owner = _owner(request)
+        v = await svc.ingest(owner, run_id, body, t0=request.scope.get("aftraj.t0"))
+        emit_verdict(v, run_id, owner)
         return _json(v)
 
     @app.get("/v1/runs/{run_id}", response_model=RunView, responses=ERRORS)
-    async def get_run(request: Request, run_id: str, authorization: str | None = Header(None)):
-        view = await svc.aview(_owner(request), run_id)
+    async def get_run(request: Request, run_id: str, authorization: str | None = Header(None),
+                      verdicts_after: int = Query(-1, ge=-1), verdicts_limit: int = Query(VIEW_PAGE, ge=1, le=VIEW_PAGE)):
+        """The run, its observer view and one page of its verdicts (seq order, after
+        `verdicts_after`); `verdicts_next` is the next page's `verdicts_after` (null at the end)."""
+        view = await svc.aview(_owner(request), run_id, verdicts_after, verdicts_limit)
         return _json(await svc._off(orjson.dumps, view))
 
     @app.get("/v1/runs/{run_id}/stream", responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}})
@@ -194,12 +223,18 @@ def build_app(svc: GatewayService) -> FastAPI:
     async def healthz():
         return {"status": "ok", "auditor": svc.cfg.auditor.backend}
 
-    @app.get("/metrics", response_class=PlainTextResponse, responses={401: {"model": Problem}})
+    @app.get("/metrics", response_class=PlainTextResponse, responses={401: {"model": Problem},
+                                                                       403: {"model": Problem}})
     async def metrics(request: Request, authorization: str | None = Header(None)):
-        """Prometheus text. Needs an API key unless the config sets `metrics_public: true`."""
+        """Prometheus text: the counters of every tenant. Needs a key named in the config's
+        `metrics_keys` (the operator's; a tenant's key gets 403) unless `metrics_public: true`."""
         if not svc.cfg.metrics_public:
             client = request.client
-            svc.authenticate(authorization, client.host if client else None)
+            who = svc.authenticate(authorization, client.host if client else None)
+            if who not in svc.cfg.metrics_keys:
+                svc.metrics.inc("aftraj_gateway_http_errors_total", status="403")
+                raise GatewayError(403, f"key {who!r} may not read the gateway's metrics (they count every "
+                                        f"tenant): the operator lists the keys that may in `metrics_keys`")
         return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4")
 
     from serve.web import register as register_web      # GET /v1/runs and the /ui pages (serve/web.py)

@@ -94,7 +94,8 @@ class KeyRing:
         self.keys = [(k.name, bytes.fromhex(k.sha256)) for k in keys]
 
     def owner(self, authorization: str | None) -> str | None:
-        if not authorization or not authorization.startswith("Bearer ") or len(authorization) > 4096:
+        """The scheme is case-insensitive (RFC 9110 §11.1): `Bearer`, `bearer`, `BEARER`."""
+        if not authorization or len(authorization) > 4096 or authorization[:7].lower() != "bearer ":
             return None
         digest = bytes.fromhex(hash_key(authorization[7:].strip()))
         found = None
@@ -178,13 +179,16 @@ class Metrics:
 MIN_AUDIT_S = 0.05         # less deadline than this left after the run's lock: do not call the auditor
 STREAM_QUEUE = 64          # verdicts a stream may lag behind before it is dropped (it resumes from the ledger)
 HISTORY_PAGE = 100         # stored verdicts a stream reads from the database at a time
+VIEW_PAGE = 1000           # verdicts in one GET /v1/runs/{id} (at most; `verdicts_next` pages on)
+VIEW_LIST = 200            # the observer view's growing lists (handoffs) keep their last VIEW_LIST items
 HISTORY_READERS = 2        # history pages read at once (all streams): the rest of the threads stay free
 STEP_OVERHEAD = 400        # bytes a folded step costs beyond its strings (the cache's estimate)
 
 
 class _Run:
     __slots__ = ("key", "run_id", "owner", "task", "agents", "category", "state", "steps", "step_at", "lock",
-                 "subscribers", "used", "size", "counted", "broken", "prompts", "traj")
+                 "subscribers", "used", "size", "counted", "broken", "prompts", "traj", "agents_seen",
+                 "alarm_stored")
 
     def __init__(self, key, run_id, owner, task, agents, category, policy):
         self.key, self.run_id, self.owner, self.task = key, run_id, owner, task
@@ -200,6 +204,8 @@ class _Run:
         self.broken: GatewayError | None = None
         self.prompts = PrefixCache()               # what rendering the last prefix learnt (under the lock)
         self.traj: Trajectory | None = None        # the first validated Trajectory (its fixed fields)
+        self.agents_seen: set[str] | None = None   # agents in aftraj_run_agents (None: not read yet)
+        self.alarm_stored = False                  # an ALARM of this run is in aftraj_alarms
 
 
 _TRAJ_FIELDS = tuple(f.name for f in dataclasses.fields(Trajectory) if f.name != "steps")
@@ -244,7 +250,34 @@ class GatewayService:
             sa.Column("run_id", sa.String(200), primary_key=True),
             sa.Column("seq", sa.BigInteger, primary_key=True),
             sa.Column("record", sa.LargeBinary, nullable=False))
+        # the first ALARM verdicts of each run (a pointer into aftraj_verdicts): the web view and
+        # the run list find a run's first ALARM without reading its verdicts
+        self.alarms_table = sa.Table(
+            "aftraj_alarms", md,
+            sa.Column("run_id", sa.String(200), primary_key=True),
+            sa.Column("seq", sa.BigInteger, primary_key=True))
+        # runs in creation order (n), with their creation time: the run list, newest first
+        self.run_index_table = sa.Table(
+            "aftraj_run_index", md,
+            sa.Column("n", sa.Integer, primary_key=True, autoincrement=True),
+            sa.Column("run_id", sa.String(200), nullable=False, unique=True),
+            sa.Column("owner", sa.String(64), nullable=False, index=True),
+            sa.Column("created", sa.Float, nullable=True))
+        # the agents seen in a run's events (hook-created runs name none at creation)
+        self.run_agents_table = sa.Table(
+            "aftraj_run_agents", md,
+            sa.Column("run_id", sa.String(200), primary_key=True),
+            sa.Column("agent", sa.String(512), primary_key=True))
+        # web sign-ins: the cookie holds a random token, stored here as its sha256 (never the key)
+        self.sessions_table = sa.Table(
+            "aftraj_sessions", md,
+            sa.Column("token_sha256", sa.String(64), primary_key=True),
+            sa.Column("owner", sa.String(64), nullable=False),
+            sa.Column("expires", sa.Float, nullable=False))
+        had = set(sa.inspect(self.ledger.engine).get_table_names())
         md.create_all(self.ledger.engine)
+        if "aftraj_runs" in had and not {"aftraj_alarms", "aftraj_run_index", "aftraj_run_agents"} <= had:
+            self._backfill_indexes()
         # a verdict stored with its events: a seq answered already (another process) keeps its verdict
         dialect = self.ledger.engine.dialect.name
         if dialect in ("sqlite", "postgresql"):
@@ -252,6 +285,9 @@ class GatewayService:
             self._insert_verdict = ins(self.verdicts_table).on_conflict_do_nothing()
         else:
             self._insert_verdict = self.verdicts_table.insert()
+        # an insert that skips a row already there (the index tables: another process wrote it)
+        self._insert_ignore = ((lambda table: ins(table).on_conflict_do_nothing())
+                               if dialect in ("sqlite", "postgresql") else None)
         self.keys = KeyRing(cfg.api_keys)
         self.limiter = RateLimiter(lim.rate_per_s, lim.burst)
         self.fail_limiter = RateLimiter(lim.auth_failures_per_s, lim.auth_failure_burst)
@@ -266,6 +302,11 @@ class GatewayService:
         # got ~1/17 of the interpreter and /healthz waited behind them (p80 679 ms at load 10-14).
         self._history_slots = asyncio.Semaphore(HISTORY_READERS)
         self.pool = ThreadPoolExecutor(lim.worker_threads, thread_name_prefix="aftraj-gateway")
+        # the web view's reads: their own few threads, a few of a key at a time (serve.web)
+        self.web_pool = ThreadPoolExecutor(lim.web_threads, thread_name_prefix="aftraj-web")
+        self.web_slots: dict[str, asyncio.Semaphore] = {}
+        self.pending_bodies: dict[str, int] = defaultdict(int)     # client address -> bodies coming in
+        self._sessions: dict[str, tuple[str, float, float]] = {}    # token sha256 -> (owner, expires, checked)
         a = cfg.auditor
         self.client = None
         self.count_tokens = approx_tokens
@@ -276,9 +317,15 @@ class GatewayService:
                 a.base_url, a.api_key_env, deadline_s=a.deadline_s, retries=1, backoff_s=0.05,
                 max_backoff_s=0.5, max_response_bytes=a.max_response_bytes), transport=transport)
         if a.budget is not None and a.tokenizer not in (None, "approx"):
+            from aftraj.config import ConfigError
             from aftraj.tokens import tokenizer_counter
 
-            self.count_tokens = tokenizer_counter(os.path.expanduser(a.tokenizer))
+            folder = os.path.expanduser(a.tokenizer)
+            if not os.path.isdir(folder):     # else transformers reads it as a Hub repo id: "Repo id must be …"
+                raise ConfigError(f"{a.tokenizer!r} is not a folder: give the served model's local folder "
+                                  f"(its tokenizer counts the prompt budget), or `approx` for a rough count; "
+                                  f"nothing is downloaded", key="auditor.tokenizer")
+            self.count_tokens = tokenizer_counter(folder)
         elif a.backend == "openai":
             log.warning("auditor.tokenizer is not set: the %d-token budget is counted approximately (3 characters "
                         "a token); give the served model's folder to render over-budget prompts as training did",
@@ -323,6 +370,10 @@ class GatewayService:
                                    headers={"Retry-After": f"{max(1, math.ceil(wait))}"})
             raise GatewayError(401, "missing or unknown API key (Authorization: Bearer <key>)",
                                headers={"WWW-Authenticate": "Bearer"})
+        return self.admit(owner)
+
+    def admit(self, owner: str) -> str:
+        """The key's rate limit (429 past it); returns the owner."""
         wait = self.limiter.take(owner)
         if wait is not None:
             self.metrics.inc("aftraj_gateway_rate_limited_total")
@@ -361,6 +412,7 @@ class GatewayService:
         try:
             with self.ledger.write() as conn:       # the run and its run_started, or neither
                 conn.execute(t.insert().values(run_id=key, owner=owner, record=orjson.dumps(rec)))
+                conn.execute(self.run_index_table.insert().values(run_id=key, owner=owner, created=time.time()))
                 self.ledger._store(conn, [started])
         except self._sa.exc.IntegrityError:
             raise GatewayError(409, "run id not available (you already have a run with this id)",
@@ -403,16 +455,37 @@ class GatewayService:
         if r is None:
             # one load a run at a time, awaited by every request that missed: they resume in
             # arrival order, so a run's concurrent batches still take its lock in that order
+            # The load itself is not bounded by one request's timeout: a long run (202k events)
+            # folds for longer than ledger_timeout_s; a request that waits past it answers 503
+            # while the load goes on, and the next one finds it done (or still going), instead
+            # of starting it over every time.
             task = self._loading.get(key)
             if task is None:
-                task = asyncio.ensure_future(self._ledger(self._load, owner, run_id, what="reading the run"))
+                task = asyncio.ensure_future(self._load_once(owner, run_id))
                 self._loading[key] = task
-                task.add_done_callback(lambda _t, k=key: self._loading.pop(k, None))
-            r = self.runs.get(key) or self._cache(await asyncio.shield(task))
+                # popped when done; its error is read here (every waiter may have left: no warning)
+                task.add_done_callback(lambda t, k=key: (self._loading.pop(k, None),
+                                                         t.cancelled() or t.exception()))
+            try:
+                loaded = await asyncio.wait_for(asyncio.shield(task), self.cfg.limits.ledger_timeout_s + 1.0)
+            except TimeoutError:
+                raise self._busy("loading the run (it goes on: retry)") from None
+            r = self.runs.get(key) or self._cache(loaded)
         self._use(r)
         if r.broken is not None:
             raise r.broken
         return r
+
+    async def _load_once(self, owner: str, run_id: str) -> _Run:
+        """Load a run on the threads (database busy: 503); cached as soon as it is loaded."""
+        sa = self._sa
+        try:
+            r = await self._off(self._load, owner, run_id)
+        except sa.exc.OperationalError as e:
+            if "locked" in str(e) or "lock timeout" in str(e) or "busy" in str(e):
+                raise self._busy("reading the run") from None
+            raise
+        return self.runs.get(r.key) or self._cache(r)
 
     # ------------------------------------------------------------------ the bounded run cache
     def _cache(self, r: _Run) -> _Run:
@@ -593,17 +666,24 @@ class GatewayService:
         checked: dict = {}
         events = self._parse_batch(run_id, items, r.key, checked, len(r.steps))
         early: list = []           # (verdict, JSON) when it was stored with the events
+        seen = self._agents_seen(r)
+        new_agents = sorted({ev.agent for ev in events} - seen)[:256] if self._insert_ignore else []
 
         def with_events(conn, added, before):
-            """Auditor off and nothing came in between: fold and answer inside the events'
+            """The run's new agents are recorded with its events (the web view lists them).
+            Auditor off and nothing came in between: fold and answer inside the events'
             transaction, so the verdict is committed with them (one commit a request). The
             fold cannot refuse what `_parse_batch` passed; if anything here raises, nothing is
             committed and the caller drops the run's state (rebuilt from the ledger)."""
+            if new_agents:
+                conn.execute(self._insert_ignore(self.run_agents_table),
+                             [{"run_id": r.key, "agent": a} for a in new_agents])
             if self.client is not None or sum(added) != len(events) or before.get(r.key) != r.state.last_seq:
                 return
             self._fold_new(r, events, checked)
             v, data = self._answer(r, len(events), 0, t0)
             conn.execute(self._insert_verdict.values(run_id=r.key, seq=v["seq"], record=data))
+            self._note_alarm(conn, r, v)
             early.append((v, data))
 
         try:
@@ -615,6 +695,7 @@ class GatewayService:
                                field=e.field) from None
         except EventError as e:            # unwritable (checked before: only a store's own refusal)
             raise GatewayError(422, f"{e.field}: {e.message}", field=e.field) from None
+        seen.update(new_agents)
         if early:
             return added, None, *early[0]
         n_new = sum(added)
@@ -627,7 +708,7 @@ class GatewayService:
             return added, stored, None, None
         v, data = self._answer(r, n_new, len(added) - n_new, t0)
         try:
-            self._store_verdict(r.key, v["seq"], data)
+            self._store_verdict(r.key, v["seq"], data, r if v["decision"] == "ALARM" else None)
         except self._sa.exc.OperationalError:
             log.warning("run %s: verdict for seq %s not stored (ledger busy)", r.key, v["seq"])
         return added, None, v, data
@@ -681,7 +762,8 @@ class GatewayService:
                     v.update(accepted=n_new, duplicates=len(added) - n_new)
                     data = orjson.dumps(v)
                     try:
-                        await self._ledger(self._store_verdict, r.key, seq, data, what="storing the verdict")
+                        await self._ledger(self._store_verdict, r.key, seq, data,
+                                           r if v["decision"] == "ALARM" else None, what="storing the verdict")
                     except GatewayError:
                         log.warning("run %s: verdict for seq %s not stored (ledger busy)", r.key, seq)
                 break
@@ -747,8 +829,11 @@ class GatewayService:
                 "prompt_tokens": 0, "cached_tokens": 0}
         decision = "CONTINUE"
         if fold_alarm is not None:
+            # as the `rules` auditor answers for the same finding: its earliest evidence step, and
+            # that step's agent (eval/auditors/rules.py)
             decision = "ALARM"
-            base.update(k=min(fold_alarm["steps"], default=None), agent=None,
+            k = min(fold_alarm["steps"], default=None)
+            base.update(k=k, agent=r.steps[k].agent if k is not None and 0 <= k < len(r.steps) else None,
                         reason=f"{fold_alarm['kind']}: {fold_alarm['reason']}")
         return base, decision, "off", 0.0, fold_alarm
 
@@ -758,6 +843,7 @@ class GatewayService:
                                                         status in ("unavailable", "parse_failure")))
         latency = 1000 * (time.perf_counter() - t0)
         base["latency_ms"] = round(latency, 3)
+        base["ts"] = round(time.time(), 3)
         self.metrics.inc("aftraj_gateway_verdicts_total", auditor=status, decision=decision)
         self.metrics.observe_ms(latency)
         return base
@@ -806,13 +892,61 @@ class GatewayService:
                     score = conf if conf is not None else (1.0 if v.alarm else 0.0)
         return self._verdict_tail(r, base, decision, status, score, fold_alarm, t0)
 
-    def _store_verdict(self, key: str, seq: int, data: bytes) -> None:
+    def _store_verdict(self, key: str, seq: int, data: bytes, alarm_of: _Run | None = None) -> None:
+        """Store a verdict (`alarm_of`: the run, when it is an ALARM: noted in aftraj_alarms)."""
         t = self.verdicts_table
         try:
             with self.ledger.write() as conn:
                 conn.execute(t.insert().values(run_id=key, seq=seq, record=data))
+                if alarm_of is not None:
+                    self._note_alarm(conn, alarm_of, {"decision": "ALARM", "seq": seq})
         except self._sa.exc.IntegrityError:
             pass       # another process answered this prefix first; its verdict stands
+
+    def _note_alarm(self, conn, r: _Run, v: dict) -> None:
+        """Point aftraj_alarms at an ALARM verdict of the run (the first few only: once one is
+        noted by this process, later ALARMs of the run are not)."""
+        if v.get("decision") == "ALARM" and not r.alarm_stored:
+            stmt = (self._insert_ignore(self.alarms_table) if self._insert_ignore else self.alarms_table.insert())
+            conn.execute(stmt.values(run_id=r.key, seq=v["seq"]))
+            r.alarm_stored = True
+
+    def _agents_seen(self, r: _Run) -> set[str]:
+        """The agents recorded for the run in aftraj_run_agents (read once a run load; blocking)."""
+        if r.agents_seen is None:
+            t = self.run_agents_table
+            with self.ledger.reader.connect() as conn:
+                r.agents_seen = {a for (a,) in conn.execute(self._sa.select(t.c.agent).where(t.c.run_id == r.key))}
+        return r.agents_seen
+
+    def _backfill_indexes(self) -> None:
+        """A ledger written before the index tables (aftraj_run_index, aftraj_run_agents,
+        aftraj_alarms): fill them once, at start, from the runs, events and verdicts."""
+        sa = self._sa
+        runs, ix, ag, al = self.runs_table, self.run_index_table, self.run_agents_table, self.alarms_table
+        ev, vt = self.ledger.table, self.verdicts_table
+        log.warning("filling the web view's index tables from the ledger (once, for a ledger written by an "
+                    "older version)")
+        with self.ledger.write() as conn:
+            have = {k for (k,) in conn.execute(sa.select(ix.c.run_id))}
+            rows = [{"run_id": k, "owner": o, "created": None}
+                    for k, o in conn.execute(sa.select(runs.c.run_id, runs.c.owner).order_by(runs.c.run_id))
+                    if k not in have]
+            if rows:
+                conn.execute(ix.insert(), rows)
+            if self._insert_ignore is None:
+                return
+            pairs = [{"run_id": k, "agent": a} for k, a in conn.execute(
+                sa.select(ev.c.run_id, ev.c.agent).where(ev.c.seq > 0).distinct())]
+            if pairs:
+                conn.execute(self._insert_ignore(ag), pairs)
+            first: dict[str, int] = {}
+            for k, seq, rec in conn.execute(sa.select(vt.c.run_id, vt.c.seq, vt.c.record).order_by(vt.c.run_id,
+                                                                                                    vt.c.seq)):
+                if k not in first and b'"decision":"ALARM"' in bytes(rec):
+                    first[k] = seq
+            if first:
+                conn.execute(self._insert_ignore(al), [{"run_id": k, "seq": q} for k, q in first.items()])
 
     def _stored_verdict(self, key: str, seq: int) -> dict | None:
         t = self.verdicts_table
@@ -839,21 +973,36 @@ class GatewayService:
                 return out
             after = page[-1][0]
 
-    def _view(self, r: _Run) -> dict:
+    def _view(self, r: _Run, after_seq: int = -1, limit: int = VIEW_PAGE) -> dict:
+        """The run's observer view and one page of its verdicts (bounded: a run with 202k
+        verdicts read them all, 6.6 s, and answered 503 every time)."""
         self._catch_up(r)
         observer = observer_view(r.state)
         observer["run_id"] = r.run_id
+        for k in ("handoffs",):            # the view's lists that grow with the run: the last VIEW_LIST
+            if len(observer.get(k) or ()) > VIEW_LIST:
+                observer[f"{k}_total"] = len(observer[k])
+                observer[k] = observer[k][-VIEW_LIST:]
+        t = self.verdicts_table
+        page = self.verdict_page(r.key, after_seq, limit + 1)
+        with self.ledger.reader.connect() as conn:
+            total = conn.execute(self._sa.select(self._sa.func.count()).where(t.c.run_id == r.key)).scalar() or 0
+        more = len(page) > limit
+        page = page[:limit]
         return {"run_id": r.run_id, "owner": r.owner, "task": r.task, "agents": r.agents,
-                "category": r.category, "observer": observer, "verdicts": self.verdicts(r.key)}
+                "category": r.category, "observer": observer, "verdicts": [orjson.loads(d) for _, d in page],
+                "verdicts_total": int(total), "verdicts_next": page[-1][0] if more and page else None}
 
-    def view(self, owner: str, run_id: str) -> dict:
-        return self._view(self.run(owner, run_id))
+    def view(self, owner: str, run_id: str, after_seq: int = -1, limit: int = VIEW_PAGE) -> dict:
+        return self._view(self.run(owner, run_id), after_seq, limit)
 
-    async def aview(self, owner: str, run_id: str) -> dict:
+    async def aview(self, owner: str, run_id: str, after_seq: int = -1, limit: int = VIEW_PAGE) -> dict:
+        if not 1 <= limit <= VIEW_PAGE:
+            raise GatewayError(422, f"verdicts_limit: must be in 1..{VIEW_PAGE}, got {limit}", field="verdicts_limit")
         r = await self.arun(owner, run_id)
         async with r.lock:
             try:
-                return await self._ledger(self._view, r, what="reading the run")
+                return await self._ledger(self._view, r, after_seq, limit, what="reading the run")
             finally:
                 self._resize(r)
 

@@ -1,51 +1,97 @@
 """A web view of live runs, served by the gateway: `GET /v1/runs` (the caller's runs, paged) and
-pages under /ui (server-rendered HTML and one small script, no build step).
+pages under /ui (server-rendered HTML, one small script and one style sheet, no build step).
 
     aftraj serve gateway --config configs/serve/gateway-local.yaml
     open http://127.0.0.1:8080/ui            # sign in with an API key of the gateway
-    curl -H "Authorization: Bearer $KEY" "http://127.0.0.1:8080/v1/runs?limit=20"
+    curl -H "Authorization: Bearer $KEY" "http://127.0.0.1:8080/v1/runs?limit=20&order=newest"
 
-- `/ui`: the caller's runs, each with its state (running, ended and how, ALARM at step t), its
-  steps and verdicts. `/ui/runs/{id}`: the run's timeline, one row per step (agent, kind,
-  content, tool, error) with the verdict given at that step; the first ALARM is marked where it
-  was raised and at its decisive step k; the fold's findings are listed with their evidence
-  steps (marked in the timeline too). The page follows the run live: its script listens to
-  `/ui/runs/{id}/stream` (the run's verdicts as server-sent events, as `/v1/runs/{id}/stream`
-  sends them) and, at each verdict, fetches the timeline again, rendered by the server
-  (`/ui/runs/{id}/fragment`). One renderer, no client-side templates.
-- Behind the same keys: every /ui route takes the key from the `Authorization: Bearer` header or
-  from the `aftraj_key` cookie the sign-in form sets (HttpOnly, SameSite=Strict, Path=/ui; the
-  browser sends it to /ui only, where EventSource cannot send a header). The key's rate limit
-  and failure limit apply as on /v1. A run of another key is a 404, as on /v1.
-- `GET /v1/runs?limit=N&after=RUN_ID`: runs in run-id order, at most `limit` (1-100, default 50),
-  and `next` (pass it as `after` for the next page; null at the end). Per run: task, agents,
-  category, steps, last seq, termination, verdict count, the last verdict (t, decision, auditor)
-  and the first ALARM (t, k, agent, reason), and `state`.
+- `/ui`: the caller's runs, newest first, each with its state (running, stalled, ended and how,
+  ALARM at step t), when it started, its last activity and duration, its steps, verdicts and
+  agents; filters (state, agent, ALARM only), a search (run id or task) and paging. `/ui/runs/{id}`:
+  a trace view of one page of the run's steps (`STEPS_PAGE`, the latest by default): a timeline
+  of agents and their handoffs, then one row per step (time, the time since the step before,
+  agent, kind, content (the first `CONTENT_PREVIEW` characters, the rest behind "show all"), tool,
+  tokens, the verdict given at that step and how long it took); the first ALARM is marked where
+  it was raised and at its decisive step k; the fold's findings are listed with their evidence
+  steps. The page follows the run live: its script listens to `/ui/runs/{id}/stream` (the run's
+  verdicts as server-sent events, as `/v1/runs/{id}/stream` sends them) and, at each verdict,
+  fetches the timeline again, rendered by the server (`/ui/runs/{id}/fragment`). One renderer,
+  no client-side templates. A run without a termination event whose last verdict is older than
+  `stalled_after_s` shows as "stalled". A step's time is its event's `ts` when the agent gave
+  one, else when the gateway answered the batch that brought it.
+- Bounded per request: a page reads at most `STEPS_PAGE` steps and `READ_BYTES` of their
+  records (the rest of the page is left to the next), their verdicts, and a few single rows (the
+  last verdict, the first ALARM through `aftraj_alarms`, the last event); an HTML answer stops at
+  `MAX_FRAGMENT_BYTES`. The run list examines at most `SCAN_RUNS` runs a request. Every read runs
+  on the service's web threads (`limits.web_threads`), at most `limits.web_reads_per_key` of a key
+  at once, counts against the key's `limits.max_inflight_per_key`, and is abandoned (between rows)
+  as soon as the client leaves. A read that waits on a locked ledger past `ledger_timeout_s`
+  answers 503 with Retry-After, as the API does.
+- Behind the same keys: every /ui route takes the key from the `Authorization: Bearer` header, or
+  the sign-in's session: the sign-in form (`POST /ui/login`, refused from another origin: its
+  `Origin` (or `Sec-Fetch-Site`) must be this gateway's) sets the `aftraj_session` cookie to a
+  random token (HttpOnly, SameSite=Strict, Path=/ui, Max-Age `session_ttl_s`, Secure over https);
+  the key itself is never stored in the browser, and the token is kept only as its sha256
+  (`aftraj_sessions`). Signing out deletes it. The key's rate limit and failure limit apply as on
+  /v1. A run of another key is a 404, as on /v1. Every /ui answer forbids framing and inline
+  script (Content-Security-Policy, X-Frame-Options) and every page names the tenant (the key).
+- `GET /v1/runs?limit=N&after=RUN_ID`: runs in run-id order (`order=newest`: newest first, `after`
+  is then the `next` this answer gave), at most `limit` (1-100, default 50), filtered by
+  `state` (running, stalled, ended, alarm), `agent`, `q`; `next` continues (null at the end).
+  Per run: task, agents, category, created, last activity, steps, last seq, termination,
+  verdict count, the last verdict (t, decision, auditor) and the first ALARM (t, k, agent,
+  reason), and `state`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime as _dt
+import hashlib
 import html
+import logging
+import secrets
+import threading
+import time
 import urllib.parse
 
 import orjson
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 
-from aftraj.events import event_to_step, is_synthetic, parse_event
-from serve.service import GatewayError, GatewayService
+from aftraj.events import event_to_step, parse_event
+from serve.service import GatewayError, GatewayService, storage_key
 
-try:                                    # runs are stored under "owner/run_id" (serve.service)
-    from serve.service import storage_key
-except ImportError:                     # pragma: no cover - a gateway that keys runs by id alone
-    def storage_key(owner: str, run_id: str) -> str:
-        return run_id
+log = logging.getLogger("aftraj.gateway")
 
-COOKIE = "aftraj_key"
-MAX_PAGE = 100
-MAX_STEPS_SHOWN = 1000
-CONTENT_SHOWN = 600         # characters of a step's content in the timeline (the rest: "… (N more)")
+COOKIE = "aftraj_session"
+OLD_COOKIE = "aftraj_key"       # what older versions set (the key itself): deleted at sign-in and sign-out
+MAX_PAGE = 100                  # runs in one list page
+SCAN_RUNS = 1000                # runs examined by one list request (filters that match few runs page on)
+STEPS_PAGE = 200                # steps in one page of a run
+READ_BYTES = 8 * 1024 * 1024    # stored event records read by one page (the rest of the page: the next one)
+MAX_FRAGMENT_BYTES = 2 * 1024 * 1024   # an HTML answer stops growing here (the rest: the next page)
+CONTENT_PREVIEW = 600           # characters of a step's content shown before "show all"
+CONTENT_INLINE = 20_000         # characters "show all" holds in the page; the rest: the step's own text page
+FINDING_STEPS = 50              # evidence steps listed per finding
+TIMELINE_LANES = 12             # agents drawn as lanes (the others share one)
+SESSION_CACHE_S = 30.0          # a session checked within this long is not read again (sign-out elsewhere: 30 s)
+STATES = ("running", "stalled", "ended", "alarm")
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin",
+}
+
+
+class Cancelled(Exception):
+    """The client left: the read stops between rows."""
+
+
+def _check(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise Cancelled
 
 
 # --------------------------------------------------------------------------- reading (blocking)
@@ -55,87 +101,308 @@ def _public_id(owner: str, key: str) -> str:
     return key[len(prefix):] if prefix and key.startswith(prefix) else key
 
 
-def _summaries(svc: GatewayService, owner: str, keys_records: list[tuple[str, bytes]]) -> list[dict]:
-    """One summary per run: counts from the ledger, the verdicts' last and first ALARM."""
+def _epoch(ts) -> float | None:
+    """An event's `ts` (epoch seconds or ISO-8601) as epoch seconds; None if it is neither."""
+    if isinstance(ts, (int, float)) and not isinstance(ts, bool):
+        return float(ts) if 0 < ts < 1e11 else None
+    if isinstance(ts, str) and len(ts) < 64:
+        try:
+            d = _dt.datetime.fromisoformat(ts.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return (d if d.tzinfo else d.replace(tzinfo=_dt.timezone.utc)).timestamp()
+    return None
+
+
+def _state(alarm: dict | None, termination: str | None, last_active: float | None, now: float,
+           stalled_after_s: float) -> str:
+    if alarm:
+        return f"ALARM at step {alarm.get('t')}"
+    if termination:
+        return f"ended ({termination})"
+    if last_active is not None and now - last_active > stalled_after_s:
+        return f"stalled (no event for {_ago(now - last_active)})"
+    return "running"
+
+
+def _state_kind(state: str) -> str:
+    return ("alarm" if state.startswith("ALARM") else "ended" if state.startswith("ended") else
+            "stalled" if state.startswith("stalled") else "running")
+
+
+def _summaries(svc: GatewayService, owner: str, rows: list[tuple], now: float, cancel=None) -> list[dict]:
+    """One summary per run (`rows`: (storage key, record bytes, created)), each from a few
+    single-row or counted reads: never a scan of a run's verdicts."""
     sa = svc._sa
-    ev, vt = svc.ledger.table, svc.verdicts_table
-    keys = [k for k, _ in keys_records]
-    out = {k: {"steps": 0, "last_seq": 0, "termination": None, "verdicts": 0, "last_verdict": None, "alarm": None}
-           for k in keys}
+    ev, vt, al, ag = svc.ledger.table, svc.verdicts_table, svc.alarms_table, svc.run_agents_table
+    keys = [r[0] for r in rows]
     if not keys:
         return []
+    out = {k: {"steps": 0, "last_seq": 0, "termination": None, "verdicts": 0, "last_verdict": None, "alarm": None,
+               "last_active": None, "seen_agents": []} for k in keys}
     with svc.ledger.reader.connect() as conn:
         for k, n, last in conn.execute(sa.select(ev.c.run_id, sa.func.count(), sa.func.max(ev.c.seq))
                                        .where(ev.c.run_id.in_(keys), ev.c.seq > 0).group_by(ev.c.run_id)):
             out[k].update(steps=int(n), last_seq=int(last))
-        for k, rec in conn.execute(sa.select(ev.c.run_id, ev.c.record)
-                                   .where(ev.c.run_id.in_(keys), ev.c.kind == "termination")):
-            out[k]["termination"] = orjson.loads(rec)["payload"]["reason"]
-        for k, rec in conn.execute(sa.select(vt.c.run_id, vt.c.record).where(vt.c.run_id.in_(keys))
-                                   .order_by(vt.c.run_id, vt.c.seq)):
-            v = orjson.loads(rec)
-            s = out[k]
-            s["verdicts"] += 1
-            s["last_verdict"] = {"t": v.get("t"), "seq": v.get("seq"), "decision": v.get("decision"),
-                                 "auditor": v.get("auditor"), "action": v.get("action")}
-            if s["alarm"] is None and v.get("decision") == "ALARM":
-                s["alarm"] = {"t": v.get("t"), "k": v.get("k"), "agent": v.get("agent"), "reason": v.get("reason")}
+        _check(cancel)
+        last_ev = [(k, s["last_seq"]) for k, s in out.items() if s["steps"]]
+        if last_ev:
+            for k, kind, rec in conn.execute(sa.select(ev.c.run_id, ev.c.kind, ev.c.record).where(
+                    sa.tuple_(ev.c.run_id, ev.c.seq).in_(last_ev))):
+                if kind == "termination":
+                    out[k]["termination"] = (orjson.loads(rec).get("payload") or {}).get("reason")
+        _check(cancel)
+        last_v = []
+        for k, n, mx in conn.execute(sa.select(vt.c.run_id, sa.func.count(), sa.func.max(vt.c.seq))
+                                     .where(vt.c.run_id.in_(keys)).group_by(vt.c.run_id)):
+            out[k]["verdicts"] = int(n)
+            last_v.append((k, mx))
+        first_a = list(conn.execute(sa.select(al.c.run_id, sa.func.min(al.c.seq)).where(al.c.run_id.in_(keys))
+                                    .group_by(al.c.run_id)))
+        _check(cancel)
+        wanted = {(k, int(s)) for k, s in last_v + first_a}
+        recs = {}
+        if wanted:
+            recs = {(k, int(s)): orjson.loads(rec) for k, s, rec in conn.execute(
+                sa.select(vt.c.run_id, vt.c.seq, vt.c.record).where(sa.tuple_(vt.c.run_id, vt.c.seq).in_(sorted(wanted))))}
+        for k, s in last_v:
+            v = recs.get((k, int(s)))
+            if v:
+                out[k]["last_verdict"] = {"t": v.get("t"), "seq": v.get("seq"), "decision": v.get("decision"),
+                                          "auditor": v.get("auditor"), "action": v.get("action"), "ts": v.get("ts")}
+                out[k]["last_active"] = v.get("ts")
+        for k, s in first_a:
+            v = recs.get((k, int(s)))
+            if v:
+                out[k]["alarm"] = {"t": v.get("t"), "k": v.get("k"), "agent": v.get("agent"), "reason": v.get("reason")}
+        for k, a in conn.execute(sa.select(ag.c.run_id, ag.c.agent).where(ag.c.run_id.in_(keys))
+                                 .order_by(ag.c.run_id, ag.c.agent)):
+            if len(out[k]["seen_agents"]) < 64:
+                out[k]["seen_agents"].append(a)
     runs = []
-    for k, rec in keys_records:
+    stalled_after = svc.cfg.stalled_after_s
+    for k, rec, created in rows:
         r = orjson.loads(rec)
         s = out[k]
-        state = (f"ALARM at step {s['alarm']['t']}" if s["alarm"] else
-                 f"ended ({s['termination']})" if s["termination"] else "running")
-        runs.append({"run_id": _public_id(owner, k), "task": r.get("task"), "agents": r.get("agents") or [],
-                     "category": r.get("category"), "state": state, **s})
+        seen = s.pop("seen_agents")
+        agents = list(r.get("agents") or []) + [a for a in seen if a not in (r.get("agents") or [])]
+        last_active = s["last_active"] if s["last_active"] is not None else created
+        state = _state(s["alarm"], s["termination"], last_active, now, stalled_after)
+        runs.append({"run_id": _public_id(owner, k), "task": r.get("task"), "agents": agents,
+                     "category": r.get("category"), "state": state, "created": created,
+                     **s, "last_active": last_active})
     return runs
 
 
-def list_runs(svc: GatewayService, owner: str, limit: int = 50, after: str | None = None) -> dict:
-    """The owner's runs in run-id order after `after` (a run id), at most `limit` (see the module docstring)."""
+def list_runs(svc: GatewayService, owner: str, limit: int = 50, after: str | None = None, *, order: str = "id",
+              state: str | None = None, agent: str | None = None, q: str | None = None,
+              cancel: threading.Event | None = None, now: float | None = None) -> dict:
+    """The owner's runs after `after` (a run id for `order="id"`, the `next` of the previous
+    answer for `order="newest"`), at most `limit`, keeping those that match the filters; at
+    most `SCAN_RUNS` runs are examined (then `next` continues the scan)."""
     if not 1 <= limit <= MAX_PAGE:
         raise GatewayError(422, f"limit: must be in 1..{MAX_PAGE}, got {limit}", field="limit")
-    sa, t = svc._sa, svc.runs_table
-    q = sa.select(t.c.run_id, t.c.record).where(t.c.owner == owner)
-    if after:
-        q = q.where(t.c.run_id > storage_key(owner, after))
-    with svc.ledger.reader.connect() as conn:
-        rows = [(k, bytes(rec)) for k, rec in conn.execute(q.order_by(t.c.run_id).limit(limit + 1))]
-    more = len(rows) > limit
-    runs = _summaries(svc, owner, rows[:limit])
-    return {"runs": runs, "next": runs[-1]["run_id"] if more and runs else None}
+    if order not in ("id", "newest"):
+        raise GatewayError(422, f"order: must be 'id' or 'newest', got {order!r}", field="order")
+    if state is not None and state not in STATES:
+        raise GatewayError(422, f"state: must be one of {', '.join(STATES)}, got {state!r}", field="state")
+    if q is not None and len(q) > 200:
+        raise GatewayError(422, "q: at most 200 characters", field="q")
+    if agent is not None and len(agent) > 512:
+        raise GatewayError(422, "agent: at most 512 characters", field="agent")
+    now = time.time() if now is None else now
+    sa, t, ix, ag = svc._sa, svc.runs_table, svc.run_index_table, svc.run_agents_table
+    filtered = bool(state or agent or q)
+
+    def chunk_query(cursor, n):
+        if order == "id":
+            qy = sa.select(t.c.run_id, t.c.record, ix.c.created, t.c.run_id).select_from(
+                t.outerjoin(ix, ix.c.run_id == t.c.run_id)).where(t.c.owner == owner)
+            if cursor:
+                qy = qy.where(t.c.run_id > storage_key(owner, cursor))
+            qy = qy.order_by(t.c.run_id)
+        else:
+            qy = sa.select(ix.c.run_id, t.c.record, ix.c.created, ix.c.n).select_from(
+                ix.join(t, t.c.run_id == ix.c.run_id)).where(ix.c.owner == owner)
+            if cursor:
+                try:
+                    qy = qy.where(ix.c.n < int(cursor))
+                except ValueError:
+                    raise GatewayError(422, f"after: with order=newest, the `next` of the previous page "
+                                            f"(a number), got {cursor!r}", field="after") from None
+            qy = qy.order_by(ix.c.n.desc())
+        if agent:
+            qy = qy.where(sa.exists().where(ag.c.run_id == t.c.run_id, ag.c.agent == agent))
+        with svc.ledger.reader.connect() as conn:
+            return [(k, bytes(rec), created, pos) for k, rec, created, pos in conn.execute(qy.limit(n))]
+
+    def position(row):
+        return _public_id(owner, row[0]) if order == "id" else str(row[3])
+
+    if not filtered:
+        rows = chunk_query(after, limit + 1)
+        page = rows[:limit]
+        runs = _summaries(svc, owner, [r[:3] for r in page], now, cancel)
+        return {"runs": runs, "next": position(page[-1]) if len(rows) > limit else None, "scanned": len(page)}
+    found: list[dict] = []
+    scanned, cursor, more = 0, after, True
+    while more and len(found) < limit and scanned < SCAN_RUNS:
+        _check(cancel)
+        n = min(200, SCAN_RUNS - scanned)
+        rows = chunk_query(cursor, n)
+        more = len(rows) == n
+        for i, row in enumerate(rows):
+            scanned += 1
+            cursor = position(row)
+            summary = _summaries(svc, owner, [row[:3]], now, cancel)[0]
+            if state and _state_kind(summary["state"]) != state:
+                continue
+            if q and q.lower() not in summary["run_id"].lower() and q.lower() not in (summary["task"] or "").lower():
+                continue
+            found.append(summary)
+            if len(found) == limit:
+                more = more or i < len(rows) - 1
+                break
+    return {"runs": found, "next": cursor if more else None, "scanned": scanned}
 
 
-def run_page_data(svc: GatewayService, owner: str, run_id: str) -> dict:
-    """Everything a run's page shows: the run's record, its steps (the last MAX_STEPS_SHOWN), its
-    verdicts and the last verdict's findings. 404 for a run the owner did not create."""
+def run_page_data(svc: GatewayService, owner: str, run_id: str, start: int | None = None, *,
+                  cancel: threading.Event | None = None, now: float | None = None) -> dict:
+    """One page of a run (see the module docstring: bounded reads): its record, the page's
+    steps (from step `start`; default: the last page) with their verdicts and times, the run's
+    last verdict's findings, its first ALARM, its state. 404 for a run the owner did not create."""
     sa, t = svc._sa, svc.runs_table
+    ev, vt, al, ix, ag = (svc.ledger.table, svc.verdicts_table, svc.alarms_table, svc.run_index_table,
+                          svc.run_agents_table)
     key = storage_key(owner, run_id)
+    now = time.time() if now is None else now
     with svc.ledger.reader.connect() as conn:
         row = conn.execute(sa.select(t.c.owner, t.c.record).where(t.c.run_id == key)).first()
         if row is None or row[0] != owner:
             raise GatewayError(404, f"no run {run_id!r}")
-        ev, vt = svc.ledger.table, svc.verdicts_table
-        steps, skipped = [], 0
-        for (rec,) in conn.execute(sa.select(ev.c.record).where(ev.c.run_id == key).order_by(ev.c.seq)):
+        total = conn.execute(sa.select(sa.func.count()).where(ev.c.run_id == key, ev.c.seq > 0)).scalar() or 0
+        if start is None:
+            start = max(0, total - STEPS_PAGE)
+        start = max(0, min(int(start), max(0, total - 1)))
+        steps, read = [], 0
+        result = conn.execute(sa.select(ev.c.seq, ev.c.record).where(ev.c.run_id == key, ev.c.seq > 0)
+                              .order_by(ev.c.seq).limit(STEPS_PAGE).offset(start))
+        for seq, rec in result:
+            if len(steps) % 16 == 0:
+                _check(cancel)
+            if read > READ_BYTES:
+                break
+            read += len(rec)
             e = parse_event(orjson.loads(rec))
-            if is_synthetic(e):
-                continue
-            s = event_to_step(e, len(steps) + skipped, key)
-            steps.append({"index": s.index, "agent": s.agent, "kind": e.kind, "content": s.content, "tool": s.tool,
+            s = event_to_step(e, start + len(steps), key)
+            usage = e.usage or {}
+            steps.append({"index": s.index, "agent": s.agent, "kind": e.kind, "content": s.content or "",
+                          "tool": s.tool, "error": s.error, "seq": e.seq, "ts": _epoch(e.ts),
                           "arguments": None if s.arguments is None else orjson.dumps(s.arguments).decode(),
-                          "error": s.error, "seq": e.seq,
-                          "reason": e.payload.get("reason") if e.kind == "termination" else None})
-            if len(steps) > MAX_STEPS_SHOWN:
-                steps.pop(0)
-                skipped += 1
-        verdicts = [orjson.loads(rec) for (rec,) in conn.execute(
-            sa.select(vt.c.record).where(vt.c.run_id == key).order_by(vt.c.seq))]
+                          "reason": e.payload.get("reason") if e.kind == "termination" else None,
+                          "tokens": (usage.get("input_tokens"), usage.get("output_tokens")) if usage else None,
+                          "cost": usage.get("cost_usd") if usage else None})
+        result.close()
+        _check(cancel)
+        verdicts = []
+        if steps:
+            lo, hi = steps[0]["seq"], steps[-1]["seq"]
+            verdicts = [orjson.loads(r) for (r,) in conn.execute(
+                sa.select(vt.c.record).where(vt.c.run_id == key, vt.c.seq >= lo, vt.c.seq <= hi).order_by(vt.c.seq)
+                .limit(STEPS_PAGE))]
+            after = conn.execute(sa.select(vt.c.record).where(vt.c.run_id == key, vt.c.seq > hi)
+                                 .order_by(vt.c.seq).limit(1)).first()
+            if after is not None:
+                verdicts.append(orjson.loads(after[0]))
+        _check(cancel)
+        n_verdicts = conn.execute(sa.select(sa.func.count()).where(vt.c.run_id == key)).scalar() or 0
+        last_v = conn.execute(sa.select(vt.c.record).where(vt.c.run_id == key).order_by(vt.c.seq.desc())
+                              .limit(1)).first()
+        last_v = orjson.loads(last_v[0]) if last_v is not None else None
+        a_seq = conn.execute(sa.select(sa.func.min(al.c.seq)).where(al.c.run_id == key)).scalar()
+        alarm = None
+        if a_seq is not None:
+            a = conn.execute(sa.select(vt.c.record).where(vt.c.run_id == key, vt.c.seq == a_seq)).first()
+            alarm = orjson.loads(a[0]) if a is not None else None
+        last_e = conn.execute(sa.select(ev.c.kind, ev.c.record).where(ev.c.run_id == key)
+                              .order_by(ev.c.seq.desc()).limit(1)).first()
+        termination = None
+        if last_e is not None and last_e[0] == "termination":
+            termination = (orjson.loads(last_e[1]).get("payload") or {}).get("reason")
+        created = conn.execute(sa.select(ix.c.created).where(ix.c.run_id == key)).scalar()
+        seen = [a for (a,) in conn.execute(sa.select(ag.c.agent).where(ag.c.run_id == key).order_by(ag.c.agent)
+                                          .limit(64))]
+    # a step's time: its own ts, else when the gateway answered the batch that brought it
+    vi = 0
+    for s in steps:
+        while vi < len(verdicts) and (verdicts[vi].get("seq") or 0) < s["seq"]:
+            vi += 1
+        s["at"] = s["ts"] if s["ts"] is not None else (verdicts[vi].get("ts") if vi < len(verdicts) else None)
     rec = orjson.loads(row[1])
-    return {"run_id": run_id, "task": rec.get("task") or "", "agents": rec.get("agents") or [],
-            "category": rec.get("category"), "steps": steps, "skipped": skipped, "verdicts": verdicts,
-            "findings": verdicts[-1].get("findings", []) if verdicts else [],
-            "alarm": next((v for v in verdicts if v.get("decision") == "ALARM"), None)}
+    agents = list(rec.get("agents") or []) + [a for a in seen if a not in (rec.get("agents") or [])]
+    last_active = (last_v or {}).get("ts") or created
+    return {"run_id": run_id, "tenant": owner, "task": rec.get("task") or "", "agents": agents,
+            "category": rec.get("category"), "created": created, "last_active": last_active, "now": now,
+            "steps": steps, "start": start, "total_steps": int(total), "page_size": STEPS_PAGE,
+            "verdicts": verdicts, "n_verdicts": int(n_verdicts), "last_verdict": last_v,
+            "findings": (last_v or {}).get("findings") or [], "alarm": alarm, "termination": termination,
+            "state": _state(alarm, termination, last_active, now, svc.cfg.stalled_after_s)}
+
+
+def step_text(svc: GatewayService, owner: str, run_id: str, index: int, cancel=None) -> str:
+    """Step `index`'s whole content (the page shows its first `CONTENT_INLINE` characters)."""
+    sa, t, ev = svc._sa, svc.runs_table, svc.ledger.table
+    key = storage_key(owner, run_id)
+    with svc.ledger.reader.connect() as conn:
+        row = conn.execute(sa.select(t.c.owner).where(t.c.run_id == key)).first()
+        if row is None or row[0] != owner:
+            raise GatewayError(404, f"no run {run_id!r}")
+        rec = conn.execute(sa.select(ev.c.record).where(ev.c.run_id == key, ev.c.seq > 0).order_by(ev.c.seq)
+                           .limit(1).offset(index)).first()
+    if rec is None:
+        raise GatewayError(404, f"run {run_id!r} has no step {index}")
+    return event_to_step(parse_event(orjson.loads(rec[0])), index, key).content or ""
+
+
+def new_session(svc: GatewayService, owner: str, now: float | None = None) -> str:
+    """A sign-in: a random token (the cookie's), stored as its sha256 with its expiry."""
+    now = time.time() if now is None else now
+    token = secrets.token_urlsafe(32)
+    t = svc.sessions_table
+    with svc.ledger.write() as conn:
+        conn.execute(t.delete().where(t.c.expires < now))          # expired ones go at each sign-in
+        conn.execute(t.insert().values(token_sha256=hashlib.sha256(token.encode()).hexdigest(), owner=owner,
+                                       expires=now + svc.cfg.session_ttl_s))
+    return token
+
+
+def session_owner(svc: GatewayService, token: str, now: float | None = None) -> str | None:
+    """The owner of a live session token, or None (unknown, expired, signed out)."""
+    now = time.time() if now is None else now
+    if not token or len(token) > 128:
+        return None
+    h = hashlib.sha256(token.encode()).hexdigest()
+    hit = svc._sessions.get(h)
+    if hit is not None and now - hit[2] < SESSION_CACHE_S:
+        return hit[0] if hit[1] > now else None
+    t = svc.sessions_table
+    with svc.ledger.reader.connect() as conn:
+        row = conn.execute(svc._sa.select(t.c.owner, t.c.expires).where(t.c.token_sha256 == h)).first()
+    if row is None or row[1] <= now or row[0] not in {n for n, _ in svc.keys.keys}:
+        svc._sessions.pop(h, None)
+        return None
+    if len(svc._sessions) > 10_000:
+        svc._sessions.clear()
+    svc._sessions[h] = (row[0], row[1], now)
+    return row[0]
+
+
+def end_session(svc: GatewayService, token: str) -> None:
+    h = hashlib.sha256(token.encode()).hexdigest()
+    svc._sessions.pop(h, None)
+    t = svc.sessions_table
+    with svc.ledger.write() as conn:
+        conn.execute(t.delete().where(t.c.token_sha256 == h))
 
 
 # --------------------------------------------------------------------------- rendering
@@ -144,24 +411,57 @@ def _e(x) -> str:
     return html.escape("" if x is None else str(x), quote=True)
 
 
+def _q(x: str) -> str:
+    return urllib.parse.quote(x, safe="")
+
+
+def _utc(ts: float | None, fmt: str = "%Y-%m-%d %H:%M:%S") -> str:
+    if ts is None:
+        return ""
+    return _dt.datetime.fromtimestamp(ts, _dt.timezone.utc).strftime(fmt)
+
+
+def _ago(s: float) -> str:
+    s = max(0.0, s)
+    return (f"{s:.0f} s" if s < 90 else f"{s / 60:.0f} min" if s < 5400 else f"{s / 3600:.1f} h" if s < 172800
+            else f"{s / 86400:.0f} d")
+
+
+def _dur(s: float | None) -> str:
+    if s is None:
+        return ""
+    return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.1f} s" if s < 90 else _ago(s)
+
+
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:1.5em;color:#222}
-h1{font-size:1.3em;margin:.2em 0} table{border-collapse:collapse;width:100%} td,th{border-bottom:1px solid #ddd;
-padding:4px 6px;text-align:left;vertical-align:top} th{background:#f4f4f4}
-.state,.decision{font-weight:600;padding:1px 6px;border-radius:3px}
-.s-running{background:#e6f0ff}.s-ended{background:#eee}.s-alarm,.d-ALARM{background:#c62828;color:#fff}
-.d-CONTINUE{background:#e8f5e9;color:#1b5e20}
-tr.alarm-raised{outline:3px solid #c62828} tr.decisive{background:#ffebee} tr.evidence td:first-child{border-left:4px solid #ef6c00}
-.content{white-space:pre-wrap;max-width:60em} .muted{color:#777} .finding.alarm{color:#b71c1c}
-#live{float:right} body[data-live=on] #live::after{content:"live";color:#2e7d32}
-body[data-live=reconnecting] #live::after{content:"reconnecting…";color:#ef6c00}
+h1{font-size:1.3em;margin:.2em 0} h2{font-size:1.1em} table{border-collapse:collapse;width:100%}
+td,th{border-bottom:1px solid #ddd;padding:4px 6px;text-align:left;vertical-align:top} th{background:#f4f4f4}
+.state,.decision{font-weight:600;padding:1px 6px;border-radius:3px;white-space:nowrap}
+.s-running{background:#e6f0ff}.s-ended{background:#eee}.s-stalled{background:#fff3e0;color:#8a4b00}
+.s-alarm,.d-ALARM{background:#c62828;color:#fff} .d-CONTINUE{background:#e8f5e9;color:#1b5e20}
+tr.alarm-raised{outline:3px solid #c62828} tr.decisive{background:#ffebee}
+tr.evidence td:first-child{border-left:4px solid #ef6c00}
+.content{white-space:pre-wrap;max-width:60em;overflow-wrap:anywhere} .muted{color:#777} .finding.alarm{color:#b71c1c}
+.num{text-align:right;white-space:nowrap} .time{white-space:nowrap;font-variant-numeric:tabular-nums}
+header.top{display:flex;gap:1em;align-items:center;justify-content:space-between;border-bottom:1px solid #ddd;
+margin-bottom:.8em;padding-bottom:.4em} .tenant{font-weight:600} form.inline{display:inline}
+form.filters{margin:.6em 0;display:flex;gap:.6em;flex-wrap:wrap;align-items:end}
+.pager a{margin-right:1em} details summary{cursor:pointer;color:#1565c0} svg.lanes{width:100%;height:auto;
+border:1px solid #eee;background:#fafafa} #live{margin-left:1em} body[data-live=on] #live::after{content:"live";color:#2e7d32}
+body[data-live=reconnecting] #live::after{content:"reconnecting\\2026";color:#ef6c00}
 """
 
 
-def _page(title: str, body: str, *, script: bool = False) -> str:
+def _page(title: str, body: str, *, tenant: str | None = None, script: bool = False) -> str:
     js = '<script src="/ui/app.js" defer></script>' if script else ""
+    top = ""
+    if tenant is not None:
+        top = (f"<header class=top><span><a href=/ui>AgentForesight</a> &middot; tenant "
+               f"<span class=tenant id=tenant>{_e(tenant)}</span><span id=live></span></span>"
+               f"<form class=inline method=post action=/ui/logout><button>Sign out</button></form></header>")
     return (f"<!doctype html><html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
-            f"<style>{CSS}</style>{js}</head><body><span id=live></span>{body}</body></html>")
+            f"<link rel=stylesheet href=/ui/app.css>{js}</head><body>{top}{body}</body></html>")
 
 
 def login_page(msg: str = "") -> str:
@@ -173,21 +473,42 @@ def login_page(msg: str = "") -> str:
 
 
 def _state_class(state: str) -> str:
-    return "s-alarm" if state.startswith("ALARM") else "s-ended" if state.startswith("ended") else "s-running"
+    return f"s-{_state_kind(state)}"
 
 
-def runs_page(data: dict, owner: str) -> str:
+def _qs(**kw) -> str:
+    return urllib.parse.urlencode({k: v for k, v in kw.items() if v not in (None, "")})
+
+
+def runs_page(data: dict, owner: str, filters: dict, now: float) -> str:
     rows = "".join(
-        f"<tr><td><a href=\"/ui/runs/{_e(urllib.parse.quote(r['run_id'], safe=''))}\">{_e(r['run_id'])}</a></td>"
+        f"<tr><td><a href=\"/ui/runs/{_e(_q(r['run_id']))}\">{_e(r['run_id'])}</a></td>"
         f"<td><span class=\"state {_state_class(r['state'])}\">{_e(r['state'])}</span></td>"
-        f"<td>{r['steps']}</td><td>{r['verdicts']}</td><td>{_e(', '.join(r['agents']))}</td>"
+        f"<td class=time title=\"{_e(_utc(r['created']))} UTC\">{_e(_utc(r['created'], '%m-%d %H:%M:%S'))}</td>"
+        f"<td class=time>{_e(_ago(now - r['last_active']) + ' ago' if r['last_active'] else '')}</td>"
+        f"<td class=num>{_e(_dur(r['last_active'] - r['created']) if r['last_active'] and r['created'] else '')}</td>"
+        f"<td class=num>{r['steps']}</td><td class=num>{r['verdicts']}</td><td>{_e(', '.join(r['agents']))}</td>"
         f"<td>{_e((r['task'] or '')[:120])}</td></tr>" for r in data["runs"])
-    more = (f"<p><a href=\"/ui?after={_e(urllib.parse.quote(data['next'], safe=''))}\">next page</a></p>"
-            if data["next"] else "")
+    st = filters.get("state") or ""
+    opts = "".join(f"<option value=\"{v}\"{' selected' if v == st else ''}>{label}</option>"
+                   for v, label in (("", "any state"), ("running", "running"), ("stalled", "stalled"),
+                                    ("ended", "ended"), ("alarm", "ALARM")))
+    form = (f"<form class=filters method=get action=/ui id=filters><label>state <select name=state>{opts}</select>"
+            f"</label><label>agent <input name=agent size=14 value=\"{_e(filters.get('agent'))}\"></label>"
+            f"<label>search <input name=q size=24 placeholder=\"run id or task\" value=\"{_e(filters.get('q'))}\">"
+            f"</label><button>Filter</button> <a href=/ui>clear</a></form>")
+    pager = []
+    if filters.get("after"):
+        pager.append(f"<a href=\"/ui?{_e(_qs(**{**filters, 'after': None}))}\">newest</a>")
+    if data["next"]:
+        pager.append(f"<a id=older href=\"/ui?{_e(_qs(**{**filters, 'after': data['next']}))}\">older runs</a>")
+    empty = "no runs match" if any(filters.get(k) for k in ("state", "agent", "q")) else "no runs yet"
     return _page("AgentForesight: runs", (
-        f"<form method=post action=/ui/logout style=float:right><button>Sign out ({_e(owner)})</button></form>"
-        f"<h1>Runs</h1><table id=runs><tr><th>run</th><th>state</th><th>steps</th><th>verdicts</th><th>agents</th>"
-        f"<th>task</th></tr>{rows or '<tr><td colspan=6 class=muted>no runs yet</td></tr>'}</table>{more}"))
+        f"<h1>Runs</h1>{form}<table id=runs><tr><th>run</th><th>state</th><th>started (UTC)</th><th>last activity</th>"
+        f"<th>duration</th><th>steps</th><th>verdicts</th><th>agents</th><th>task</th></tr>"
+        f"{rows or f'<tr><td colspan=9 class=muted>{empty}</td></tr>'}</table>"
+        f"<p class=pager>{''.join(pager)}<span class=muted>{len(data['runs'])} shown, "
+        f"{data.get('scanned', 0)} examined</span></p>"), tenant=owner)
 
 
 def _verdict_cell(v: dict | None) -> str:
@@ -197,62 +518,156 @@ def _verdict_cell(v: dict | None) -> str:
     out = f"<span class=\"decision d-{_e(d)}\">{_e(d)}</span> <span class=muted>auditor {_e(v.get('auditor'))}"
     if v.get("latency_ms") is not None:
         out += f", {v['latency_ms']:.0f} ms"
+    if v.get("model_latency_ms") is not None:
+        out += f" (model {v['model_latency_ms']:.0f} ms)"
     out += "</span>"
     if d == "ALARM":
-        out += f"<br>k={_e(v.get('k'))} agent={_e(v.get('agent'))}: {_e(v.get('reason'))}"
+        out += f"<br>k={_e(v.get('k'))} {_who(v.get('agent'))}: {_e(v.get('reason'))}"
     return out
 
 
+def _who(agent) -> str:
+    return f"agent {_e(agent)}" if agent else "<span class=muted>(no agent named)</span>"
+
+
+def _lanes(data: dict) -> str:
+    """A timeline of the page's steps: one lane an agent, a mark a step, a line a handoff."""
+    steps = data["steps"]
+    if not steps:
+        return ""
+    order: list[str] = []
+    for s in steps:
+        if s["agent"] not in order:
+            order.append(s["agent"])
+    lanes = order[:TIMELINE_LANES]
+    lane = {a: (lanes.index(a) if a in lanes else len(lanes)) for a in order}
+    n_lanes = len(lanes) + (len(order) > len(lanes))
+    w, lh, left = 1000, 22, 150
+    h = n_lanes * lh + 10
+    dx = (w - left - 20) / max(1, len(steps) - 1)
+    alarm = data["alarm"] or {}
+    parts = [f"<svg class=lanes id=lanes viewBox=\"0 0 {w} {h}\" role=img aria-label=\"agents and handoffs\">"]
+    for i, a in enumerate(lanes + (["(others)"] if n_lanes > len(lanes) else [])):
+        y = 5 + i * lh + lh / 2
+        parts.append(f"<line x1={left} y1={y:.0f} x2={w - 10} y2={y:.0f} stroke=\"#e0e0e0\"/>"
+                     f"<text x=4 y={y + 4:.0f} font-size=12 fill=\"#333\">{_e(a[:20])}</text>")
+    prev = None
+    handoffs = 0
+    for j, s in enumerate(steps):
+        x, y = left + j * dx, 5 + lane[s["agent"]] * lh + lh / 2
+        if prev is not None and prev[2] != s["agent"]:
+            handoffs += 1
+            parts.append(f"<line class=handoff x1={prev[0]:.1f} y1={prev[1]:.0f} x2={x:.1f} y2={y:.0f} "
+                         f"stroke=\"#90a4ae\" stroke-width=1/>")
+        prev = (x, y, s["agent"])
+    for j, s in enumerate(steps):
+        x, y = left + j * dx, 5 + lane[s["agent"]] * lh + lh / 2
+        red = s["index"] in (alarm.get("t"), alarm.get("k"))
+        fill = "#c62828" if red else "#ef6c00" if s["kind"] in ("tool_call", "tool_result") else \
+            "#757575" if s["kind"] == "termination" else "#1565c0"
+        parts.append(f"<a href=\"#step-{s['index']}\"><circle class=mark cx={x:.1f} cy={y:.0f} r={5 if red else 3.5} "
+                     f"fill=\"{fill}\"><title>step {s['index']} {_e(s['agent'])} {_e(s['kind'])}</title></circle></a>")
+    parts.append("</svg>")
+    return (f"<h2>Agents and handoffs</h2><p class=muted>steps {steps[0]['index']}&ndash;{steps[-1]['index']}: "
+            f"{len(order)} agents, {handoffs} handoffs (a line between lanes)</p>" + "".join(parts))
+
+
+def _content_cell(data: dict, s: dict) -> str:
+    content = s["content"]
+    if s["kind"] == "termination":
+        content = f"run ended ({s['reason']})" + (f": {content}" if content else "")
+    if len(content) <= CONTENT_PREVIEW:
+        shown = _e(content)
+    else:
+        full = _e(content[:CONTENT_INLINE])
+        rest = ""
+        if len(content) > CONTENT_INLINE:
+            rest = (f"<br><a href=\"/ui/runs/{_e(_q(data['run_id']))}/steps/{s['index']}\">the whole step "
+                    f"({len(content):,} characters)</a>")
+        shown = (f"<details id=more-{s['index']}><summary>{_e(content[:CONTENT_PREVIEW])}&hellip; show all "
+                 f"({len(content) - CONTENT_PREVIEW:,} more characters)</summary>{full}{rest}</details>")
+    extra = "".join(f"<br><span class=muted>{k}: {_e((s[k] or '')[:CONTENT_INLINE])}</span>"
+                    for k in ("tool", "arguments", "error") if s.get(k))
+    return shown + extra
+
+
 def timeline(data: dict) -> str:
-    """The part of a run's page the script refreshes: state, findings, the step timeline."""
-    alarm, verdicts = data["alarm"], data["verdicts"]
+    """The part of a run's page the script refreshes: state, findings, agents, the step table."""
+    alarm, verdicts, now = data["alarm"], data["verdicts"], data["now"]
     by_t: dict[int, dict] = {}
     for v in verdicts:
         by_t[v.get("t")] = v          # a resent batch keeps one verdict per step (the last)
     evidence = {s for f in data["findings"] for s in f.get("steps", [])}
-    last = data["steps"][-1] if data["steps"] else None
-    ended = next((s for s in reversed(data["steps"]) if s["kind"] == "termination"), None)
-    state = (f"ALARM at step {alarm['t']}" if alarm else
-             f"ended ({ended['reason']})" if ended else "running")
+    state = data["state"]
+    started, last = data["created"], data["last_active"]
     head = (f"<p>state: <span id=state class=\"state {_state_class(state)}\">{_e(state)}</span> "
-            f"<span class=muted>{len(data['steps']) + data['skipped']} steps, {len(verdicts)} verdicts"
-            + (f", last at step {last['index']}" if last else "") + "</span></p>")
+            f"<span class=muted id=summary>{data['total_steps']} steps, {data['n_verdicts']} verdicts"
+            + (f"; started {_e(_utc(started))} UTC" if started else "")
+            + (f"; last activity {_e(_ago(now - last))} ago" if last else "")
+            + (f"; duration {_e(_dur(last - started))}" if last and started else "") + "</span></p>")
     if alarm:
-        head += (f"<p id=alarm class=\"finding alarm\">ALARM raised at step {_e(alarm['t'])}: decisive step "
-                 f"{_e(alarm.get('k'))}, agent {_e(alarm.get('agent'))}: {_e(alarm.get('reason'))}</p>")
-    fl = "".join(
-        f"<li class=\"finding{' alarm' if f.get('alarm') else ''}\"><b>{_e(f.get('kind'))}</b>: {_e(f.get('reason'))} "
-        f"<span class=muted>evidence steps " + ", ".join(f"<a href=\"#step-{s}\">{s}</a>" for s in f.get("steps", []))
-        + "</span></li>" for f in data["findings"])
-    head += f"<h2>Findings</h2><ul id=findings>{fl or '<li class=muted>none</li>'}</ul>"
-    rows = []
-    if data["skipped"]:
-        rows.append(f"<tr><td colspan=5 class=muted>the first {data['skipped']} steps are not shown</td></tr>")
-    for s in data["steps"]:
+        head += (f"<p id=alarm class=\"finding alarm\">ALARM raised at step {_e(alarm.get('t'))}: decisive step "
+                 f"{_e(alarm.get('k'))}, {_who(alarm.get('agent'))}: {_e(alarm.get('reason'))}</p>")
+    fl = []
+    for f in data["findings"][:50]:
+        st = f.get("steps", [])
+        links = ", ".join(f"<a href=\"#step-{int(s)}\">{int(s)}</a>" for s in st[:FINDING_STEPS])
+        more = f" and {len(st) - FINDING_STEPS} more" if len(st) > FINDING_STEPS else ""
+        fl.append(f"<li class=\"finding{' alarm' if f.get('alarm') else ''}\"><b>{_e(f.get('kind'))}</b>: "
+                  f"{_e(f.get('reason'))} <span class=muted>evidence steps {links}{more}</span></li>")
+    head += f"<h2>Findings</h2><ul id=findings>{''.join(fl) or '<li class=muted>none</li>'}</ul>"
+    head += _lanes(data)
+    steps, start, total, size = data["steps"], data["start"], data["total_steps"], data["page_size"]
+    rid = _e(_q(data["run_id"]))
+    end = start + len(steps)
+    pager = [f"<span class=muted>steps {start}&ndash;{max(start, end - 1)} of {total}</span>"] if steps else []
+    if start > 0:
+        pager.append(f"<a href=\"/ui/runs/{rid}?start=0\">first</a>"
+                     f"<a id=prev href=\"/ui/runs/{rid}?start={max(0, start - size)}\">earlier steps</a>")
+    if end < total:
+        pager.append(f"<a id=next href=\"/ui/runs/{rid}?start={end}\">later steps</a>"
+                     f"<a href=\"/ui/runs/{rid}\">latest</a>")
+    rows, size_now = [], len(head)
+    prev_at = None
+    for j, s in enumerate(steps):
         i = s["index"]
         cls = [c for c, on in (("alarm-raised", alarm is not None and alarm.get("t") == i),
                                ("decisive", alarm is not None and alarm.get("k") == i),
                                ("evidence", i in evidence)) if on]
-        content = s["content"] or ""
-        if s["kind"] == "termination":
-            content = f"run ended ({s['reason']})" + (f": {content}" if content else "")
-        shown = _e(content[:CONTENT_SHOWN]) + (f"<span class=muted>… ({len(content) - CONTENT_SHOWN} more "
-                                                f"characters)</span>" if len(content) > CONTENT_SHOWN else "")
-        extra = "".join(f"<br><span class=muted>{k}: {_e(s[k])}</span>" for k in ("tool", "arguments", "error")
-                        if s.get(k))
-        rows.append(f"<tr id=step-{i} class=\"{' '.join(cls)}\" data-step={i}><td>{i}</td><td>{_e(s['agent'])}</td>"
-                    f"<td>{_e(s['kind'])}</td><td class=content>{shown}{extra}</td>"
-                    f"<td class=verdict>{_verdict_cell(by_t.get(i))}</td></tr>")
-    return (head + "<h2>Timeline</h2><table id=timeline><tr><th>step</th><th>agent</th><th>kind</th><th>content</th>"
-            "<th>verdict</th></tr>" + "".join(rows) + "</table>")
+        at = s.get("at")
+        delta = _dur(at - prev_at) if at is not None and prev_at is not None else ""
+        prev_at = at if at is not None else prev_at
+        tok = s.get("tokens")
+        tok_s = "" if not tok else f"{tok[0] or 0}&rarr;{tok[1] or 0}" + (f"<br>${s['cost']:.4f}" if s.get("cost") else "")
+        row = (f"<tr id=step-{i} class=\"{' '.join(cls)}\" data-step={i}><td class=num>{i}</td>"
+               f"<td class=time title=\"{_e(_utc(at, '%Y-%m-%d %H:%M:%S.%f')[:-3]) if at else ''}\">"
+               f"{_e(_utc(at, '%H:%M:%S.%f')[:-3]) if at else ''}</td><td class=num>{delta}</td>"
+               f"<td>{_e(s['agent'])}</td><td>{_e(s['kind'])}</td><td class=content>{_content_cell(data, s)}</td>"
+               f"<td class=num>{tok_s}</td><td class=verdict>{_verdict_cell(by_t.get(i))}</td></tr>")
+        size_now += len(row)
+        if size_now > MAX_FRAGMENT_BYTES:
+            rows.append(f"<tr><td colspan=8 class=muted id=cut>steps {i}&ndash;{end - 1} are not shown here (this "
+                        f"page is over {MAX_FRAGMENT_BYTES // 1024 // 1024} MB): "
+                        f"<a href=\"/ui/runs/{rid}?start={i}\">continue from step {i}</a></td></tr>")
+            break
+        rows.append(row)
+    if end < total and len(steps) < size and steps:
+        rows.append(f"<tr><td colspan=8 class=muted>the page stops at step {end - 1} (its steps are large): "
+                    f"<a href=\"/ui/runs/{rid}?start={end}\">continue</a></td></tr>")
+    return (head + f"<h2>Steps</h2><p class=pager id=pager>{''.join(pager)}</p>"
+            "<table id=timeline><tr><th>step</th><th>time (UTC)</th><th>+time</th><th>agent</th><th>kind</th>"
+            "<th>content</th><th>tokens</th><th>verdict</th></tr>" + "".join(rows) + "</table>")
 
 
 def run_page(data: dict) -> str:
+    latest = data["start"] + len(data["steps"]) >= data["total_steps"]
     return _page(f"run {data['run_id']}", (
-        "<p><a href=/ui>all runs</a></p>"
-        f"<h1>Run {_e(data['run_id'])}</h1><p class=muted>task: {_e(data['task'][:500])}<br>agents: "
-        f"{_e(', '.join(data['agents']))}" + (f"; category {_e(data['category'])}" if data["category"] else "")
-        + f"</p><div id=run data-run=\"{_e(data['run_id'])}\">{timeline(data)}</div>"), script=True)
+        f"<p><a href=/ui>all runs</a></p><h1>Run {_e(data['run_id'])} <span class=muted>(tenant "
+        f"{_e(data['tenant'])})</span></h1><p class=muted>task: {_e(data['task'][:500])}<br>agents: "
+        f"<span id=agents>{_e(', '.join(data['agents']))}</span>"
+        + (f"; category {_e(data['category'])}" if data["category"] else "")
+        + f"</p><div id=run data-run=\"{_e(data['run_id'])}\" data-start=\"{data['start']}\" "
+          f"data-latest=\"{1 if latest else 0}\">{timeline(data)}</div>"), tenant=data["tenant"], script=True)
 
 
 APP_JS = """// AgentForesight run page: follow the run's verdicts (SSE) and re-fetch the server-rendered timeline.
@@ -264,9 +679,16 @@ APP_JS = """// AgentForesight run page: follow the run's verdicts (SSE) and re-f
   function refresh() {
     if (busy) { again = true; return; }
     busy = true;
-    fetch(base + "/fragment", {credentials: "same-origin", cache: "no-store"})
+    // the latest page follows the run; an earlier page keeps its steps
+    var url = base + "/fragment" + (root.dataset.latest === "1" ? "" : "?start=" + root.dataset.start);
+    fetch(url, {credentials: "same-origin", cache: "no-store"})
       .then(function (r) { return r.ok ? r.text() : null; })
-      .then(function (html) { if (html !== null) root.innerHTML = html; })
+      .then(function (html) {
+        if (html === null) return;
+        var open = [].map.call(root.querySelectorAll("details[open]"), function (d) { return d.id; });
+        root.innerHTML = html;
+        open.forEach(function (id) { var d = document.getElementById(id); if (d) d.open = true; });
+      })
       .finally(function () { busy = false; if (again) { again = false; refresh(); } });
   }
   var es = new EventSource(base + "/stream");
@@ -280,105 +702,251 @@ APP_JS = """// AgentForesight run page: follow the run's verdicts (SSE) and re-f
 # --------------------------------------------------------------------------- routes
 
 def verdict_emitter(svc: GatewayService):
-    """`emit(verdict, run_id)`: each new verdict as an OTel span / Langfuse score when `AFTRAJ_EMIT`
-    names them (aftraj/adapters/emit.py; a resent batch's stored verdict is not emitted again);
-    a no-op otherwise. Fails open: an emitter's error is logged, never raised into a request."""
-    import logging
+    """`emit(verdict, run_id, tenant)`: each new verdict as an OTel span / Langfuse score when
+    `AFTRAJ_EMIT` names them (aftraj/adapters/emit.py; a resent batch's stored verdict is not
+    emitted again); a no-op otherwise. The ids written downstream are derived from the tenant and
+    the run (two tenants' `prod-7` never share a trace). Fails open: an emitter's error is
+    logged, never raised into a request."""
+    import inspect
 
     from aftraj.adapters.emit import from_env
     try:
         emitters = from_env()
     except (ValueError, ImportError) as e:     # a bad AFTRAJ_EMIT is the operator's to fix: say so once
-        logging.getLogger("aftraj.gateway").error("AFTRAJ_EMIT: %s; verdicts are not emitted", e)
+        log.error("AFTRAJ_EMIT: %s; verdicts are not emitted", e)
         emitters = None
     model = svc.cfg.auditor.model if svc.cfg.auditor.backend == "openai" else None
     svc.emitters = emitters
+    takes_tenant = emitters is not None and "tenant" in inspect.signature(emitters.emit).parameters
+    if emitters and not takes_tenant:
+        log.error("AFTRAJ_EMIT: this version of aftraj.adapters.emit derives ids from the run id alone (tenants "
+                  "sharing a run id would overwrite each other's verdicts downstream); verdicts are not emitted")
+        emitters = None
 
-    def emit(v, run_id: str) -> None:
+    def emit(v, run_id: str, tenant: str) -> None:
         if emitters and isinstance(v, dict) and v.get("accepted", 1) > 0:
-            emitters.emit(v, run_id=run_id, model=model)
+            emitters.emit(v, run_id=run_id, model=model, tenant=tenant)
     return emit
+
+
+def _same_origin(request: Request) -> bool:
+    """A browser's POST from this gateway's own pages: its Origin is this host (or, without an
+    Origin, Sec-Fetch-Site says same-origin). A client that sends neither (curl, a script) is no
+    browser and carries no other site's cookies: allowed."""
+    origin = request.headers.get("origin")
+    host = (request.headers.get("host") or "").lower()
+    if origin is not None:
+        return bool(host) and origin.lower() in (f"http://{host}", f"https://{host}")
+    return request.headers.get("sec-fetch-site") in (None, "same-origin", "none")
 
 
 def register(app: FastAPI, svc: GatewayService):
     """Add `GET /v1/runs` and the /ui pages to the gateway's app (called by serve.router.build_app);
     returns the verdict emitter the events route calls (`verdict_emitter`)."""
+    lim = svc.cfg.limits
 
-    def _ui_owner(request: Request) -> str:
+    def _peer(request: Request) -> str | None:
+        return request.client.host if request.client else None
+
+    async def _run_read(request: Request | None, owner: str, fn, *args, **kw):
+        """`fn(*args, cancel=…, **kw)` on the web threads: one of the key's web slots, counted in
+        flight, bounded by ledger_timeout_s (+1 s), abandoned when the client leaves."""
+        svc.begin_request(owner)
+        cancel = threading.Event()
+        try:
+            slots = svc.web_slots.get(owner)
+            if slots is None:
+                slots = svc.web_slots[owner] = asyncio.Semaphore(lim.web_reads_per_key)
+
+            async def work():
+                async with slots:
+                    _check(cancel)
+                    loop = asyncio.get_running_loop()
+                    return await loop.run_in_executor(svc.web_pool, lambda: fn(*args, cancel=cancel, **kw))
+
+            task = asyncio.ensure_future(asyncio.wait_for(work(), lim.ledger_timeout_s + 1.0))
+            gone = asyncio.ensure_future(_disconnected(request)) if request is not None else None
+            try:
+                await asyncio.wait({task} | ({gone} if gone else set()), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if gone is not None:
+                    gone.cancel()
+            if not task.done():                    # the client left: stop the read between rows
+                cancel.set()
+                task.cancel()
+                svc.metrics.inc("aftraj_gateway_web_reads_abandoned_total")
+                raise Cancelled
+            try:
+                return task.result()
+            except TimeoutError:
+                cancel.set()
+                raise svc._busy("reading for the web view") from None
+            except svc._sa.exc.OperationalError as e:
+                msg = str(e)
+                if "locked" in msg or "lock timeout" in msg or "busy" in msg or "statement timeout" in msg:
+                    raise svc._busy("reading for the web view") from None
+                raise
+        finally:
+            svc.end_request(owner)
+
+    async def _disconnected(request: Request) -> None:
+        while True:
+            msg = await request.receive()
+            if msg["type"] == "http.disconnect":
+                return
+
+    async def _write(fn, *args):
+        """A small write (sessions) on the web threads, busy as 503."""
+        try:
+            return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(svc.web_pool, fn, *args),
+                                          lim.ledger_timeout_s + 1.0)
+        except TimeoutError:
+            raise svc._busy("signing in") from None
+        except svc._sa.exc.OperationalError as e:
+            if "locked" in str(e) or "lock timeout" in str(e) or "busy" in str(e):
+                raise svc._busy("signing in") from None
+            raise
+
+    async def _ui_owner(request: Request) -> str:
         auth = request.headers.get("authorization")
-        if not auth and request.cookies.get(COOKIE):
-            auth = f"Bearer {request.cookies[COOKIE]}"
-        client = request.client
-        return svc.authenticate(auth, client.host if client else None)
+        if auth:
+            return svc.authenticate(auth, _peer(request))
+        token = request.cookies.get(COOKIE)
+        owner = None
+        if token:
+            owner = await _write(session_owner, svc, token)
+        if owner is None:
+            return svc.authenticate(None, _peer(request))      # 401 (429 past the address's failures)
+        return svc.admit(owner)
 
-    async def _blocking(fn, *args):
-        return await asyncio.to_thread(fn, *args)
+    def _headers(extra: dict | None = None) -> dict:
+        return {**SECURITY_HEADERS, "Cache-Control": "no-store", **(extra or {})}
 
-    def _html(body: str, status: int = 200) -> HTMLResponse:
-        return HTMLResponse(body, status_code=status, headers={"Cache-Control": "no-store"})
+    def _html(body: str, status: int = 200, headers: dict | None = None) -> HTMLResponse:
+        return HTMLResponse(body, status_code=status, headers=_headers(headers))
+
+    def _signed_out(request: Request, e: GatewayError) -> HTMLResponse:
+        msg = "" if e.status == 401 and not request.cookies.get(COOKIE) else (
+            "your sign-in has ended: sign in again" if e.status == 401 else e.detail)
+        return _html(login_page(msg), e.status, e.headers)
+
+    def _gone() -> Response:
+        return Response(status_code=499)
 
     @app.get("/v1/runs", responses={401: {}, 422: {}, 429: {}})
     async def runs(request: Request, limit: int = Query(50, ge=1, le=MAX_PAGE), after: str | None = Query(None),
-                   authorization: str | None = Header(None)):
-        """The caller's runs, paged in run-id order: `{"runs": [...], "next": run_id | null}`."""
-        data = await _blocking(list_runs, svc, request.scope["aftraj.owner"], limit, after)
+                   order: str = Query("id"), state: str | None = Query(None), agent: str | None = Query(None),
+                   q: str | None = Query(None), authorization: str | None = Header(None)):
+        """The caller's runs, paged: `{"runs": [...], "next": cursor | null}` (run-id order, or
+        `order=newest`; filters `state`, `agent`, `q`)."""
+        try:
+            data = await _run_read(request, request.scope["aftraj.owner"], list_runs, svc,
+                                   request.scope["aftraj.owner"], limit, after, order=order, state=state,
+                                   agent=agent, q=q)
+        except Cancelled:
+            return _gone()
         return JSONResponse(data)
 
     @app.get("/ui", include_in_schema=False)
-    async def ui_runs(request: Request, after: str | None = None):
+    async def ui_runs(request: Request, after: str | None = None, state: str | None = None,
+                      agent: str | None = None, q: str | None = None):
         try:
-            owner = _ui_owner(request)
+            owner = await _ui_owner(request)
         except GatewayError as e:
-            return _html(login_page("" if e.status == 401 and not request.cookies.get(COOKIE) else e.detail),
-                         e.status)
-        return _html(runs_page(await _blocking(list_runs, svc, owner, MAX_PAGE, after), owner))
+            return _signed_out(request, e)
+        filters = {"state": state or None, "agent": agent or None, "q": q or None, "after": after or None}
+        now = time.time()
+        try:
+            data = await _run_read(request, owner, list_runs, svc, owner, 50, filters["after"], order="newest",
+                                   state=filters["state"], agent=filters["agent"], q=filters["q"], now=now)
+        except Cancelled:
+            return _gone()
+        except GatewayError as e:
+            return _html(_page("AgentForesight: runs", f"<p>{_e(e.detail)}</p><p><a href=/ui>all runs</a></p>",
+                               tenant=owner), e.status, e.headers)
+        return _html(runs_page(data, owner, filters, now))
 
     @app.post("/ui/login", include_in_schema=False)
     async def ui_login(request: Request):
+        if not _same_origin(request):
+            svc.metrics.inc("aftraj_gateway_cross_site_refused_total")
+            return _html(login_page("sign-in refused: the form was posted from another site"), 403)
         form = urllib.parse.parse_qs((await request.body()).decode("utf-8", "replace"))
         key = (form.get("key") or [""])[0].strip()
-        client = request.client
         try:
-            svc.authenticate(f"Bearer {key}", client.host if client else None)
+            owner = svc.authenticate(f"Bearer {key}", _peer(request))
+            token = await _write(new_session, svc, owner)
         except GatewayError as e:
-            return _html(login_page(e.detail), e.status)
-        resp = RedirectResponse("/ui", status_code=303)
-        resp.set_cookie(COOKIE, key, httponly=True, samesite="strict", path="/ui")
+            return _html(login_page(e.detail), e.status, e.headers)
+        resp = RedirectResponse("/ui", status_code=303, headers=_headers())
+        resp.set_cookie(COOKIE, token, max_age=int(svc.cfg.session_ttl_s), httponly=True, samesite="strict",
+                        path="/ui", secure=request.url.scheme == "https")
+        resp.delete_cookie(OLD_COOKIE, path="/ui")
         return resp
 
     @app.post("/ui/logout", include_in_schema=False)
-    async def ui_logout():
-        resp = RedirectResponse("/ui", status_code=303)
+    async def ui_logout(request: Request):
+        if not _same_origin(request):
+            return _html(login_page("sign-out refused: the form was posted from another site"), 403)
+        token = request.cookies.get(COOKIE)
+        if token and len(token) <= 128:
+            await _write(end_session, svc, token)
+        resp = RedirectResponse("/ui", status_code=303, headers=_headers())
         resp.delete_cookie(COOKIE, path="/ui")
+        resp.delete_cookie(OLD_COOKIE, path="/ui")
         return resp
 
     @app.get("/ui/app.js", include_in_schema=False)
     async def ui_js():
-        return Response(APP_JS, media_type="text/javascript", headers={"Cache-Control": "no-cache"})
+        return Response(APP_JS, media_type="text/javascript", headers={**SECURITY_HEADERS, "Cache-Control": "no-cache"})
 
-    async def _data(request: Request, run_id: str):
+    @app.get("/ui/app.css", include_in_schema=False)
+    async def ui_css():
+        return Response(CSS, media_type="text/css", headers={**SECURITY_HEADERS, "Cache-Control": "no-cache"})
+
+    async def _data(request: Request, run_id: str, start: int | None):
         try:
-            owner = _ui_owner(request)
+            owner = await _ui_owner(request)
         except GatewayError as e:
-            return None, _html(login_page(e.detail), e.status)
+            return None, _signed_out(request, e)
         try:
-            return await _blocking(run_page_data, svc, owner, run_id), None
+            return await _run_read(request, owner, run_page_data, svc, owner, run_id, start), None
+        except Cancelled:
+            return None, _gone()
         except GatewayError as e:
-            return None, _html(_page("not found", f"<p>{_e(e.detail)}</p><p><a href=/ui>all runs</a></p>"), e.status)
+            return None, _html(_page("not found" if e.status == 404 else "busy",
+                                     f"<p>{_e(e.detail)}</p><p><a href=/ui>all runs</a></p>", tenant=owner),
+                               e.status, e.headers)
 
     @app.get("/ui/runs/{run_id}", include_in_schema=False)
-    async def ui_run(request: Request, run_id: str):
-        data, err = await _data(request, run_id)
+    async def ui_run(request: Request, run_id: str, start: int | None = Query(None, ge=0)):
+        data, err = await _data(request, run_id, start)
         return err or _html(run_page(data))
 
     @app.get("/ui/runs/{run_id}/fragment", include_in_schema=False)
-    async def ui_fragment(request: Request, run_id: str):
-        data, err = await _data(request, run_id)
+    async def ui_fragment(request: Request, run_id: str, start: int | None = Query(None, ge=0)):
+        data, err = await _data(request, run_id, start)
         return err or _html(timeline(data))
+
+    @app.get("/ui/runs/{run_id}/steps/{index}", include_in_schema=False)
+    async def ui_step(request: Request, run_id: str, index: int):
+        try:
+            owner = await _ui_owner(request)
+        except GatewayError as e:
+            return _signed_out(request, e)
+        if index < 0:
+            return _html(_page("not found", "<p>no such step</p>", tenant=owner), 404)
+        try:
+            text = await _run_read(request, owner, step_text, svc, owner, run_id, index)
+        except Cancelled:
+            return _gone()
+        except GatewayError as e:
+            return _html(_page("not found", f"<p>{_e(e.detail)}</p>", tenant=owner), e.status, e.headers)
+        return Response(text, media_type="text/plain; charset=utf-8", headers=_headers())
 
     @app.get("/ui/runs/{run_id}/stream", include_in_schema=False)
     async def ui_stream(request: Request, run_id: str, last_event_id: str | None = Header(None)):
-        owner = _ui_owner(request)           # 401/429 as a Problem (EventSource retries)
+        owner = await _ui_owner(request)           # 401/429 as a Problem (EventSource retries)
         after = int(last_event_id) if last_event_id and last_event_id.isdigit() and len(last_event_id) < 20 else -1
         items = await svc.stream(owner, run_id, after)
 
@@ -389,6 +957,5 @@ def register(app: FastAPI, svc: GatewayService):
         return StreamingResponse(gen(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     return verdict_emitter(svc)
-
 
 __all__ = ["list_runs", "register", "run_page_data", "timeline"]

@@ -44,17 +44,22 @@ def _load(path, kind):
     return cfg
 
 
-def _service(cfg):
-    """The gateway's service; a ledger URL that names no installed database driver, or a
-    database that cannot be reached, is a usage error (one line), not a traceback."""
+def _service(cfg, source=None):
+    """The gateway's service; a ledger URL that names no installed database driver, a database
+    that cannot be reached, or an `auditor.tokenizer` that is not a folder, is a usage error
+    (one line naming the config file and key), not a traceback."""
     import sqlalchemy as sa
 
     from aftraj.errors import UsageError
     from serve.service import GatewayService
 
     url = cfg.ledger_url.split("@")[-1] if "@" in cfg.ledger_url else cfg.ledger_url   # no password echoed
+    from aftraj.config import ConfigError
+
     try:
         return GatewayService(cfg)
+    except ConfigError as e:           # a config value the service could not use: name the file too
+        raise ConfigError(e.message, key=e.key, source=e.source or source) from None
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as e:
         raise UsageError(f"ledger_url: {url!r} is not a database URL SQLAlchemy can open "
                          f"(sqlite:///path.db, postgresql+psycopg://…): {e}") from None
@@ -95,7 +100,8 @@ def run_gateway(args) -> int:
     # the event loop and the service's threads share the GIL: a short switch interval keeps a
     # thread that holds it (parsing, folding) from delaying the loop by the default 5 ms a turn
     sys.setswitchinterval(0.0005)
-    app = build_app(_service(cfg))
+    svc = _service(cfg, args.config)
+    app = build_app(svc)
     # what the start made (modules, the app: ~all objects at first) is never traversed again by
     # a full collection: those paused every thread (p50 59 ms, max 84 ms at 1,000 events/s)
     import gc
@@ -103,13 +109,28 @@ def run_gateway(args) -> int:
     gc.collect()
     gc.freeze()
     config = uvicorn.Config(app, log_level="warning", access_log=False,
-                            http=header_timeout_protocol(cfg.limits.header_timeout_s),
+                            http=header_timeout_protocol(
+                                cfg.limits.header_timeout_s, cfg.limits.max_connections_per_address,
+                                _max_connections(cfg.limits.max_connections),
+                                lambda: svc.metrics.inc("aftraj_gateway_connections_refused_total")),
                             timeout_keep_alive=5)
     host, bound = sock.getsockname()[:2]
     print(f"aftraj gateway: listening on http://{f'[{host}]' if ':' in host else host}:{bound} "
           f"(API /v1, web view /ui)", flush=True)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
+
+
+def _max_connections(configured: int) -> int:
+    """`limits.max_connections`, kept 256 below the process's open-file limit (the ledger, the
+    logs and the listening socket need files too)."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):
+        return configured
+    return configured if soft == resource.RLIM_INFINITY else max(16, min(configured, soft - 256))
 
 
 def run_vllm(args) -> int:

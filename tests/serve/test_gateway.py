@@ -68,6 +68,7 @@ class ScriptedAuditor:
 def make_cfg(tmp_path, **kw) -> GatewayConfig:
     auditor = kw.pop("auditor", AuditorConfig(backend="openai", base_url="http://vllm.test/v1", model="auditor",
                                               deadline_s=2.0))
+    kw.setdefault("metrics_keys", ("a",))             # the operator's key reads /metrics; b is a tenant
     return GatewayConfig(ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}",
                          api_keys=(ApiKey("a", hash_key(KEY_A)), ApiKey("b", hash_key(KEY_B))),
                          auditor=auditor, **kw)

@@ -462,9 +462,12 @@ def test_every_string_field_is_bounded(gw, what):
 
 
 def test_metrics_need_a_key_unless_public(tmp_path):
-    with TestClient(build_app(GatewayService(cfg(tmp_path)))) as c:
+    with TestClient(build_app(GatewayService(cfg(tmp_path, metrics_keys=("a",))))) as c:
         assert c.get("/metrics").status_code == 401
         assert c.get("/metrics", headers=A).status_code == 200
+        # issue 45 item 9: a tenant's key does not read the counters of every tenant
+        r = c.get("/metrics", headers=B)
+        assert r.status_code == 403 and "metrics_keys" in r.json()["detail"] and "aftraj_gateway" not in r.text
     with TestClient(build_app(GatewayService(cfg(tmp_path, metrics_public=True)))) as c:
         assert c.get("/metrics").status_code == 200
 
