@@ -18,9 +18,16 @@ config is refused (use another --out).
 Rows: `raw base` (the prepared model as shipped), `warmed base` (after the format warm-up, which
 is NOT part of the paper's recipe: a content-independent supervised step that teaches only the
 answer format), `stage 1` (BPPO from the warmed base), `stage 2` (GRPO from the warmed base),
-`stage 1 + 2` (GRPO from the chosen stage-1 checkpoint), `heuristic:position-prior`,
-`heuristic:length` (content-blind floors fit on the train split) and `rules`. Every number in
-the table is read from the metrics.json of the evaluation this run wrote.
+`stage 1 + 2` (GRPO from the chosen stage-1 checkpoint), the floors (`FLOOR_ROWS`: the
+content-blind `heuristic:position-prior` and `heuristic:length`, the reading `heuristic:lexical`,
+`heuristic:bow` and `heuristic:structure`; fit on the train split, thresholds on val) and `rules`.
+Every number in the table is read from the metrics.json of the evaluation this run wrote; each
+model row is compared to the best floor of its sample by a paired bootstrap over the same runs.
+
+The test split is sealed: checkpoints, thresholds and the floors' thresholds are chosen on train
+and val only, and OUT/test_walks.json counts, per row, every phase that read the test split (a
+walk, a probe over the val and test families); the report prints the counts. A phase run again
+(its output removed) counts again.
 """
 
 from __future__ import annotations
@@ -45,7 +52,12 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL_ROWS = ("raw base", "warmed base", "stage 1", "stage 2", "stage 1 + 2", "every prefix")
 PREFIXES_FROM = ("warmed base", "stage 1")
 THRESHOLD_FROM = ("val walk", "heldout rows")
-BASELINE_ROWS = ("heuristic:position-prior", "heuristic:length", "rules")
+# the floors (content-blind: position prior, length; reading: error words, a bag of words over
+# single steps, an agent/step-kind n-gram rule; eval/auditors/floors.py, reading.py), then `rules`
+FLOOR_ROWS = ("heuristic:position-prior", "heuristic:length", "heuristic:lexical", "heuristic:bow",
+              "heuristic:structure")
+BASELINE_ROWS = (*FLOOR_ROWS, "rules")
+TEST_WALKS = "test_walks.json"   # OUT/test_walks.json: per row, how many times the test split was read
 # (metrics.json key, column title, is a rate)
 COLUMNS = (("exact_f1", "Exact-F1", True), ("step_precision", "Precision", True),
            ("step_acc", "Step-Acc", True), ("agent_acc", "Agent-Acc", True), ("ass", "ASS", False),
@@ -368,13 +380,20 @@ class Ablation:
         lim += ["--mixed-precision", c.probe_mixed_precision] if c.probe_mixed_precision != "no" else []
         if c.probe and models:     # teacher forcing, held-out unsafe runs; one phase, the rows' shared layers once
             (first, path), *rest = models.items()
+            if r.done(f"probe {', '.join(models)}") is None:
+                for row in models:
+                    self.count_test(row, "probes")
             r.run(f"probe {', '.join(models)}",
                   ["probe", "--model", str(path), "--data", str(heldout), "--split", "all",
                    "--out", str(self.out / "probe" / row_slug(first)),
                    *(a for row, p in rest for a in ("--also", str(p), str(self.out / "probe" / row_slug(row)))),
                    "--n-boot", str(c.n_boot), "--seed", str(c.seed), *lim], clean=self.out / "probe")
+        if c.probe and models:
+            self.bow_probe(models)
         for row in c.linear_probe_rows:      # is the content signal in the frozen representation at all?
             d = self.out / "linear_probe" / row_slug(row)
+            if r.done(f"linear probe {row}") is None:
+                self.count_test(f"linear probe on {row}", "probes")
             r.run(f"linear probe {row}", ["probe", "--model", str({**models, "raw base": base, "warmed base": warmed}[row]),
                                           "--data", str(heldout), "--split", "all",
                                           "--linear-train", str(self.corpus / "train.jsonl"),
@@ -423,6 +442,23 @@ class Ablation:
             tmp.rename(f)
         return f
 
+    def bow_probe(self, models: dict) -> dict | None:
+        """The probe's bag-of-words-of-step-k* row (`eval.probe.bow_k_star`): fit on the corpus's
+        train twin pairs, scored on the probe's own held-out runs (those of the first row's
+        probe.json); OUT/probe/bow_k_star.json. No model: it reads step k*'s words only."""
+        from aftraj.schema import iter_jsonl
+        from eval.probe import bow_k_star
+
+        first = self.out / "probe" / row_slug(next(iter(models))) / "probe.json"
+        if not first.is_file():
+            return None
+        ids = {r["id"] for r in json.loads(first.read_text())["runs"]}
+        res = bow_k_star(list(iter_jsonl(self.corpus / "train.jsonl")), list(iter_jsonl(self.probe_data())),
+                         n_boot=self.cfg.n_boot, seed=self.cfg.seed, ids=ids)
+        if res is not None:
+            (self.out / "probe" / "bow_k_star.json").write_text(json.dumps(res, indent=1) + "\n")
+        return res
+
     def base_model(self) -> Path:
         from training.models import resolve_model_spec
 
@@ -450,9 +486,12 @@ class Ablation:
         if model is not None:
             return ["--auditor", "hf", "--model", str(model), "--max-new-tokens", str(c.max_new_tokens),
                     "--max-in-flight", str(c.eval_batch), *common]
-        train = str(self.corpus / "train.jsonl")
+        train, val = str(self.corpus / "train.jsonl"), str(self.corpus / "val.jsonl")
         spec = {"heuristic:position-prior": f"heuristic:position-prior,train={train}",
                 "heuristic:length": f"heuristic:length,train={train}",
+                "heuristic:lexical": "heuristic:lexical",       # a fixed rule: nothing to fit
+                "heuristic:bow": f"heuristic:bow,train={train},val={val}",
+                "heuristic:structure": f"heuristic:structure,train={train},val={val}",
                 "rules": f"rules:{c.rules_policy}" if target != "ww" else "rules"}[row]
         return ["--auditor", spec, *common]
 
@@ -469,11 +508,26 @@ class Ablation:
     def eval_dir(self, target: str, row: str) -> Path:
         return self.out / "eval" / target / row_slug(row)
 
+    def count_test(self, row: str, what: str) -> None:
+        """One more reading of the test split by `row` (`what`: "walks" or "probes"), persisted in
+        OUT/test_walks.json before the phase runs (a failed phase read it too)."""
+        f = self.out / TEST_WALKS
+        counts = json.loads(f.read_text()) if f.is_file() else {}
+        counts.setdefault(row, {}).setdefault(what, 0)
+        counts[row][what] += 1
+        f.write_text(json.dumps(counts, indent=1, sort_keys=True) + "\n")
+
+    def test_walks(self) -> dict:
+        f = self.out / TEST_WALKS
+        return json.loads(f.read_text()) if f.is_file() else {}
+
     def evaluate(self, row: str, model: Path | None = None) -> None:
         th = self.threshold(row, model) if row in self.cfg.threshold_rows else None
         finish = ["--decision-finish", "canonical"] if row in self.cfg.canonical_finish_rows else []
         for target in self.targets:
             d = self.eval_dir(target, row)
+            if target == "heldout" and self.r.done(f"eval {target} {row}") is None:
+                self.count_test(row, "walks")
             self.r.run(f"eval {target} {row}", ["eval", *self._eval_args(row, target, model),
                                                 *([] if th is None else ["--decision-threshold", str(th)]),
                                                 *finish, "--out", str(d)], clean=d)
@@ -542,6 +596,8 @@ class Ablation:
 
         rows = [*self.walked(models), *BASELINE_ROWS]
         res = {t: {row: read_metrics(self.eval_dir(t, row)) for row in rows} for t in self.targets}
+        self._vs_floor = {t: vs_best_floor({row: self.eval_dir(t, row) for row in rows}, res[t],
+                                           n_boot=self.cfg.n_boot, seed=self.cfg.seed) for t in self.targets}
         self.report.mkdir(parents=True, exist_ok=True)
         plots = {}
         for t in self.targets:
@@ -590,6 +646,10 @@ class Ablation:
             "linear_probe": {row: json.loads(f.read_text()) for row in self.cfg.linear_probe_rows
                              if (f := self.out / "linear_probe" / row_slug(row) / "linear_probe.json").is_file()},
             "results": {t: {row: _row(m) for row, m in rows.items()} for t, rows in res.items()},
+            "vs_best_floor": getattr(self, "_vs_floor", {}),
+            "test_walks": self.test_walks(),
+            "floor_thresholds": {row: (res.get("heldout", {}).get(row) or {}).get("auditor_notes")
+                                 for row in FLOOR_ROWS if row in res.get("heldout", {})},
             "samples": {t: {k: rows["rules"]["overall"][k] for k in ("n", "n_safe", "n_unsafe")}
                         for t, rows in res.items()},
         }
@@ -603,7 +663,41 @@ def _probe_rows_of(out: Path, models) -> dict:
             res = json.loads(f.read_text())
             rows[row] = res["summary"]
             rules = res.get("rules") or rules
+    bow = out / "probe" / "bow_k_star.json"
+    if bow.is_file():         # the bag of words of step k*, fit on the train pairs (`Ablation.bow_probe`)
+        from eval.probe import BOW_RULE
+
+        rules = {**rules, BOW_RULE: json.loads(bow.read_text())["summary"]}
     return {**rows, **rules}
+
+
+def vs_best_floor(dirs: dict[str, Path], metrics: dict[str, dict], *, n_boot: int, seed: int) -> dict:
+    """{"floor": the floor row with the best Exact-F1 on this sample, "rows": {model row: {metric:
+    paired difference (row minus that floor, `eval.metrics.paired_difference`)}}}; the rows
+    compared are every row that is not a floor or `rules`. {} without a scored floor."""
+    from eval.auditors.floors import paired_vs_floor
+
+    floors = {r: metrics[r]["overall"].get("exact_f1") for r in FLOOR_ROWS if r in metrics}
+    floors = {r: v for r, v in floors.items() if v is not None}
+    if not floors:
+        return {}
+    best = max(floors, key=lambda r: floors[r])
+
+    def preds(d: Path) -> list[dict]:
+        f = d / "predictions.jsonl"
+        return [json.loads(x) for x in f.read_text(encoding="utf-8").splitlines() if x.strip()] if f.is_file() else []
+
+    fp = preds(dirs[best])
+    out = {"floor": best, "floor_exact_f1": floors[best], "rows": {}}
+    for row, d in dirs.items():
+        if row in BASELINE_ROWS:
+            continue
+        p = preds(d)
+        if not p or not fp or sorted(x["id"] for x in p) != sorted(x["id"] for x in fp):
+            out["rows"][row] = None      # not the same runs (raw_base_sample): no paired difference
+            continue
+        out["rows"][row] = paired_vs_floor(p, fp, n_boot=n_boot, seed=seed)
+    return out
 
 
 def _row(m: dict) -> dict:
@@ -612,6 +706,7 @@ def _row(m: dict) -> dict:
                                       *(f"{c}_ci" for c, _, _ in COLUMNS))}
     return {"auditor": m.get("auditor"), "overall": pick(m["overall"]),
             "by_domain": {d: pick(g) for d, g in m.get("by_domain", {}).items()},
+            "by_subset": {d: pick(g) for d, g in m.get("by_subset", {}).items()},
             "calls": (m.get("calls") or {}).get("n"), "wall_s": m.get("wall_s")}
 
 
@@ -644,7 +739,10 @@ def goal_lines(summary: dict) -> list[str]:
     20 % and its parse rate against 95 %."""
     rows = summary["results"]["heldout"]
     f1 = {k: rows[k]["overall"]["exact_f1"] or 0.0 for k in rows}
-    floor = max(f1.get("heuristic:position-prior", 0.0), f1.get("heuristic:length", 0.0))
+    floors = {k: f1[k] for k in FLOOR_ROWS if k in f1}
+    best = max(floors, key=lambda k: floors[k]) if floors else None
+    floor = floors[best] if best else 0.0
+    paired = ((summary.get("vs_best_floor") or {}).get("heldout") or {}).get("rows") or {}
     out = []
     for k in ("stage 1", "stage 2", "stage 1 + 2", "every prefix"):
         if k not in rows:
@@ -653,8 +751,13 @@ def goal_lines(summary: dict) -> list[str]:
         far, pf = ov["far"], ov.get("parse_failure_rate")
         base = (f"warmed base {100 * f1['warmed base']:.1f} ({'above' if f1[k] > f1['warmed base'] else 'NOT above'})"
                 if "warmed base" in f1 else "warmed base not walked")
+        d = (paired.get(k) or {}).get("exact_f1")
+        lower = ("" if not d or not d.get("ci") else
+                 f", paired {100 * d['diff']:+.1f} [{100 * d['ci'][0]:+.1f}, {100 * d['ci'][1]:+.1f}]: lower bound "
+                 f"{'above' if d['ci'][0] > 0 else 'NOT above'} 0")
         out.append(f"- {k}: Exact-F1 {100 * f1[k]:.1f} vs {base} and best floor "
-                   f"{100 * floor:.1f} ({'above' if f1[k] > floor else 'NOT above'}); FAR "
+                   f"{'' if best is None else best + ' '}{100 * floor:.1f} ({'above' if f1[k] > floor else 'NOT above'}"
+                   f"{lower}); FAR "
                    + ("–" if far is None else f"{100 * far:.1f} % ({'≤' if far <= 0.20 else '>'} 20 %)")
                    + ("" if pf is None else f"; parse rate {100 * (1 - pf):.1f} % ({'≥' if pf <= 0.05 else '<'} 95 %)"))
     return out or ["- (no trained row was walked)"]
@@ -689,12 +792,23 @@ def render_markdown(s: dict) -> str:
             lines += ["", f"The raw base row is measured on a smaller stratified sample of {raw} runs "
                           f"(`raw_base_sample`, same seed): it does not answer in the format, and "
                           f"each of its calls runs to the token limit."]
+        if t == "heldout":
+            lines += ["", *test_walk_lines(s.get("test_walks") or {}, rows)]
+        lines += ["", *vs_floor_lines((s.get("vs_best_floor") or {}).get(t) or {})]
+        subsets = sorted({d for r in rows.values() for d in (r.get("by_subset") or {})})
+        if len(subsets) > 1:
+            lines += ["", f"Step-Acc % by subset ({title}):", "", "| row | " + " | ".join(subsets) + " |",
+                      "|---|" + "---|" * len(subsets)]
+            for name, r in rows.items():
+                lines.append(f"| {name} | " + " | ".join(
+                    _cell(r["by_subset"][x], "step_acc", True) + f" (n={r['by_subset'][x]['n']})"
+                    if x in (r.get("by_subset") or {}) else "–" for x in subsets) + " |")
         domains = sorted({d for r in rows.values() for d in r["by_domain"]})
         if len(domains) > 1:
             for d in domains:
                 lines += ["", f"### {title}, domain {d}", ""] + _table(rows, d)
         lines.append("")
-    lines += ["## Goal (held-out): trained rows above the warmed base and both floors on Exact-F1, "
+    lines += ["## Goal (held-out): trained rows above the warmed base and every floor on Exact-F1, "
               "FAR ≤ 20 % (the paper's deployable region), parse rate ≥ 95 %", "", *goal_lines(s), ""]
     lines += probe_lines(s.get("probe") or {}, s.get("linear_probe") or {})
     lines += ["## Training", ""]
@@ -714,6 +828,42 @@ def render_markdown(s: dict) -> str:
               f"{'–' if p.get('peak_rss_gb') is None else format(p['peak_rss_gb'], '.1f')} |" for p in s["phases"]]
     lines += ["", f"Total of the phases: {sum(p['wall_s'] for p in s['phases']) / 60:.1f} min.", ""]
     return "\n".join(lines)
+
+
+def test_walk_lines(counts: dict, rows: dict) -> list[str]:
+    """How many times each reported row read the test split (OUT/test_walks.json): the sealed
+    test split's ledger. A row walked before the driver counted shows as not counted."""
+    out = ["Test split read per row (`test_walks.json`; every choice was made on train and val):", ""]
+    for row in [*rows, *(r for r in counts if r not in rows)]:
+        c = counts.get(row)
+        if c is None:
+            out.append(f"- {row}: not counted (walked before the driver kept a count)")
+        else:
+            out.append(f"- {row}: {c.get('walks', 0)} walk(s) of test"
+                       + (f", {c['probes']} probe pass(es) over val + test" if c.get("probes") else ""))
+    return out
+
+
+def vs_floor_lines(vs: dict) -> list[str]:
+    """Each model row minus the best floor of the sample, paired bootstrap over the same runs."""
+    if not vs or not vs.get("rows"):
+        return []
+    out = [f"Paired differences against the best floor here, {vs['floor']} (Exact-F1 "
+           f"{100 * (vs.get('floor_exact_f1') or 0):.1f}): row minus floor, paired bootstrap over the same runs, 95 %:",
+           "", "| row | Δ Exact-F1 | Δ Step-Acc | Δ FAR |", "|---|---|---|---|"]
+
+    def cell(d):
+        if not d:
+            return "–"
+        ci = "" if not d.get("ci") else f" [{100 * d['ci'][0]:+.1f}, {100 * d['ci'][1]:+.1f}]"
+        return f"{100 * d['diff']:+.1f}{ci}"
+
+    for row, ds in vs["rows"].items():
+        if ds is None:
+            out.append(f"| {row} | not on the same runs | | |")
+        else:
+            out.append(f"| {row} | {cell(ds.get('exact_f1'))} | {cell(ds.get('step_acc'))} | {cell(ds.get('far'))} |")
+    return out
 
 
 def _share(g: dict | None) -> str:
@@ -736,12 +886,14 @@ def probe_lines(probe: dict, linear: dict | None = None, heldout: str = "val + t
            "first token where the canonical SAFE and ALARM completions diverge) the log-odds ALARM − "
            "SAFE on the pre prefix (0..k*−1), the post prefix (0..k*) and, where the family has one, "
            "the verified-safe twin's prefix (0..k*: same agents, kinds and length; only step k*'s "
-           "content differs). **post > twin**: share of twin pairs whose post log-odds exceed the "
-           "twin's (ties one half) — a content-blind rule scores exactly 50 %. post > pre is passed by "
+           "content differs). **post > twin**: share of kind-matched twin pairs (post and twin show the "
+           "same step kind at k*) whose post log-odds exceed the twin's (ties one half) — a content-blind "
+           "rule scores exactly 50 %; every pair and the pairs left out for their kind beside it. "
+           "post > pre is passed by "
            "any rule that alarms more on longer prefixes. Accuracy: the decision at log-odds 0 (ALARM "
            "on post, SAFE on pre and twin). 95 % bootstrap intervals over runs.", "",
-           "| row | twin pairs | post > twin % | post > pre % | acc pre % | acc post % | acc twin % | "
-           "mean log-odds pre / post / twin |", "|---|---|---|---|---|---|---|---|"]
+           "| row | twin pairs (kind-matched) | post > twin % | every pair % (left out) | post > pre % | acc pre % | "
+           "acc post % | acc twin % | mean log-odds pre / post / twin |", "|---|---|---|---|---|---|---|---|---|"]
 
     def acc(g):
         if not g or g.get("accuracy") is None:
@@ -752,16 +904,23 @@ def probe_lines(probe: dict, linear: dict | None = None, heldout: str = "val + t
     def lo(g):
         return "–" if not g or g.get("mean_log_odds") is None else f"{g['mean_log_odds']:+.2f}"
 
+    def every(g):
+        return f"{_share(g.get('post_beats_twin_all_pairs'))} ({g.get('kind_unmatched_pairs', '–')})"
+
     for row, lp in (linear or {}).items():
         out.append(f"| linear probe on {row} (frozen; fit on {lp['n_train_pairs']} train pairs, train acc "
                    f"{100 * lp['train_accuracy']:.0f} %) | {lp['post_beats_twin']['n']} | "
-                   f"{_share(lp['post_beats_twin'])} | – | – | – | – | – |")
+                   f"{_share(lp['post_beats_twin'])} | {every(lp)} | – | – | – | – | – |")
     for row, g in probe.items():
         if row.startswith("rule:"):   # a rule's score is no log-odds: only its two shares mean something
-            out.append(f"| {row} | {g['post_beats_twin']['n']} | {_share(g['post_beats_twin'])} | "
+            out.append(f"| {row} | {g['post_beats_twin']['n']} | {_share(g['post_beats_twin'])} | {every(g)} | "
                        f"{_share(g['post_beats_pre'])} | – | – | – | – |")
             continue
-        out.append(f"| {row} | {g['post_beats_twin']['n']} | {_share(g['post_beats_twin'])} | "
+        if row.startswith("bow:"):    # step k*'s words, fit on train pairs: only post > twin means something
+            out.append(f"| {row} | {g['post_beats_twin']['n']} | {_share(g['post_beats_twin'])} | {every(g)} | "
+                       f"– | – | – | – | – |")
+            continue
+        out.append(f"| {row} | {g['post_beats_twin']['n']} | {_share(g['post_beats_twin'])} | {every(g)} | "
                    f"{_share(g['post_beats_pre'])} | {acc(g.get('pre'))} | {acc(g.get('post'))} | "
                    f"{acc(g.get('twin'))} | {lo(g.get('pre'))} / {lo(g.get('post'))} / {lo(g.get('twin'))} |")
     for key, title in (("by_domain", "domain"), ("by_error_type", "error type")):

@@ -31,52 +31,62 @@ from aftraj.adapters.base import refuse_unlabeled
 from aftraj.schema import Trajectory
 from aftraj.verdict import Verdict
 from eval.auditors import AuditResult, Auditor, register_auditor
+from eval.auditors.reading import READING_FLOORS, ReadingFloor
 
 MIN_CELL = 8          # train trajectories a length cell needs before it stops pooling neighbours
 MAX_POOL = 4          # widest pooling: lengths N-4 .. N+4
 REL_BINS = 20         # relative positions are fitted in twentieths
 
 
-def train_split_of(data: str | Path | None) -> list[Trajectory]:
-    """The train split next to `data`: DIR/train.jsonl for DIR/<split>.jsonl or DIR, else the
-    records of corpus.jsonl whose meta.split is train. Raises ValueError when there is none."""
+def split_beside(data: str | Path | None, split: str = "train") -> list[Trajectory]:
+    """The `split` records next to `data`: DIR/<split>.jsonl for DIR/<other>.jsonl or DIR, else
+    the records of corpus.jsonl whose meta.split is `split`. Raises ValueError when there is none."""
     from aftraj.schema import iter_jsonl
 
     if data is None:
-        raise ValueError("a floor needs the data path (--data) or train=PATH to fit on")
+        raise ValueError(f"a floor needs the data path (--data) or {split}=PATH to fit on")
     p = Path(data)
     folder = p if p.is_dir() else p.parent
-    if p.is_file() and p.name == "train.jsonl":
+    if p.is_file() and p.name == f"{split}.jsonl":
         return list(iter_jsonl(p))
-    if p.is_file() and (folder / "train.jsonl").is_file():
-        return list(iter_jsonl(folder / "train.jsonl"))
-    if p.is_dir() and (p / "train.jsonl").is_file():
-        return list(iter_jsonl(p / "train.jsonl"))
+    if p.is_file() and (folder / f"{split}.jsonl").is_file():
+        return list(iter_jsonl(folder / f"{split}.jsonl"))
+    if p.is_dir() and (p / f"{split}.jsonl").is_file():
+        return list(iter_jsonl(p / f"{split}.jsonl"))
     # the file itself (a corpus.jsonl), else the corpus.jsonl beside it (DIR/test.jsonl) or in DIR
     for corpus in dict.fromkeys([p, folder / "corpus.jsonl"] if p.is_file() else [p / "corpus.jsonl"]):
         if corpus.is_file():
-            train = [t for t in iter_jsonl(corpus) if t.meta.get("split") == "train"]
-            if train:
-                return train
-    raise ValueError(f"no train split found for {data} (expected train.jsonl beside it, or records "
-                     f"with meta.split == 'train'); pass train=PATH")
+            got = [t for t in iter_jsonl(corpus) if t.meta.get("split") == split]
+            if got:
+                return got
+    raise ValueError(f"no {split} split found for {data} (expected {split}.jsonl beside it, or records "
+                     f"with meta.split == {split!r}); pass {split}=PATH")
 
 
-def train_records_of_file(path: str | Path) -> list[Trajectory]:
-    """The records of a `train=PATH` file: those with meta.split == "train" when the file holds
-    splits (a corpus.jsonl), the whole file when none has a split. Raises ValueError when the file
-    has splits but no train record."""
+def train_split_of(data: str | Path | None) -> list[Trajectory]:
+    """The train split next to `data` (`split_beside(data, "train")`)."""
+    return split_beside(data, "train")
+
+
+def records_of_file(path: str | Path, split: str = "train") -> list[Trajectory]:
+    """The records of a `train=PATH` (`val=PATH`) file: those with meta.split == `split` when the
+    file holds splits (a corpus.jsonl), the whole file when none has a split. Raises ValueError
+    when the file has splits but none of `split`."""
     from aftraj.readers import load_trajectories
 
     trajs = load_trajectories(path)
     if not any("split" in t.meta for t in trajs):
         return trajs
-    train = [t for t in trajs if t.meta.get("split") == "train"]
-    if not train:
+    got = [t for t in trajs if t.meta.get("split") == split]
+    if not got:
         splits = sorted({str(t.meta.get("split")) for t in trajs})
-        raise ValueError(f"{path}: holds splits {', '.join(splits)} but no record with meta.split == 'train'; "
-                         f"a floor fits on train records only")
-    return train
+        raise ValueError(f"{path}: holds splits {', '.join(splits)} but no record with meta.split == {split!r}; "
+                         f"a floor {'fits on train' if split == 'train' else 'tunes on ' + split} records only")
+    return got
+
+
+def train_records_of_file(path: str | Path) -> list[Trajectory]:
+    return records_of_file(path, "train")
 
 
 def _rel_bin(k: int, n: int) -> int:
@@ -192,70 +202,190 @@ class LengthFloor(_Floor):
 
 
 FLOORS: dict[str, type[_Floor]] = {"position-prior": PositionPrior, "length": LengthFloor}
+# every floor a report shows: the content-blind ones, then the floors that read (reading.py)
+ALL_FLOORS: dict[str, type[Auditor]] = {**FLOORS, **READING_FLOORS}
+FLOOR_SPECS = tuple(f"heuristic:{r}" for r in ALL_FLOORS)
 
 
 @register_auditor("floor")
 class FloorAuditor(Auditor):
-    """`floor:position-prior`, `floor:length` (also reachable as `heuristic:<rule>`)."""
+    """`floor:NAME` for every floor of `ALL_FLOORS` (also reachable as `heuristic:NAME`)."""
 
     strategy = "posthoc"
 
     def __new__(cls, arg: str | None = None, **kw):
         rule = (arg or "").split(",")[0]
-        if rule not in FLOORS:
-            raise ValueError(f"floor auditor needs one of {', '.join(FLOORS)} (floor:NAME); got {rule!r}")
-        return FLOORS[rule](arg, **kw)
+        if rule not in ALL_FLOORS:
+            raise ValueError(f"floor auditor needs one of {', '.join(ALL_FLOORS)} (floor:NAME); got {rule!r}")
+        return ALL_FLOORS[rule](arg, **kw)
+
+
+# --------------------------------------------------------------------------- fitting and scoring them all
+
+def fit_floors(train: Sequence[Trajectory] | None, val: Sequence[Trajectory] | None) -> dict:
+    """{spec: fitted floor, or the reason (a str) it could not be fit}: the content-blind floors
+    and the fitted reading floors on `train` (their thresholds on `val`), the lexical rule always
+    (it fits nothing). Neither set may hold Who&When runs."""
+    out: dict = {}
+    for rule, cls in ALL_FLOORS.items():
+        spec = f"heuristic:{rule}"
+        if rule in READING_FLOORS and not READING_FLOORS[rule].fitted:
+            out[spec] = cls(rule)
+        elif not train or not any(t.label.unsafe for t in train):
+            out[spec] = "no train split with an unsafe run to fit on"
+        elif rule in READING_FLOORS and (not val or not any(t.label.unsafe for t in val)):
+            out[spec] = "no val split with an unsafe run to choose its threshold on"
+        else:
+            out[spec] = cls(rule, train=train) if rule in FLOORS else cls(rule, train=train, val=val)
+    return out
+
+
+def _overall(preds: list[dict], n_boot: int, seed: int) -> dict:
+    from eval.metrics import grouped
+
+    g = grouped(preds, n_boot=n_boot, seed=seed)
+    out = {k: g["overall"].get(k) for k in ("n", "n_safe", "n_unsafe", "exact_f1", "exact_f1_ci", "step_acc",
+                                            "step_acc_ci", "agent_acc", "far", "far_ci", "step_precision")}
+    if len(g["by_subset"]) > 1:
+        out["by_subset"] = {s: {k: m.get(k) for k in ("n", "n_unsafe", "exact_f1", "step_acc", "step_acc_ci",
+                                                      "agent_acc", "far")} for s, m in g["by_subset"].items()}
+    return out
+
+
+def describe_floor(floor) -> dict:
+    """The floor's kind and, for a fitted reading floor, its threshold and how it was chosen."""
+    d = {"kind": "reading" if isinstance(floor, ReadingFloor) else "content-blind"}
+    if isinstance(floor, ReadingFloor):
+        desc = floor.describe()
+        d["threshold"] = desc["threshold"]
+        d["tuning"] = desc["tuning"]
+    return d
+
+
+def score_floors(floors: dict, trajs: Sequence[Trajectory], *, n_boot: int = 200, seed: int = 0,
+                 keep_preds: bool = False) -> dict:
+    """{spec: metrics (+ threshold) of the floor walked on `trajs`, or {"skipped": reason}}; with
+    `keep_preds` each entry also holds its prediction records (`preds`)."""
+    from eval.walker import walk
+
+    out = {}
+    for spec, floor in floors.items():
+        if isinstance(floor, str):
+            out[spec] = {"skipped": floor}
+            continue
+        preds = walk(floor, list(trajs), progress=False)
+        out[spec] = {**_overall(preds, n_boot, seed), **describe_floor(floor)}
+        if keep_preds:
+            out[spec]["preds"] = preds
+    return out
+
+
+def best_floor(scored: dict) -> str | None:
+    """The floor with the highest Exact-F1 on these runs (ties: the first in `ALL_FLOORS`)."""
+    ok = [(spec, g["exact_f1"]) for spec, g in scored.items() if "skipped" not in g and g.get("exact_f1") is not None]
+    return max(ok, key=lambda x: x[1])[0] if ok else None
+
+
+PAIRED = ("exact_f1", "step_acc", "far")
+
+
+def paired_vs_floor(preds: list[dict], floor_preds: list[dict], *, n_boot: int = 1000, seed: int = 0) -> dict:
+    """{metric: `eval.metrics.paired_difference`(run, floor)} for Exact-F1, Step-Acc and FAR."""
+    from eval.metrics import paired_difference
+
+    return {m: paired_difference(preds, floor_preds, m, n_boot=n_boot, seed=seed) for m in PAIRED}
+
+
+def _split_or_none(data, split: str) -> list[Trajectory] | None:
+    try:
+        return split_beside(data, split)
+    except ValueError:
+        return None
 
 
 # --------------------------------------------------------------------------- the report hook
 
-def floor_metrics(data: str | Path, trajs: Sequence[Trajectory], *, n_boot: int = 200, seed: int = 0) -> dict:
+def floor_metrics(data: str | Path, trajs: Sequence[Trajectory], *, n_boot: int = 200, seed: int = 0,
+                  keep_preds: bool = False) -> dict:
     """{floor spec: overall metrics} of every floor on `trajs`, fit on the train split beside
-    `data`; {} when there is no train split (e.g. Who&When)."""
-    from eval.metrics import grouped
-    from eval.walker import walk
+    `data` (thresholds on the val split beside it); without a train split (Who&When) the floors
+    that fit are {"skipped": why} and the lexical rule alone is scored."""
+    floors = fit_floors(_split_or_none(data, "train"), _split_or_none(data, "val"))
+    return score_floors(floors, trajs, n_boot=n_boot, seed=seed, keep_preds=keep_preds)
 
-    try:
-        train = train_split_of(data)
-    except ValueError:
-        return {}
-    if not any(t.label.unsafe for t in train):
-        return {}
-    out = {}
-    for rule, cls in FLOORS.items():
-        with cls(rule, train=train) as floor:
-            preds = walk(floor, list(trajs), progress=False)
-        g = grouped(preds, n_boot=n_boot, seed=seed)["overall"]
-        out[f"heuristic:{rule}"] = {k: g.get(k) for k in ("n", "exact_f1", "exact_f1_ci", "step_acc",
-                                                           "agent_acc", "far", "step_precision")}
-    return out
+
+def _pct(v) -> str:
+    return "–" if v is None else f"{100 * v:.2f} %"
+
+
+def _ci_pct(g: dict, key: str) -> str:
+    v, ci = g.get(key), g.get(f"{key}_ci")
+    return _pct(v) + (f" [{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]" if v is not None and ci else "")
+
+
+def _diff(d: dict | None) -> str:
+    if d is None:
+        return "–"
+    ci = "" if d["ci"] is None else f" [{100 * d['ci'][0]:+.1f}, {100 * d['ci'][1]:+.1f}]"
+    return f"{100 * d['diff']:+.1f} pts{ci}"
+
+
+def floor_table(floors: dict, under_test: tuple[str, dict] | None = None) -> list[str]:
+    """Markdown rows: the auditor under test (when given), then each floor with its threshold."""
+    lines = ["| auditor | n | Exact-F1 [95 %] | Step-Acc | Agent-Acc | FAR | threshold (val) |",
+             "|---|---|---|---|---|---|---|"]
+    if under_test is not None:
+        name, ov = under_test
+        lines.append(f"| {name} (under test) | {ov['n']} | {_ci_pct(ov, 'exact_f1')} | {_pct(ov.get('step_acc'))} | "
+                     f"{_pct(ov.get('agent_acc'))} | {_pct(ov.get('far'))} | |")
+    for spec, g in floors.items():
+        if "skipped" in g:
+            lines.append(f"| {spec} | – | – | – | – | – | not scored: {g['skipped']} |")
+            continue
+        th = g.get("threshold")
+        tu = g.get("tuning") or {}
+        th_s = ("–" if g.get("kind") != "reading" else "none (fixed rule)" if th is None
+                else f"{th:.4g}" + (f" (val F1 {_pct(tu['val']['exact_f1'])}, FAR {_pct(tu['val']['far'])})"
+                                    if tu.get("val") else ""))
+        lines.append(f"| {spec} | {g['n']} | {_ci_pct(g, 'exact_f1')} | {_pct(g['step_acc'])} | "
+                     f"{_pct(g['agent_acc'])} | {_pct(g['far'])} | {th_s} |")
+    return lines
 
 
 def add_floors_to_report(out: str | Path, data: str | Path, trajs: Sequence[Trajectory], *,
                          auditor_spec: str = "", seed: int = 0) -> dict:
-    """Append the floors to metrics.json (`floors`) and report.md (a table) of an evaluation."""
+    """Append every floor to metrics.json (`floors`) and report.md (a table), with the run's paired
+    differences against the best floor on these runs (`vs_best_floor`)."""
     out = Path(out)
-    if parse_rule(auditor_spec) in FLOORS:
-        return {}
-    floors = floor_metrics(data, trajs, seed=seed)
-    if not floors:
+    if parse_rule(auditor_spec) in ALL_FLOORS:
         return {}
     mpath = out / "metrics.json"
     metrics = json.loads(mpath.read_text(encoding="utf-8"))
+    n_boot = metrics.get("n_boot") or 1000
+    floors = floor_metrics(data, trajs, seed=seed, n_boot=min(n_boot, 1000), keep_preds=True)
+    if not floors:
+        return {}
+    preds = {spec: g.pop("preds") for spec, g in floors.items() if "preds" in g}
+    best = best_floor(floors)
+    vs = None
+    run_preds_file = out / "predictions.jsonl"
+    if best is not None and run_preds_file.is_file():
+        run_preds = [json.loads(x) for x in run_preds_file.read_text(encoding="utf-8").splitlines() if x.strip()]
+        if sorted(p["id"] for p in run_preds) == sorted(p["id"] for p in preds[best]):
+            vs = {"floor": best, **paired_vs_floor(run_preds, preds[best], n_boot=n_boot, seed=seed)}
     metrics["floors"] = floors
+    metrics["vs_best_floor"] = vs
     mpath.write_text(json.dumps(metrics, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
-    def pct(v):
-        return "–" if v is None else f"{100 * v:.2f} %"
-
-    ov = metrics["overall"]
-    lines = ["", "## Content-blind floors (fit on the train split; DESIGN §4)", "",
-             "| auditor | n | Exact-F1 | Step-Acc | Agent-Acc | FAR |", "|---|---|---|---|---|---|",
-             f"| {metrics['auditor']} (under test) | {ov['n']} | {pct(ov.get('exact_f1'))} | "
-             f"{pct(ov.get('step_acc'))} | {pct(ov.get('agent_acc'))} | {pct(ov.get('far'))} |"]
-    for spec, g in floors.items():
-        lines.append(f"| {spec} | {g['n']} | {pct(g['exact_f1'])} | {pct(g['step_acc'])} | "
-                     f"{pct(g['agent_acc'])} | {pct(g['far'])} |")
+    lines = ["", "## Floors (fit on the train split, thresholds on val; DESIGN §4)", "",
+             "Content-blind floors (position prior, length) and floors that read (the error-word rule, a "
+             "bag of words over single steps, an agent/step-kind n-gram rule): a corpus that needs reading "
+             "keeps each at or below 10 % Exact-F1.", ""]
+    lines += floor_table(floors, (metrics["auditor"], metrics["overall"]))
+    if vs is not None:
+        lines += ["", f"Paired difference, {metrics['auditor']} minus the best floor here ({best}), paired "
+                      f"bootstrap over these runs (95 %): Exact-F1 {_diff(vs['exact_f1'])}, Step-Acc "
+                      f"{_diff(vs['step_acc'])}, FAR {_diff(vs['far'])}."]
     with open(out / "report.md", "a", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
     return floors
@@ -267,18 +397,22 @@ def parse_rule(spec: str) -> str | None:
 
 
 def floor_scores(trajs: list[Trajectory], split_of: dict[str, str]) -> dict:
-    """The content-blind floors fit on a built corpus's train split, scored on its test split
-    (stats.json's `floors_on_test`: `build_corpus(..., floors=floor_scores)`, `aftraj corpus build`)."""
-    from eval.metrics import grouped
-    from eval.walker import walk
-
-    train = [t for t in trajs if split_of[t.family_id] == "train"]
-    test = [t for t in trajs if split_of[t.family_id] == "test"]
-    if not test or not any(t.label.unsafe for t in train):
+    """Every floor fit on a built corpus's train split (thresholds on its val split), scored on
+    its test split, with the val figures beside (stats.json's `floors_on_test`:
+    `build_corpus(..., floors=floor_scores)`, `aftraj corpus build`)."""
+    by = {s: [t for t in trajs if split_of[t.family_id] == s] for s in ("train", "val", "test")}
+    if not by["test"] or not any(t.label.unsafe for t in by["train"]):
         return {}
+    floors = fit_floors(by["train"], by["val"])
+    test = score_floors(floors, by["test"], n_boot=0)
+    val = score_floors(floors, by["val"], n_boot=0) if by["val"] else {}
+    keys = ("n", "exact_f1", "step_acc", "agent_acc", "far")
     out = {}
-    for rule, cls in FLOORS.items():
-        with cls(rule, train=train) as floor:
-            g = grouped(walk(floor, test, progress=False), n_boot=0)["overall"]
-        out[f"heuristic:{rule}"] = {k: g.get(k) for k in ("n", "exact_f1", "step_acc", "agent_acc", "far")}
+    for spec, g in test.items():
+        if "skipped" in g:   # stats.md's table needs figures: a floor that could not be fit is left out
+            continue
+        out[spec] = {k: g.get(k) for k in keys}
+        out[spec]["threshold"] = g.get("threshold")
+        if spec in val and "skipped" not in val[spec]:
+            out[spec]["val"] = {k: val[spec].get(k) for k in keys}
     return out

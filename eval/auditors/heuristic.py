@@ -10,7 +10,8 @@
 - `last-speaker-first-step`: the last non-terminal speaker (not a human, not a code-executing
   terminal such as Computer_terminal), blamed at its first step.
 All of them always ALARM, so on safe trajectories FAR is 1: they are attribution baselines.
-`heuristic:position-prior` and `heuristic:length` are the content-blind floors of floors.py.
+`heuristic:position-prior` and `heuristic:length` are the content-blind floors of floors.py;
+`heuristic:lexical`, `heuristic:bow` and `heuristic:structure` the floors that read (reading.py).
 """
 
 from __future__ import annotations
@@ -39,10 +40,11 @@ class HeuristicAuditor(Auditor):
     strategy = "posthoc"
 
     def __new__(cls, arg: str | None = None, **kw):
-        # heuristic:position-prior and heuristic:length are the content-blind floors (floors.py)
-        from eval.auditors.floors import FLOORS
+        # heuristic:position-prior, heuristic:length (content-blind) and heuristic:lexical, :bow,
+        # :structure (floors that read) are the floors of floors.py and reading.py
+        from eval.auditors.floors import ALL_FLOORS
 
-        floor = FLOORS.get((arg or "").split(",")[0])
+        floor = ALL_FLOORS.get((arg or "").split(",")[0])
         return floor(arg, **kw) if floor is not None else super().__new__(cls)
 
     def __init__(self, arg: str | None = None, *, seed: int = 0, **kw) -> None:

@@ -192,8 +192,9 @@ def test_goal_lines_check_both_sides():
                   "stage 1": 0.35, "stage 2": 0.25, "stage 1 + 2": 0.1},
                  {"stage 1": 0.10, "stage 2": 0.11, "stage 1 + 2": 0.0})
     lines = ab.goal_lines(s)
-    assert "stage 1: Exact-F1 35.0 vs warmed base 20.0 (above) and best floor 30.0 (above); FAR 10.0 % (≤ 20 %)" in lines[0]
-    assert "(above) and best floor 30.0 (NOT above); FAR 11.0 % (≤ 20 %)" in lines[1]
+    assert ("stage 1: Exact-F1 35.0 vs warmed base 20.0 (above) and best floor heuristic:length 30.0 (above); "
+            "FAR 10.0 % (≤ 20 %)") in lines[0]
+    assert "(above) and best floor heuristic:length 30.0 (NOT above); FAR 11.0 % (≤ 20 %)" in lines[1]
     assert "(NOT above)" in lines[2] and "FAR 0.0 % (≤ 20 %)" in lines[2]
     s["results"]["heldout"]["stage 2"]["overall"]["far"] = 0.25       # the paper's deployable region: FAR ≤ 20 %
     assert "FAR 25.0 % (> 20 %)" in ab.goal_lines(s)[1]
@@ -206,7 +207,7 @@ def test_goal_lines_skip_rows_not_built():
     lines = ab.goal_lines(s)
     assert len(lines) == 1 and lines[0].startswith("- stage 1:")
     del s["results"]["heldout"]["warmed base"]       # not walked: the floors still decide
-    assert "vs warmed base not walked and best floor 0.0 (above)" in ab.goal_lines(s)[0]
+    assert "vs warmed base not walked and best floor heuristic:position-prior 0.0 (above)" in ab.goal_lines(s)[0]
     del s["results"]["heldout"]["stage 1"]
     assert ab.goal_lines(s) == ["- (no trained row was walked)"]
 
@@ -217,7 +218,8 @@ def test_goal_lines_check_the_parse_rate_of_every_walked_trained_row():
     s["results"]["heldout"]["every prefix"]["overall"]["parse_failure_rate"] = 0.0
     s["results"]["heldout"]["stage 1"]["overall"]["parse_failure_rate"] = 0.06
     lines = {ln.split(":")[0]: ln for ln in ab.goal_lines(s)}
-    assert lines["- every prefix"].endswith("best floor 5.4 (above); FAR 17.7 % (≤ 20 %); parse rate 100.0 % (≥ 95 %)")
+    assert lines["- every prefix"].endswith("best floor heuristic:position-prior 5.4 (above); FAR 17.7 % (≤ 20 %); "
+                                            "parse rate 100.0 % (≥ 95 %)")
     assert lines["- stage 1"].endswith("parse rate 94.0 % (< 95 %)")
 
 
@@ -256,6 +258,7 @@ def test_probe_section_lists_every_probed_row_with_intervals():
     s = _summary({}, {})
     s["probe"] = {
         "warmed base": {"n_runs": 6, "post_beats_twin": g(0.5, [0.25, 0.75]), "post_beats_pre": g(1.0, [1.0, 1.0]),
+                        "post_beats_twin_all_pairs": g(0.6, [0.4, 0.8], 5), "kind_unmatched_pairs": 1,
                         "pre": sub(0.0, 1.5), "post": sub(1.0, 2.0), "twin": sub(0.0, 2.0),
                         "by_domain": {"math": g(0.5, None)}},
         "stage 1": {"n_runs": 6, "post_beats_twin": g(0.75, [0.5, 1.0]), "post_beats_pre": g(None, None, 0),
@@ -266,9 +269,11 @@ def test_probe_section_lists_every_probed_row_with_intervals():
     s["linear_probe"] = {"warmed base": {"n_train_pairs": 10, "train_accuracy": 1.0, "post_beats_twin": g(0.625, None)}}
     md = ab.render_markdown(s)
     assert "## Learning ladder: decision-token probe on held-out families (6 unsafe runs, val + test)" in md
-    assert "| warmed base | 4 | 50.0 [25, 75] | 100.0 [100, 100] | 0.0 | 100.0 | 0.0 | +1.50 / +2.00 / +2.00 |" in md
-    assert "| stage 1 | 4 | 75.0 [50, 100] | – | 100.0 | – | 50.0 | -1.00 / – / +0.25 |" in md
-    assert "| rule: last step not by environment | 4 | 50.0 [50, 50] | 75.0 | – | – | – | – |" in md
+    # the headline on kind-matched pairs; every pair and the count left out for their kind beside it
+    assert ("| warmed base | 4 | 50.0 [25, 75] | 60.0 [40, 80] (1) | 100.0 [100, 100] | 0.0 | 100.0 | 0.0 | "
+            "+1.50 / +2.00 / +2.00 |") in md
+    assert "| stage 1 | 4 | 75.0 [50, 100] | – (–) | – | 100.0 | – | 50.0 | -1.00 / – / +0.25 |" in md
+    assert "| rule: last step not by environment | 4 | 50.0 [50, 50] | – (–) | 75.0 | – | – | – | – |" in md
     assert "| linear probe on warmed base (frozen; fit on 10 train pairs, train acc 100 %) | 4 | 62.5 |" in md
     assert "| stage 1 | 75.0 [50, 100] (n=4) |" in md                      # per domain
     assert "Learning ladder" not in ab.render_markdown(_summary({}, {}))     # no probe, no section

@@ -10,7 +10,7 @@ import pytest
 
 from aftraj.schema import Label, Step, Trajectory, write_jsonl
 from eval.auditors import get_auditor
-from eval.auditors.floors import MIN_CELL, LengthFloor, PositionPrior, floor_metrics, train_split_of
+from eval.auditors.floors import FLOOR_SPECS, MIN_CELL, LengthFloor, PositionPrior, floor_metrics, train_split_of
 
 
 def _traj(i: int, n: int, k: int | None, domain: str = "math", content: str = "x") -> Trajectory:
@@ -94,8 +94,10 @@ def test_test_file_beside_corpus_jsonl_fits_on_its_train_records(tmp_path):
     write_jsonl(train + test, tmp_path / "corpus.jsonl")
     write_jsonl(test, tmp_path / "test.jsonl")                     # no train.jsonl beside it
     assert [t.id for t in train_split_of(tmp_path / "test.jsonl")] == [t.id for t in train]
-    assert set(floor_metrics(tmp_path / "test.jsonl", test, n_boot=0)) == {"heuristic:position-prior",
-                                                                           "heuristic:length"}
+    m = floor_metrics(tmp_path / "test.jsonl", test, n_boot=0)
+    assert tuple(m) == FLOOR_SPECS
+    # no val records: the floors whose threshold is chosen on val are not scored, and say why
+    assert "no val split" in m["heuristic:bow"]["skipped"] and "no val split" in m["heuristic:structure"]["skipped"]
     assert get_auditor("heuristic:length", data=str(tmp_path / "test.jsonl")).n_train == 10
 
 
@@ -131,9 +133,11 @@ def test_spec_dispatch_and_fit_on_the_train_split_beside_the_data(tmp_path):
     got = get_auditor(f"heuristic:position-prior,train={tmp_path / 'train.jsonl'}")
     assert got.prior["math"] == ("abs", 3)
     m = floor_metrics(tmp_path / "test.jsonl", test, n_boot=0)
-    assert set(m) == {"heuristic:position-prior", "heuristic:length"}
+    assert tuple(m) == FLOOR_SPECS
     assert m["heuristic:position-prior"]["step_acc"] == 1.0 and m["heuristic:position-prior"]["far"] == 1.0
-    assert floor_metrics(tmp_path / "nowhere.jsonl", test) == {}
+    # without a train split (Who&When) only the lexical rule, which fits nothing, is scored
+    far = floor_metrics(tmp_path / "nowhere.jsonl", test)
+    assert [k for k, g in far.items() if "skipped" not in g] == ["heuristic:lexical"]
 
 
 def test_eval_report_shows_the_floors_beside_the_auditor(tmp_path):
@@ -148,7 +152,13 @@ def test_eval_report_shows_the_floors_beside_the_auditor(tmp_path):
     metrics = json.loads((tmp_path / "ev" / "metrics.json").read_text())
     assert metrics["floors"]["heuristic:position-prior"]["exact_f1"] == pytest.approx(2 * 5 / (10 + 5))
     report = (tmp_path / "ev" / "report.md").read_text()
-    assert "Content-blind floors" in report and "heuristic:length" in report and "dummy:gold (under test)" in report
+    assert "## Floors" in report and "heuristic:length" in report and "dummy:gold (under test)" in report
+    # every floor is in the table, and the run is compared to the best one on the same runs
+    assert all(f"| {spec} |" in report for spec in FLOOR_SPECS)
+    vs = metrics["vs_best_floor"]
+    assert vs["floor"] == "heuristic:position-prior"          # 2*5/(10+5) beats the others here
+    assert vs["exact_f1"]["diff"] == pytest.approx(1.0 - 2 * 5 / 15) and vs["exact_f1"]["ci"] is not None
+    assert "Paired difference, dummy:gold minus the best floor here (heuristic:position-prior)" in report
     # a floor under test gets no second copy of itself
     assert main(["eval", "--auditor", "heuristic:length", "--data", str(tmp_path / "test.jsonl"), "--out",
                  str(tmp_path / "ev2"), "--no-progress", "--n-boot", "10"]) == 0
