@@ -2,13 +2,12 @@
 `serve.client.GatewayClient` and stops the run when a verdict says ALARM (or the gateway's
 intervention action is pause/halt), as serve/example_agent.py does for a scripted loop.
 
-    from serve.client import GatewayClient
     from aftraj.adapters.hooks import SmolagentsGatewayHook
-    with GatewayClient("http://127.0.0.1:8080", api_key=KEY) as gw:
-        hook = SmolagentsGatewayHook(gw)
-        agent = ToolCallingAgent(tools=..., model=..., step_callbacks=hook.step_callbacks())
-        agent.run(task)          # raises smolagents' AgentError "Agent interrupted." after an ALARM
-        hook.alarm               # the ALARM verdict (None when the run was never flagged)
+    hook = SmolagentsGatewayHook("http://127.0.0.1:8080", api_key=KEY)   # or a serve.client.GatewayClient
+    agent = ToolCallingAgent(tools=..., model=..., step_callbacks=hook.step_callbacks())
+    agent.run(task)          # interrupted after an ALARM (smolagents' "Agent interrupted.")
+    hook.alarm               # the ALARM verdict (None when the run was never flagged)
+    hook.close()             # sends what an outage kept back (at most 5 s), closes the connection
 
 - smolagents: `step_callbacks` (ActionStep, PlanningStep, FinalAnswerStep); on ALARM the hook calls
   `agent.interrupt()`, so no further step runs.
@@ -19,27 +18,50 @@ intervention action is pause/halt), as serve/example_agent.py does for a scripte
 - OpenAI Agents SDK: `openai_agents_hooks(gw)` is a `RunHooks` (model answers, tool results,
   tool errors, handoffs, final output); on ALARM it raises `RunStopped` out of `Runner.run`.
   `hooks.run_sync(agent, input, max_turns=…)` also posts `MaxTurnsExceeded` as the run's
-  `step_limit` end.
+  `step_limit` end, and records a raising tool's own exception (`hooks.run_config()`: the SDK's
+  default failure text and its trace span say only "An error occurred while running the tool").
 - OpenTelemetry: `GatewaySpanProcessor` (add it to the TracerProvider) posts each GenAI span's
-  events as spans start and end; an SDK span processor cannot stop the traced code, so on ALARM it
+  events as spans start and end (each event carries its span, `meta["otel"]`, so a verdict
+  emitted for it lands on that span: aftraj/adapters/emit.py); an SDK span processor cannot stop the traced code, so on ALARM it
   records the verdict (`.alarm`), calls `on_alarm(verdict)` (where the caller stops its agent)
   and posts nothing more for that trace.
+
+The hooks' keywords (`_GatewayRun`): `task`, `agents`, `category`, `run_id`, `api_key`,
+`deadline_s`, `max_answer_bytes`, `max_failures`, `cooldown_s`, `max_pending`, `fail_closed`.
 
 A verdict given without the auditor (`auditor: unavailable` or `parse_failure`) is logged as a
 warning (logger `aftraj.hooks`) and kept in `.unaudited`; it stops the run when the gateway's
 `intervention.auditor_unavailable` makes its action pause or halt.
 
-Fail open (the default, as the Langfuse SDK does): monitoring never breaks the agent. A gateway
-that is down, slow past the client's timeout, or answers an error (409, 500, …) is logged
-(warning, logger `aftraj.hooks`) and counted (`.failures`, `.failed_posts`, `.dropped_events`),
-and the agent carries on. Events a transient failure kept from the gateway (connection, timeout,
-5xx, 429) wait in `.pending` (at most `max_pending`) and go with the next post (a batch is
-idempotent by event id); events the gateway refused (another 4xx) are dropped and counted. After
-`max_failures` failures in a row the hook stops calling the gateway for `cooldown_s` seconds, so a
-dead gateway costs the agent one timeout, not one per step. `fail_closed=True` instead stops the
-run at the first failure, as an ALARM would, with `GatewayUnavailable` (a `RunStopped`; its
-`.verdict` says why). The wait per post is the client's: `GatewayClient(url, key, timeout=2,
-retries=1)` for a live agent.
+Fail open (the default, as the Langfuse SDK does): monitoring never breaks the agent, and never
+holds it longer than the hook's deadline.
+- **One total deadline a step** (`deadline_s`, default 2 s): creating the run and posting the
+  step's events together, connecting, sending and reading included, enforced by the hook (its
+  `HookClient` cancels the call at the deadline: a gateway dripping its answer a byte at a time
+  is abandoned there, not after one timeout per read). A `serve.client.GatewayClient` passed to
+  a hook gives its URL and key (and its timeout, when shorter than `deadline_s`); its own
+  retries and per-read timeouts are not used.
+- **Any answer of any shape** is caught: an answer over `max_answer_bytes` (default 1 MiB; a
+  declared `Content-Length` over it is refused unread, a streamed one abandoned there), one that is
+  not JSON or not a verdict object (null, [], a string, a number), a 3xx or a 204 is a failure,
+  never a verdict and never an exception in the agent.
+- A failure is logged (warning, logger `aftraj.hooks`) and counted (`.failures`,
+  `.failed_posts`, `.dropped_events`); events a transient failure kept from the gateway (no or
+  no usable answer, 3xx, 408, 429, 5xx) wait in `.pending` (at most `max_pending`) and go with
+  the next post (a batch is idempotent by event id); events the gateway refused (another 4xx)
+  are dropped and counted.
+- **Circuit breaker**: after `max_failures` (3) failures in a row the hook makes no call for
+  `cooldown_s` (30 s): those steps cost nothing (`.skipped_posts`) and keep their events; the
+  next step after the cool-down tries once.
+- **`flush(timeout)` / `close()`** send the events kept during an outage (the breaker
+  notwithstanding; `GatewaySpanProcessor.force_flush`/`shutdown` do it for every trace, and the
+  TracerProvider calls them at exit). Call `hook.close()` when the agent is done.
+
+Worst-case cost to the agent: `deadline_s` (+ a few ms) per step while the gateway misbehaves, at
+most `max_failures` steps in a row; then nothing per step for `cooldown_s`; `flush(timeout)` at
+most `timeout`. Measured with a dripping, hanging, 300 MB and malformed gateway:
+benchmarks/hook_deadline.py. `fail_closed=True` instead stops the run at the first failure, as an
+ALARM would, with `GatewayUnavailable` (a `RunStopped`; its `.verdict` says why).
 
 Sequence numbers are the hook's: each event posted takes the next one (`.seq`), whatever its
 builder said, so a message after the run's termination (AG2 sends after TERMINATE) follows it.
@@ -47,10 +69,15 @@ builder said, so a message after the run's termination (AG2 sends after TERMINAT
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
+import threading
 import time
 import uuid
+import weakref
 from typing import Any, Callable
+from urllib.parse import quote
 
 from aftraj.adapters import autogen as _autogen
 from aftraj.adapters import otel as _otel
@@ -88,25 +115,200 @@ def auditor_missing(v: dict) -> bool:
     return v.get("auditor") in ("unavailable", "parse_failure")
 
 
+DEADLINE_S = 2.0                 # the default total wait a hook step may spend on the gateway
+MAX_ANSWER_BYTES = 1 << 20       # a verdict is < 10 KB; an answer past this is abandoned unread
+
+
 def _transient(e: BaseException) -> bool:
-    """A failure worth resending after: no answer (connection, timeout) or a 5xx/408/429."""
+    """A failure worth resending after: no (usable) answer — connection, deadline, an oversize or
+    malformed answer, a 3xx — or a 408/429/5xx. Another 4xx is the gateway refusing the batch."""
+    if getattr(e, "kind", None) in ("connect", "timeout", "deadline", "oversize", "malformed"):
+        return True
     status = getattr(e, "status", None)
-    return status is None or status in (408, 429) or status >= 500
+    return status is None or status < 400 or status in (408, 429) or status >= 500
 
 
 def _describe(e: BaseException) -> str:
-    status = getattr(e, "status", None)
-    return f"HTTP {status}: {getattr(e, 'problem', {}).get('detail')}" if status else f"{type(e).__name__}: {e}"
+    status, kind = getattr(e, "status", None), getattr(e, "kind", None)
+    if kind is not None:                           # aftraj.llm_client.EndpointError
+        return f"{kind}: {e}"[:500]
+    if status:
+        problem = getattr(e, "problem", None)
+        detail = problem.get("detail") if isinstance(problem, dict) else str(e)
+        return f"HTTP {status}: {detail}"[:500]
+    return f"{type(e).__name__}: {e}"[:500]
+
+
+class HookClient:
+    """The hooks' one way to the gateway: `aftraj.llm_client.ChatClient` (the project's HTTP
+    client) on a private event-loop thread, each call cut at the deadline it is given (connect,
+    send, headers and body together: a gateway that drips its answer is abandoned there), its
+    answer streamed and abandoned past `max_answer_bytes`, a 3xx an error, and the answer checked
+    for its shape (a verdict object; anything else is `EndpointError(kind="malformed")`).
+
+        gw = HookClient("http://127.0.0.1:8080", api_key=KEY)      # or pass a GatewayClient / URL to a hook
+    """
+
+    def __init__(self, base_url: str, api_key: str | None = None, *, deadline_s: float = DEADLINE_S,
+                 max_answer_bytes: int = MAX_ANSWER_BYTES, retries: int = 1, transport=None):
+        from aftraj.llm_client import ChatClient, ClientConfig
+        self.deadline_s = float(deadline_s)
+        self.chat = ChatClient(ClientConfig(str(base_url), api_key=api_key, deadline_s=self.deadline_s,
+                                            retries=retries, backoff_s=0.05, max_backoff_s=0.5,
+                                            max_response_bytes=max_answer_bytes, max_connections=4),
+                               transport=transport)
+        self._lock = threading.Lock()
+        self._loop = self._thread = None
+
+    def _loop_running(self):
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(target=self._loop.run_forever, daemon=True, name="aftraj-hook-client")
+                self._thread.start()
+            return self._loop
+
+    def call(self, method: str, path: str, body: dict | None, timeout: float) -> Any:
+        """One request, its answer's JSON; `EndpointError` on any failure, at `timeout` at the latest."""
+        from aftraj.llm_client import EndpointError
+        timeout = max(0.001, min(timeout, self.deadline_s))
+
+        async def go():
+            async with asyncio.timeout(timeout):
+                return await self.chat.arequest(method, path, body)
+        fut = asyncio.run_coroutine_threadsafe(go(), self._loop_running())
+        try:
+            return fut.result(timeout=timeout + 0.2)     # the loop cuts it at `timeout`; this is the backstop
+        except (TimeoutError, concurrent.futures.TimeoutError):
+            fut.cancel()
+            raise EndpointError(f"{self.chat.shown_url}{path}: no complete answer within {timeout:.2f} s",
+                                kind="deadline") from None
+        except concurrent.futures.CancelledError:
+            raise EndpointError(f"{self.chat.shown_url}{path}: cancelled", kind="deadline") from None
+
+    def create_run(self, task: str, agents=(), category: str | None = None, run_id: str | None = None, *,
+                   timeout: float | None = None) -> str:
+        from aftraj.llm_client import EndpointError
+        ans = self.call("POST", "/v1/runs", {"task": task, "agents": list(agents), "category": category,
+                                             "run_id": run_id}, self.deadline_s if timeout is None else timeout)
+        if not isinstance(ans, dict) or not isinstance(ans.get("run_id"), str) or not ans["run_id"]:
+            raise EndpointError(f"POST /v1/runs: the answer is not a created run: {str(ans)[:200]}", kind="malformed")
+        return ans["run_id"]
+
+    def post_events(self, run_id: str, events, *, timeout: float | None = None) -> dict:
+        from aftraj.llm_client import EndpointError
+        body = {"events": [e.to_record() if hasattr(e, "to_record") else e for e in events]}
+        ans = self.call("POST", f"/v1/runs/{quote(str(run_id), safe='')}/events", body,
+                        self.deadline_s if timeout is None else timeout)
+        if not (isinstance(ans, dict) and ans.get("decision") in ("CONTINUE", "ALARM")):
+            raise EndpointError(f"POST /v1/runs/…/events: the answer is not a verdict: {str(ans)[:200]}",
+                                kind="malformed")
+        return ans
+
+    def close(self) -> None:
+        with self._lock:
+            loop, self._loop = self._loop, None
+        if loop is None:
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self.chat.aclose(), loop).result(timeout=1.0)
+        except Exception:          # a close must not raise into the agent either
+            pass
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+
+
+class _ThreadedGateway:
+    """Any other object with `create_run`/`post_events` (a test double, a custom client): each call
+    runs on one worker thread and the hook waits at most its deadline for it; a call still running
+    at the next step makes that step fail fast (its events are kept), never queue behind it. The
+    answer's size is that object's to bound."""
+
+    def __init__(self, gw, deadline_s: float = DEADLINE_S):
+        self.gw, self.deadline_s = gw, float(deadline_s)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="aftraj-hook-call")
+        self._busy: concurrent.futures.Future | None = None
+
+    def _run(self, fn, timeout: float, *args, **kw):
+        from aftraj.llm_client import EndpointError
+        if self._busy is not None and not self._busy.done():
+            raise EndpointError("the previous gateway call is still running", kind="deadline")
+        self._busy = fut = self._pool.submit(fn, *args, **kw)
+        try:
+            return fut.result(timeout=max(0.001, timeout))
+        except concurrent.futures.TimeoutError:
+            raise EndpointError(f"no answer within {timeout:.2f} s", kind="deadline") from None
+
+    def create_run(self, *a, timeout: float, **kw) -> str:
+        from aftraj.llm_client import EndpointError
+        rid = self._run(self.gw.create_run, timeout, *a, **kw)
+        if not isinstance(rid, str) or not rid:
+            raise EndpointError(f"create_run answered {str(rid)[:200]}, not a run id", kind="malformed")
+        return rid
+
+    def post_events(self, run_id, events, *, timeout: float) -> dict:
+        from aftraj.llm_client import EndpointError
+        v = self._run(self.gw.post_events, timeout, run_id, events)
+        if not (isinstance(v, dict) and v.get("decision") in ("CONTINUE", "ALARM")):
+            raise EndpointError(f"post_events answered {str(v)[:200]}, not a verdict", kind="malformed")
+        return v
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+_CLIENTS: "weakref.WeakKeyDictionary[Any, HookClient]" = weakref.WeakKeyDictionary()
+
+
+def hook_client(gw, *, api_key: str | None = None, deadline_s: float = DEADLINE_S,
+                max_answer_bytes: int = MAX_ANSWER_BYTES):
+    """What a hook calls the gateway through: a `HookClient` for a URL, a `HookClient`, or a
+    `serve.client.GatewayClient` (its URL and key; its timeout, when shorter, is the deadline; the
+    hook never waits on the GatewayClient's own per-read timeouts and retries); any other object
+    with `create_run`/`post_events` runs on a worker thread under the deadline."""
+    import httpx
+    if isinstance(gw, (HookClient, _ThreadedGateway)):
+        return gw
+    if isinstance(gw, str):
+        return HookClient(gw, api_key, deadline_s=deadline_s, max_answer_bytes=max_answer_bytes)
+    http = getattr(gw, "http", None)
+    if isinstance(http, httpx.Client):
+        transport = getattr(http, "_transport", None)
+        if isinstance(transport, httpx.MockTransport) or type(transport) is httpx.HTTPTransport:
+            try:
+                return _CLIENTS[gw]
+            except (KeyError, TypeError):
+                pass
+            auth = http.headers.get("authorization") or ""
+            key = auth[7:] if auth.lower().startswith("bearer ") else api_key
+            timeout = getattr(gw, "timeout", None)
+            client = HookClient(str(http.base_url), key,
+                                deadline_s=min(deadline_s, timeout) if isinstance(timeout, (int, float)) and timeout > 0
+                                else deadline_s, max_answer_bytes=max_answer_bytes,
+                                retries=min(1, max(0, int(getattr(gw, "retries", 1)))),
+                                transport=transport if isinstance(transport, httpx.MockTransport) else None)
+            try:
+                _CLIENTS[gw] = client
+            except TypeError:
+                pass
+            return client
+    return _ThreadedGateway(gw, deadline_s)
 
 
 class _GatewayRun:
     """One run on the gateway: created on the first post, then each batch of new events posted
-    (see the module docstring: fail open, hook-owned sequence numbers)."""
+    (see the module docstring: one deadline a step, fail open, the circuit breaker, flush/close,
+    hook-owned sequence numbers)."""
 
     def __init__(self, gw, *, task: str | None = None, agents=(), category: str | None = None,
                  run_id: str | None = None, fail_closed: bool = False, max_pending: int = 1000,
-                 max_failures: int = 3, cooldown_s: float = 30.0):
-        self.gw, self.task, self.agents, self.category = gw, task, list(agents), category
+                 max_failures: int = 3, cooldown_s: float = 30.0, deadline_s: float = DEADLINE_S,
+                 max_answer_bytes: int = MAX_ANSWER_BYTES, api_key: str | None = None):
+        self.gw = hook_client(gw, api_key=api_key, deadline_s=deadline_s, max_answer_bytes=max_answer_bytes)
+        self._owns_client = self.gw is not gw        # made here (from a URL or a GatewayClient): close() closes it
+        self.task, self.agents, self.category = task, list(agents), category
+        self.deadline_s = getattr(self.gw, "deadline_s", deadline_s)
         self.run_id = run_id or f"run-{uuid.uuid4().hex[:12]}"
         self.fail_closed, self.max_pending = fail_closed, max_pending
         self.max_failures, self.cooldown_s = max_failures, cooldown_s
@@ -120,8 +322,12 @@ class _GatewayRun:
         self.failures: list[str] = []          # each failure, described (the last 100)
         self.failed_posts = 0
         self.dropped_events = 0
+        self.skipped_posts = 0                 # steps the open circuit breaker did not post
         self._in_a_row = 0
         self._quiet_until = 0.0
+        self._last_transient = True
+        self._flushing = False
+        self._lock = threading.Lock()
 
     def _stamp(self, events) -> list:
         for ev in events:       # Event objects, or their wire dicts
@@ -134,26 +340,40 @@ class _GatewayRun:
 
     def post(self, events, task: str | None = None, rb=None) -> dict | None:
         """Post `events` (plus, once, the run's termination when `rb` has recorded it). Returns
-        the verdict, or None when nothing was posted (nothing new, the run already stopped, or
-        the gateway failed: see the module docstring)."""
-        events = list(events)
-        if rb is not None and rb.termination is not None and not self.ended:
-            events.append(rb.termination_event())
-            self.ended = True
-        if self.halt is not None:
+        the verdict, or None when nothing was posted (nothing new, the run already stopped, the
+        circuit breaker is open, or the gateway failed: see the module docstring). Never raises,
+        and returns within the deadline (`deadline_s`, default 2 s) whatever the gateway does."""
+        try:
+            with self._lock:
+                events = list(events)
+                if rb is not None and rb.termination is not None and not self.ended:
+                    events.append(rb.termination_event())
+                    self.ended = True
+                if self.halt is not None:
+                    return None
+                batch = self.pending + self._stamp(events)
+                if not batch:
+                    return None
+                if time.monotonic() < self._quiet_until:
+                    self.skipped_posts += 1
+                    self._keep(batch)
+                    return None
+                return self._deliver(batch, task, time.monotonic() + self.deadline_s)
+        except Exception as e:      # a bug of ours, an Event that will not serialise: never into the agent
+            self.failed_posts += 1
+            what = f"hook error: {_describe(e)}"
+            self.failures = (self.failures + [what])[-100:]
+            log.warning("run %s: %s; the agent carries on", self.run_id, what)
             return None
-        batch = self.pending + self._stamp(events)
-        if not batch:
-            return None
-        if time.monotonic() < self._quiet_until:
-            self._keep(batch)
-            return None
+
+    def _deliver(self, batch: list, task: str | None, end: float) -> dict | None:
         try:
             if not self.created:
                 self.run_id = self.gw.create_run(task or self.task or "", agents=self.agents,
-                                                 category=self.category, run_id=self.run_id)
+                                                 category=self.category, run_id=self.run_id,
+                                                 timeout=end - time.monotonic())
                 self.created = True
-            v = self.gw.post_events(self.run_id, batch)
+            v = self.gw.post_events(self.run_id, batch, timeout=end - time.monotonic())
         except Exception as e:      # anything the monitoring raises: the agent must not see it
             self._failed(e, batch)
             return None
@@ -166,6 +386,45 @@ class _GatewayRun:
         if is_alarm(v):
             self.alarm = self.halt = v
         return v
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Send the events kept during an outage now (the circuit breaker notwithstanding), trying
+        again (0.1 s, 0.2 s, … 1 s apart) until `timeout` seconds have passed; True when none is
+        left waiting. Never raises; one warning when events are still waiting."""
+        try:
+            with self._lock:
+                if not self.pending or self.halt is not None:
+                    return not self.pending
+                end = time.monotonic() + max(0.0, timeout)
+                pause, tries, self._flushing = 0.1, 0, True
+                try:
+                    while self.pending and time.monotonic() < end:
+                        tries += 1
+                        v = self._deliver(list(self.pending), None, min(end, time.monotonic() + self.deadline_s))
+                        if v is None and self.pending:
+                            if not self._last_transient:
+                                break
+                            time.sleep(min(pause, max(0.0, end - time.monotonic())))
+                            pause = min(1.0, 2 * pause)
+                finally:
+                    self._flushing = False
+                if self.pending:
+                    log.warning("run %s: flush: %d events still waiting after %d tries in %.1f s (last: %s)",
+                                self.run_id, len(self.pending), tries, timeout,
+                                self.failures[-1] if self.failures else "-")
+                return not self.pending
+        except Exception as e:
+            log.warning("run %s: flush failed: %s", self.run_id, _describe(e))
+            return False
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """`flush(timeout)`, then release the connection the hook opened. True when nothing was lost."""
+        ok = self.flush(timeout)
+        if not ok and self.pending:
+            log.warning("run %s: %d events never reached the gateway", self.run_id, len(self.pending))
+        if self._owns_client:
+            self.gw.close()
+        return ok
 
     def _keep(self, batch) -> None:
         over = len(batch) - self.max_pending
@@ -181,7 +440,8 @@ class _GatewayRun:
         self.failed_posts += 1
         self._in_a_row += 1
         self.failures = (self.failures + [what])[-100:]
-        if _transient(e):
+        self._last_transient = _transient(e)
+        if self._last_transient:
             self._keep(batch)
             fate = f"{len(self.pending)} events kept for the next post"
         else:
@@ -196,7 +456,8 @@ class _GatewayRun:
                          "reason": f"the gateway is unavailable ({what}) and the hook is fail-closed"}
             log.error("run %s: gateway post failed (%s): stopping the run (fail-closed)", self.run_id, what)
             return
-        log.warning("run %s: gateway post failed (%s); the agent carries on (%s)", self.run_id, what, fate)
+        (log.debug if self._flushing else log.warning)(
+            "run %s: gateway post failed (%s); the agent carries on (%s)", self.run_id, what, fate)
 
     def convert(self, fn, *args, **kwargs) -> list:
         """`fn(*args, **kwargs)` (a framework record -> events), failing open: a record the adapter
@@ -337,6 +598,7 @@ def openai_agents_hooks(gw, **kw):
             self.rb = RunBuilder(self.run_id, source="openai-agents")
             self.open: dict[tuple[str, str], list[str]] = {}
             self.last_agent: str | None = None
+            self.tool_errors: dict[str, str] = {}     # call id -> the tool's own error (run_config)
 
         async def _send(self, n0: int) -> None:
             await asyncio.to_thread(self.post, self.rb.events[n0:], None, self.rb)
@@ -368,12 +630,41 @@ def openai_agents_hooks(gw, **kw):
         async def on_tool_end(self, context, agent, tool, result) -> None:
             n0 = len(self.rb.events)
             cid = getattr(context, "tool_call_id", None)
-            err = _sdk_tool_error(result)
+            err = self.tool_errors.pop(cid, None) if cid is not None else None
+            if err is None:
+                err = _sdk_tool_error(result)
             if err is not None:
                 self.rb.error(agent.name, err, content=str(result), tool=tool.name, call_id=cid, field="tool result")
             else:
                 self.rb.tool_result(agent.name, str(result), tool=tool.name, call_id=cid, field="tool result")
             await self._send(n0)
+
+        def run_config(self, base=None):
+            """`base` (a RunConfig, or None) with a `tool_error_formatter` that records each tool's
+            own exception for the hook (the SDK's default failure text and its trace span are
+            redacted: "An error occurred while running the tool", "Error running tool
+            (non-fatal)"); `base`'s own formatter still answers the model. `run_sync`/`run` use it;
+            pass `run_config=hooks.run_config()` when calling `Runner.run` yourself."""
+            import dataclasses
+
+            from agents import RunConfig
+            base = base or RunConfig()
+            theirs = base.tool_error_formatter
+            if getattr(theirs, "_aftraj_hooks", None) is self:
+                return base
+
+            def formatter(args):
+                try:
+                    if args.kind == "tool_exception" and args.error is not None and args.call_id:
+                        e = args.error
+                        self.tool_errors[args.call_id] = strip_boilerplate(f"{type(e).__name__}: {e}")[:4000]
+                        if len(self.tool_errors) > 1000:
+                            self.tool_errors.pop(next(iter(self.tool_errors)))
+                except Exception:          # recording must never change what the model is told
+                    pass
+                return theirs(args) if theirs is not None else None
+            formatter._aftraj_hooks = self
+            return dataclasses.replace(base, tool_error_formatter=formatter)
 
         async def on_handoff(self, context, from_agent, to_agent) -> None:
             n0 = len(self.rb.events)
@@ -411,11 +702,13 @@ def openai_agents_hooks(gw, **kw):
 
         def run_sync(self, agent, input, **run_kw):
             from agents import Runner
+            run_kw["run_config"] = self.run_config(run_kw.get("run_config"))
             with self.watch():
                 return Runner.run_sync(agent, input, hooks=self, **run_kw)
 
         async def run(self, agent, input, **run_kw):
             from agents import Runner
+            run_kw["run_config"] = self.run_config(run_kw.get("run_config"))
             try:
                 return await Runner.run(agent, input, hooks=self, **run_kw)
             except BaseException as e:
@@ -426,10 +719,16 @@ def openai_agents_hooks(gw, **kw):
 
 
 class GatewaySpanProcessor:
-    """An OpenTelemetry SDK SpanProcessor posting GenAI spans to the gateway, one run per trace."""
+    """An OpenTelemetry SDK SpanProcessor posting GenAI spans to the gateway, one run per trace.
+    Each span's start and end is a step: at most `deadline_s` each; `force_flush(timeout_millis)`
+    and `shutdown()` (the TracerProvider calls them, at exit too) deliver the events kept during an
+    outage."""
 
     def __init__(self, gw, *, on_alarm: Callable[[dict], Any] | None = None, category: str | None = None,
-                 **run_kw):
+                 deadline_s: float = DEADLINE_S, max_answer_bytes: int = MAX_ANSWER_BYTES,
+                 api_key: str | None = None, **run_kw):
+        self.client = hook_client(gw, api_key=api_key, deadline_s=deadline_s, max_answer_bytes=max_answer_bytes)
+        self._owns_client = self.client is not gw
         self.gw, self.on_alarm, self.category, self.run_kw = gw, on_alarm, category, run_kw
         self.runs: dict[str, tuple[_otel.OtelRun, _GatewayRun]] = {}
         self.alarm: dict | None = None
@@ -437,7 +736,7 @@ class GatewaySpanProcessor:
     def _run(self, s: dict):
         if s["trace"] not in self.runs:
             self.runs[s["trace"]] = (_otel.OtelRun(s["trace"]),
-                                     _GatewayRun(self.gw, run_id=s["trace"], category=self.category, **self.run_kw))
+                                     _GatewayRun(self.client, run_id=s["trace"], category=self.category, **self.run_kw))
         return self.runs[s["trace"]]
 
     def _post(self, s: dict, events) -> None:
@@ -469,12 +768,18 @@ class GatewaySpanProcessor:
     def _on_ending(self, span) -> None:
         pass
 
-    def shutdown(self) -> None:
-        pass
-
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return True
+        end = time.monotonic() + timeout_millis / 1000
+        ok = True
+        for _, grun in list(self.runs.values()):
+            ok = grun.flush(max(0.0, end - time.monotonic())) and ok
+        return ok
+
+    def shutdown(self) -> None:
+        self.force_flush(int(1000 * self.client.deadline_s) if hasattr(self.client, "deadline_s") else 2000)
+        if self._owns_client:
+            self.client.close()
 
 
-__all__ = ["AG2GatewayHook", "GatewayUnavailable", "GatewaySpanProcessor", "RunStopped", "SmolagentsGatewayHook",
-           "is_alarm", "openai_agents_hooks"]
+__all__ = ["AG2GatewayHook", "DEADLINE_S", "GatewayUnavailable", "GatewaySpanProcessor", "HookClient",
+           "MAX_ANSWER_BYTES", "RunStopped", "SmolagentsGatewayHook", "hook_client", "is_alarm", "openai_agents_hooks"]

@@ -33,8 +33,16 @@ def _seen_everywhere(url, key, hook, auditor, t, k):
     view: one span and one score a verdict, the ALARM at step t blaming step k, marked on the page."""
     rid = hook.run_id
     if auditor.spans is not None:
-        spans = [s for s in auditor.spans.get_finished_spans() if s.attributes.get("aftraj.run_id") == rid]
+        every = [s for s in auditor.spans.get_finished_spans() if s.attributes.get("aftraj.run_id") == rid]
+        spans = [s for s in every if s.name == "aftraj.verdict"]
         assert len(spans) == len(hook.verdicts)
+        # Phoenix-style (issue 47.2): every parent a span names is in the trace, and each verdict
+        # hangs under its own step's span (the emitter's `aftraj.step` anchor: a hook run has no trace)
+        by_id = {s.context.span_id: s for s in every}
+        assert all(s.parent is None or s.parent.span_id in by_id for s in every)
+        assert all(by_id[s.parent.span_id].name == "aftraj.step"
+                   and by_id[s.parent.span_id].attributes["aftraj.step"] == s.attributes["aftraj.step"] for s in spans)
+        assert all(s.events[0].name == "gen_ai.evaluation.result" for s in spans)
         last = spans[-1].attributes
         assert (last["aftraj.decision"], last["aftraj.step"], last["aftraj.decisive_step"]) == ("ALARM", t, k)
         assert spans[-1].status.status_code.name == "ERROR" and last["aftraj.reason"] == hook.alarm["reason"]
@@ -43,6 +51,7 @@ def _seen_everywhere(url, key, hook, auditor, t, k):
         scores = [x for x in auditor.scores() if x["metadata"]["run_id"] == rid]
         assert [x["value"] for x in scores] == [v["decision"] for v in hook.verdicts]
         assert scores[-1]["metadata"]["step"] == t and scores[-1]["name"] == "aftraj.verdict"
+        assert all(x["observationId"] for x in scores)          # Langfuse-style: on the step's observation
     page = httpx.get(f"{url}/ui/runs/{rid}/fragment", headers={"Authorization": f"Bearer {key}"})
     assert page.status_code == 200 and f"ALARM at step {t}" in page.text
     assert f'<tr id=step-{k} class="' in page.text and "decisive" in page.text.split(f"<tr id=step-{k} ")[1][:60]
