@@ -276,8 +276,6 @@ class GatewayService:
             sa.Column("expires", sa.Float, nullable=False))
         had = set(sa.inspect(self.ledger.engine).get_table_names())
         md.create_all(self.ledger.engine)
-        if "aftraj_runs" in had and not {"aftraj_alarms", "aftraj_run_index", "aftraj_run_agents"} <= had:
-            self._backfill_indexes()
         # a verdict stored with its events: a seq answered already (another process) keeps its verdict
         dialect = self.ledger.engine.dialect.name
         if dialect in ("sqlite", "postgresql"):
@@ -288,6 +286,8 @@ class GatewayService:
         # an insert that skips a row already there (the index tables: another process wrote it)
         self._insert_ignore = ((lambda table: ins(table).on_conflict_do_nothing())
                                if dialect in ("sqlite", "postgresql") else None)
+        if "aftraj_runs" in had and not {"aftraj_alarms", "aftraj_run_index", "aftraj_run_agents"} <= had:
+            self._backfill_indexes()
         self.keys = KeyRing(cfg.api_keys)
         self.limiter = RateLimiter(lim.rate_per_s, lim.burst)
         self.fail_limiter = RateLimiter(lim.auth_failures_per_s, lim.auth_failure_burst)
