@@ -1,5 +1,5 @@
-"""Live hooks: each framework's step hook posts the new step's events to the gateway through
-`serve.client.GatewayClient` and stops the run when a verdict says ALARM (or the gateway's
+"""Live hooks: each framework's step hook posts the new step's events to the gateway (through
+`HookClient`, below) and stops the run when a verdict says ALARM (or the gateway's
 intervention action is pause/halt), as serve/example_agent.py does for a scripted loop.
 
     from aftraj.adapters.hooks import SmolagentsGatewayHook

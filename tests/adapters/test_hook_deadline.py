@@ -68,8 +68,10 @@ def _check(hook, mode, steps_s, raised):
 def test_smolagents_step_keeps_its_deadline(gateway, mode):
     pytest.importorskip("smolagents")
     from smolagents import ToolCallingAgent
+    from serve.client import GatewayClient
     g = gateway(mode)
-    hook = bad.timed(SmolagentsGatewayHook(g.url, **HOOK_KW))
+    hook = bad.timed(SmolagentsGatewayHook(GatewayClient(g.url, "k", timeout=DEADLINE, retries=1),
+                                           max_failures=10**6))
     agent = ToolCallingAgent(tools=fw.smolagents_tools(), model=fw.smolagents_model(fw.SMOL_SCRIPT), name="calc",
                              verbosity_level=0, max_steps=6, step_callbacks=hook.step_callbacks())
     assert agent.run("How many pens?") == "408 pens; Paris: 2.1 million"
@@ -130,9 +132,10 @@ def test_otel_span_processor_keeps_its_deadline(gateway, mode):
 def test_a_verdict_of_any_shape_is_a_failure_not_an_exception(gateway):
     """Issue 45.2's own shapes, one post each: before, `null` raised AttributeError from post."""
     from aftraj.adapters.base import RunBuilder
+    from serve.client import GatewayClient
     g = gateway("malformed")
     rb = RunBuilder("r-shapes", source="test")
-    run = _GatewayRun(g.url, run_id="r-shapes", **HOOK_KW)
+    run = _GatewayRun(GatewayClient(g.url, "k", timeout=DEADLINE, retries=0), run_id="r-shapes", max_failures=10**6)
     for i in range(len(bad.MALFORMED)):
         assert run.post([rb.message("a", f"step {i}")]) is None
     assert run.failed_posts == len(bad.MALFORMED) and run.verdicts == []
