@@ -15,6 +15,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VERL_VENV:-$ROOT/.venv-verl}"
 REQ="$ROOT/training/verl/requirements.txt"
 REQ_GPU="$ROOT/training/verl/requirements-gpu.txt"
+VLLM_GPU_PINS="$ROOT/training/verl/requirements-vllm-gpu.txt"   # .venv-vllm-gpu's pins, as constraints
 # shellcheck source=scripts/pick_python.sh
 source "$ROOT/scripts/pick_python.sh"
 pick_python setup_verl || exit 1
@@ -47,8 +48,9 @@ if [ "$MODE" = cpu ]; then
   "$VENV/bin/python" -c "import torch; assert torch.version.cuda is None, torch.__version__"
 else
   # verl's vllm extra pins torch 2.11 (CUDA), vllm 0.24.0 and transformers 5.9.0; no flash-attn
-  # (the recipe uses SDPA). The rest of the GPU set: training/verl/requirements-gpu.txt.
-  "${PIP[@]}" "verl[vllm]==${VERL_PIN#verl==}" -r "$REQ_GPU"
+  # (the recipe uses SDPA). The rest of the GPU set: training/verl/requirements-gpu.txt; what
+  # .venv-vllm-gpu pins beyond the extra (tokenizers, huggingface-hub, ...) constrains this one too.
+  "${PIP[@]}" "verl[vllm]==${VERL_PIN#verl==}" -r "$REQ_GPU" -c "$VLLM_GPU_PINS"
 fi
 venv_ok || { echo "[setup_verl] $VENV does not import verl cleanly" >&2; exit 1; }
 echo "[setup_verl] ready: $VENV ($VERL_PIN, $MODE)"

@@ -10,6 +10,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -103,15 +105,63 @@ def _fake_gpu_node(tmp_path: Path) -> tuple[Path, Path]:
     return bin_, log
 
 
-def test_setup_vllm_gpu_installs_the_pin_on_a_gpu_node(tmp_path):
+VLLM_GPU_PINS = REPO / "training" / "verl" / "requirements-vllm-gpu.txt"
+
+
+def _pins(path: Path) -> dict[str, str]:
+    """{name: version} of a requirements file; AssertionError on any line that is not name==version."""
+    import re
+
+    out = {}
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split("#")[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([0-9][A-Za-z0-9.+!-]*)", line)
+        assert m, f"{path}:{n}: {line!r} is not pinned with == (a range, a marker or an extra floats)"
+        assert m.group(1).lower() not in out, f"{path}:{n}: {m.group(1)} twice"
+        out[m.group(1).lower()] = m.group(2)
+    return out
+
+
+def test_the_gpu_vllm_pins_are_exact_and_verls_vllm_extra():
+    """Every requirement of .venv-vllm-gpu is pinned with ==, so two installs give the same versions
+    of everything named; the five verl 0.9.1's `vllm` extra pins are the extra's (its METADATA), and
+    transformers is one of them (issue 46 item 3: it floated before)."""
+    pins = _pins(VLLM_GPU_PINS)
+    assert {k: pins[k] for k in ("vllm", "torch", "torchvision", "torchaudio", "transformers")} == {
+        "vllm": "0.24.0", "torch": "2.11.0", "torchvision": "0.26.0", "torchaudio": "2.11.0", "transformers": "5.9.0"}
+    text = VLLM_GPU.read_text()
+    assert 'PINS="${VLLM_GPU_LOCK:-$ROOT/training/verl/requirements-vllm-gpu.txt}"' in text
+    assert f"VLLM_VERSION={pins['vllm']}" in text
+    verl_gpu = (REPO / "scripts" / "setup_verl.sh").read_text()
+    assert '-c "$VLLM_GPU_PINS"' in verl_gpu and "requirements-vllm-gpu.txt" in verl_gpu
+    for other in ("requirements.txt", "requirements-gpu.txt"):     # verl's own sets are exact too
+        _pins(REPO / "training" / "verl" / other)
+
+
+def test_a_floating_requirement_is_refused(tmp_path):
+    bad = tmp_path / "r.txt"
+    bad.write_text("vllm==0.24.0\ntransformers>=5.9\n")
+    with pytest.raises(AssertionError, match=r"r.txt:2: 'transformers>=5.9' is not pinned"):
+        _pins(bad)
+
+
+def test_setup_vllm_gpu_installs_the_pins_on_a_gpu_node(tmp_path):
     bin_, log = _fake_gpu_node(tmp_path)
     env = {"PATH": f"{bin_}:{_tools(tmp_path)}", "HOME": str(tmp_path), "VLLM_GPU_VENV": str(tmp_path / "v")}
     r = subprocess.run(["/bin/bash", str(VLLM_GPU)], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     calls = log.read_text()
-    assert "-m pip install -q --disable-pip-version-check vllm==0.24.0" in calls, calls
+    assert f"-m pip install -q --disable-pip-version-check -r {VLLM_GPU_PINS}" in calls, calls
+    assert "-m pip freeze --all" in calls                       # the whole environment recorded
     r2 = subprocess.run(["/bin/bash", str(VLLM_GPU)], env=env, capture_output=True, text=True, timeout=60)
-    assert r2.returncode == 0 and "already holds vllm==0.24.0" in r2.stdout   # idempotent
+    assert r2.returncode == 0 and "already holds every pin" in r2.stdout   # idempotent
+    lock = tmp_path / "freeze.txt"
+    lock.write_text("vllm==0.24.0\n")
+    env3 = {**env, "VLLM_GPU_VENV": str(tmp_path / "v3"), "VLLM_GPU_LOCK": str(lock)}
+    r3 = subprocess.run(["/bin/bash", str(VLLM_GPU)], env=env3, capture_output=True, text=True, timeout=60)
+    assert r3.returncode == 0 and f"-r {lock}" in log.read_text()       # a recorded set, installed again
 
 
 def test_setup_vllm_gpu_refuses_without_a_gpu(tmp_path):
