@@ -18,6 +18,7 @@ LOADERS = {
     "stage2": ("training.stage2.config", "load_stage2_config"),
     "warmup": ("training.warmup.config", "load_warmup_config"),
     "prefixes": ("training.prefixes.config", "load_prefixes_config"),
+    "steps": ("training.steps.config", "load_steps_config"),
     "ablation": ("aftraj.drivers.ablation", "load_config"),
     "accelerate": ("training.accelerate_config", "check_accelerate_config"),
     "policies": ("aftraj.detectors", "load_policy"),

@@ -1,0 +1,114 @@
+"""`hf-steps` (eval/auditors/hf_steps.py): one incremental forward per step on the trajectory's KV
+cache gives the scores of one forward over the whole run (segments and truncation included); the
+calibration stored with a `aftraj train steps` checkpoint is loaded; an ALARM names step t and its
+agent, and the reason is generated only on a crossing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from aftraj.prompt import step_decision_ids, step_reading
+from aftraj.schema import write_jsonl
+from eval.auditors import get_auditor
+from training.common import synthetic_trajectories
+
+
+def _whole_run_scores(model, tok, traj, bounds):
+    r = step_reading(tok, traj, **bounds)
+    s, a = step_decision_ids(tok)
+    with torch.no_grad():
+        lps = [torch.log_softmax(model(input_ids=torch.tensor([g.ids])).logits[0].float(), -1) for g in r.segments]
+    return [float(lps[si][p, a] - lps[si][p, s]) for si, p in r.scored_at]
+
+
+@pytest.mark.parametrize("bounds", [{"max_tokens": 4096, "max_step_tokens": 512},
+                                    {"max_tokens": 560, "max_step_tokens": 48}], ids=["one-segment", "segments"])
+def test_incremental_scores_equal_one_forward_over_the_run(noisy_tiny, bounds):
+    model, tok = noisy_tiny
+    aud = get_auditor("hf-steps", model=model, tokenizer=tok, reason="none", threshold=1e9, **bounds)
+    for traj in synthetic_trajectories(4, seed=3):
+        want = _whole_run_scores(model, tok, traj, bounds)
+        got = [aud.audit(traj, t) for t in range(len(traj.steps))]
+        assert [r.decision_log_odds for r in got] == pytest.approx(want, abs=1e-4)
+        assert all(not r.alarm for r in got)
+        # each event feeds only its own step: the tokens already cached grow with the run
+        assert all(b.cached_tokens == a.prompt_tokens or b.cached_tokens == 0 for a, b in zip(got, got[1:]))
+        aud.end(traj)
+    assert len({round(v, 3) for v in want}) > 1
+
+
+def test_out_of_order_prefix_rereads_the_run(noisy_tiny):
+    model, tok = noisy_tiny
+    aud = get_auditor("hf-steps", model=model, tokenizer=tok, reason="none", threshold=1e9)
+    traj = synthetic_trajectories(2, seed=4)[0]
+    late = aud.audit(traj, len(traj.steps) - 1).decision_log_odds
+    early = aud.audit(traj, 1).decision_log_odds                   # a fresh reading, not the cache past t
+    assert early == pytest.approx(_whole_run_scores(model, tok, traj, aud.bounds)[1], abs=1e-4)
+    assert late == pytest.approx(_whole_run_scores(model, tok, traj, aud.bounds)[-1], abs=1e-4)
+
+
+def test_alarm_names_step_t_and_its_agent_and_the_reason_comes_only_on_a_crossing(noisy_tiny, monkeypatch):
+    model, tok = noisy_tiny
+    # a run whose score first passes its earlier maximum at some step t >= 1: the threshold between
+    for traj in synthetic_trajectories(6, seed=5):
+        scores = _whole_run_scores(model, tok, traj, {"max_tokens": 4096, "max_step_tokens": 512})
+        t_cross = next((t for t in range(1, len(scores)) if scores[t] > max(scores[:t]) + 1e-3), None)
+        if t_cross is not None:
+            break
+    assert t_cross is not None
+    thr = (scores[t_cross] + max(scores[:t_cross])) / 2
+    aud = get_auditor("hf-steps", model=model, tokenizer=tok, threshold=thr, reason_max_new_tokens=8)
+    calls = []
+    from eval.auditors.hf import HFAuditor
+
+    real = HFAuditor.audit
+    monkeypatch.setattr(HFAuditor, "audit", lambda self, tr, t: calls.append(t) or real(self, tr, t))
+    res = [aud.audit(traj, t) for t in range(t_cross + 1)]
+    assert [r.alarm for r in res] == [False] * t_cross + [True]
+    v = res[-1].verdict
+    assert (v.step, v.agent) == (t_cross, traj.steps[t_cross].agent) and v.reason
+    assert calls == [t_cross]                        # the generative path ran once, on the crossing
+    assert res[-1].completion_tokens > 0 and res[0].completion_tokens == 0
+
+
+def test_a_trained_checkpoint_carries_its_calibration(tiny_model_dir, tmp_path):
+    """`aftraj train steps` with a held-out split: the rows are the auditor's own scores, the
+    threshold is chosen on them and stored in final/, and the auditor walks with it."""
+    from aftraj.drivers.steps import run
+    from training.steps.cli import add_arguments
+    import argparse
+
+    d = tmp_path / "corpus"
+    d.mkdir()
+    write_jsonl(synthetic_trajectories(6, seed=0), d / "train.jsonl")
+    write_jsonl(synthetic_trajectories(5, seed=9), d / "val.jsonl")
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--config", "configs/steps/tiny-cpu.yaml", "--data", str(d), "--out", str(tmp_path / "run"),
+                         "--model", str(tiny_model_dir), "--set", "heldout_split=val", "--set", "num_epochs=1",
+                         "--no-progress"])
+    assert run(args) == 0
+    cal = json.loads((tmp_path / "run" / "final" / "steps_calibration.json").read_text())
+    assert cal["max_far"] == 0.2 and cal["val"]["n_runs"] == 5 and (cal["val"]["far"] or 0) <= 0.2
+    rows = [json.loads(x) for x in (tmp_path / "run" / "heldout_steps.jsonl").read_text().splitlines()]
+    val = synthetic_trajectories(5, seed=9)
+    assert len(rows) == sum(len(t.steps) for t in val)                # every step of every held-out run
+    aud = get_auditor("hf-steps", model=str(tmp_path / "run" / "final"), reason="none")
+    assert aud.threshold == cal["threshold"] and "uncalibrated" not in aud.label
+    for traj in val[:2]:
+        got = [aud.audit(traj, t).decision_log_odds for t in range(len(traj.steps))]
+        want = [r["log_odds"] for r in rows if r["id"] == traj.id]
+        assert got == pytest.approx(want, abs=2e-4)
+
+
+def test_bad_calibration_file_is_a_clear_error(tiny_model_dir, tmp_path):
+    import shutil
+
+    m = tmp_path / "m"
+    shutil.copytree(tiny_model_dir, m)
+    (m / "steps_calibration.json").write_text(json.dumps({"threshold": "high"}))
+    with pytest.raises(ValueError, match=r"steps_calibration.json: field 'threshold' must be a finite number"):
+        get_auditor("hf-steps", model=str(m))
