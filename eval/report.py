@@ -164,6 +164,8 @@ def write_markdown(metrics: dict, path: Path) -> None:
                 "figure)" if posthoc else " (strict online walk: prefix t only, first ALARM ends "
                 "the walk)" if metrics.get("protocol") == "strict" else
                 " (released protocol: safe trajectories get one full-trajectory call)"),
+             *([f"- not applied (this auditor renders no prompt and parses no completion): "
+                 f"{', '.join(metrics['inert_flags'])}"] if metrics.get("inert_flags") else []),
              f"- {run_line(metrics)}; the auditor's confidence is "
              + ("P(UNSAFE), a probability" if score_name(metrics) == "P(UNSAFE)" else
                 "a score in [0, 1], not a probability"),
@@ -232,9 +234,13 @@ _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
 
 
 def run_line(metrics: dict) -> str:
-    """What a figure was measured under: protocol, layout and parser (in every plot's title)."""
-    return (f"protocol {metrics.get('protocol') or 'strict'}, layout {metrics.get('layout') or 'ours'}, "
-            f"parser {metrics.get('parser') or 'strict'}")
+    """What a figure was measured under: protocol, layout and parser (on every plot). A run whose
+    auditor renders no prompt records layout and parser as None: "n/a" (an older metrics.json
+    without the keys had the defaults)."""
+    def flag(key: str, default: str) -> str:
+        return "n/a" if key in metrics and metrics[key] is None else metrics.get(key) or default
+
+    return f"protocol {metrics.get('protocol') or 'strict'}, layout {flag('layout', 'ours')}, parser {flag('parser', 'strict')}"
 
 
 def score_name(metrics: dict) -> str:

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from aftraj.errors import UsageError
+from eval.run import SPLIT_CHOICES
 
 
 def register(sub) -> None:
@@ -51,16 +52,31 @@ def register(sub) -> None:
     t.add_argument("--max-far", type=float, default=0.2, help="the FAR bound (default 0.2, the deployable region)")
     t.add_argument("--out", help="also write the choice and the sweep to this JSON file")
     t.set_defaults(func=run_tune_threshold, _parser=t)
+    add_walk_args(p)
+    p.set_defaults(func=run, _parser=p)
+
+
+def add_walk_args(p, *, audit: bool = False) -> None:
+    """The flags `aftraj eval` and `aftraj audit` share (one definition); `audit` leaves out those
+    that need gold labels (protocol, bootstrap, sample strata, AUC, model card)."""
     p.add_argument("--auditor", metavar="NAME[:ARG]",
-                   help="dummy:gold, heuristic:uniform-random, hf, openai[:METHOD], rules, … (required)")
+                   help="dummy:gold, heuristic:uniform-random, hf, openai[:METHOD], rules, … (required); "
+                        "the content-blind floors (heuristic:position-prior, heuristic:length, …) fit on the "
+                        "train split beside --data, or on a file or folder you name: "
+                        "heuristic:length,train=PATH. Every auditor with its arguments: --list-auditors")
+    p.add_argument("--list-auditors", nargs="?", const="", metavar="NAME",
+                   help="list the registered auditors with their documented arguments and exit "
+                        "(with NAME: that auditor's whole documentation)")
     p.add_argument("--data", help="JSONL file, corpus folder, Who&When folder or AFTraj parquet folder (required)")
-    p.add_argument("--split", choices=("train", "val", "test", "all"),
+    p.add_argument("--split", choices=SPLIT_CHOICES,
                    help="which split of data that has splits (a corpus folder, AFTraj with "
-                        "splits_test.json); default: test. Data without splits is used whole")
+                        "splits_test.json); default: test. validation is val (the name "
+                        "datasets.Split.VALIDATION uses). Data without splits is used whole")
     p.add_argument("--out", help="output folder for the reports (required)")
-    p.add_argument("--protocol", choices=("strict", "reference"), default="strict",
-                   help="strict: every trajectory walked prefix by prefix (default); reference: "
-                        "safe trajectories get one full-trajectory call, as the released evaluation")
+    if not audit:
+        p.add_argument("--protocol", choices=("strict", "reference"), default="strict",
+                       help="strict: every trajectory walked prefix by prefix (default); reference: "
+                            "safe trajectories get one full-trajectory call, as the released evaluation")
     p.add_argument("--layout", choices=("ours", "reference"), default="ours",
                    help="prompt layout: ours (default; prefix-cache friendly, never cuts) or "
                         "reference (the released evaluation's: header before the steps, contents "
@@ -71,7 +87,9 @@ def register(sub) -> None:
                         "text around the answer, \"safe\", \"2\", 2.0, null agent, a step after the "
                         "prefix), to compare with the paper's table. Reports count the strict parse "
                         "failures the reference rules accept either way")
-    p.add_argument("--model", help="local model folder (hf backend)")
+    p.add_argument("--model", help="hf: a local model folder, or builtin:NAME (tiny-qwen2, smollm2-135m: "
+                                   "prepared locally, as `aftraj models prepare` does); openai: the served "
+                                   "model's folder, for its tokenizer")
     p.add_argument("--endpoint", help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--api-model", help="model name to send to the endpoint (default: its first model)")
     p.add_argument("--api-key-env", default="OPENAI_API_KEY",
@@ -105,30 +123,43 @@ def register(sub) -> None:
                         "prefixes ahead (the records are the same either way; this measures the gain)")
     p.add_argument("--all-prefixes", action="store_true",
                    help="score every prefix (go on after the first ALARM): threshold sweep, AUC")
-    p.add_argument("--auc-start", type=int, default=0,
-                   help="first step of the per-step stratified ROC AUC (score auditors)")
+    if not audit:
+        p.add_argument("--auc-start", type=int, default=0,
+                       help="first step of the per-step stratified ROC AUC (score auditors)")
     p.add_argument("--limit", type=int, help="evaluate only the first N trajectories")
-    p.add_argument("--sample", type=int, metavar="N",
-                   help="evaluate a stratified, seeded sample of N trajectories (by domain, subset and "
-                        "gold verdict; eval/sample.py), after --split")
-    p.add_argument("--sample-seed", type=int, default=0, help="seed of --sample (default 0)")
-    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    if not audit:
+        p.add_argument("--sample", type=int, metavar="N",
+                       help="evaluate a stratified, seeded sample of N trajectories (by domain, subset and "
+                            "gold verdict; eval/sample.py), after --split")
+    if not audit:
+        p.add_argument("--sample-seed", type=int, default=0, help="seed of --sample (default 0)")
+    if not audit:
+        p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--seed", type=int, default=0, help="bootstrap and random-baseline seed")
-    p.add_argument("--price-prompt", type=float, help="USD per million uncached prompt tokens")
-    p.add_argument("--price-cached", type=float, help="USD per million cached prompt tokens")
-    p.add_argument("--price-completion", type=float, help="USD per million completion tokens")
+    if not audit:
+        p.add_argument("--price-prompt", type=float, help="USD per million uncached prompt tokens")
+    if not audit:
+        p.add_argument("--price-cached", type=float, help="USD per million cached prompt tokens")
+    if not audit:
+        p.add_argument("--price-completion", type=float, help="USD per million completion tokens")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress (else a bar on a terminal, a line every few seconds in a log)")
     p.add_argument("--resume", action="store_true",
                    help="keep the trajectories already in OUT/predictions.jsonl (written as walks end) "
-                        "and walk only the others; the settings must be the same (eval/resume.py)")
+                        "and the auditor answers in OUT/calls.jsonl (written as each call returns), and "
+                        "ask only for the rest; the settings must be the same (eval/resume.py)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the evaluation already in OUT (without --resume or --overwrite an OUT "
+                        "holding one is refused)")
     p.add_argument("--emit", metavar="otel,langfuse",
                    help="also emit every prefix's verdict as an OpenTelemetry span and/or a Langfuse score "
                         "(aftraj/adapters/emit.py; configured by the OTEL_* / LANGFUSE_* environment)")
-    p.add_argument("--update-model-card", action="store_true",
-                   help="add this evaluation to the model card (README.md) of the --model folder "
-                        "(a checkpoint of ours); without it no file outside --out is written")
-    p.set_defaults(func=run, _parser=p)
+    p.add_argument("--tenant", default="local",
+                   help="--emit: the tenant every emitted trace, span and score id is derived from (default local)")
+    if not audit:
+        p.add_argument("--update-model-card", action="store_true",
+                       help="add this evaluation to the model card (README.md) of the --model folder "
+                            "(a checkpoint of ours); without it no file outside --out is written")
 
 
 def run_compare(args) -> int:
@@ -229,16 +260,60 @@ def _heldout_rows(run: Path, key: str) -> tuple[Path, list[dict], dict]:
     return path, preds, control
 
 
+def list_auditors(name: str = "") -> str:
+    """The registry's auditors, lm-eval `ls` style: name, strategy, summary and documented
+    arguments of each (discovered, never a fixed list); with `name` its whole documentation."""
+    from eval.auditors import available_auditors, describe_auditor
+
+    if name:
+        try:
+            d = describe_auditor(name.partition(":")[0])
+        except KeyError as e:
+            raise UsageError(e.args[0]) from None
+        head = f"{d['name']} ({d['strategy']}; {d['module']})"
+        return "\n".join([head, "=" * len(head), "", "arguments:", *[f"  {a}" for a in d["arguments"]], "",
+                          d["doc"], ""])
+    lines = []
+    for n in available_auditors():
+        d = describe_auditor(n)
+        flags = "" if d["renders_prompt"] else "; --layout/--parser do not apply"
+        lines.append(f"{n}  [{d['strategy']}{flags}]")
+        lines.append(f"    {d['summary']}")
+        for a in d["arguments"]:
+            lines.append(f"    {a}" if " " in a else f"    --auditor {a}")
+    lines.append("")
+    lines.append("`aftraj eval --list-auditors NAME` prints an auditor's whole documentation.")
+    return "\n".join(lines)
+
+
+def resolve_model(spec: str | None) -> str | None:
+    """`builtin:NAME` -> its prepared local folder (training.models.resolve_model_spec: built or
+    prepared on first use, never downloaded); anything else unchanged."""
+    if spec is None or not str(spec).startswith("builtin:"):
+        return spec
+    from training.models import PREPARED, resolve_model_spec
+
+    try:
+        return str(resolve_model_spec(spec))
+    except ValueError as e:
+        raise UsageError(f"--model {spec}: {e} (builtin: names {', '.join(PREPARED)})") from None
+
+
 def run(args) -> int:
     from eval.provenance import command_line
     from eval.run import EvalConfig, EvalFailed, evaluate
 
+    if args.list_auditors is not None:
+        print(list_auditors(args.list_auditors))
+        return 0
     for opt in ("auditor", "data", "out"):
         if getattr(args, opt) is None:
             raise UsageError(f"--{opt} is required")
     if args.update_model_card and not args.model:
         raise UsageError("--update-model-card needs --model (the checkpoint folder whose card it updates)")
-    cfg = EvalConfig.from_namespace(args, command=command_line(args, args._parser, "aftraj eval"))
+    command = command_line(args, args._parser, "aftraj eval")
+    args.model = resolve_model(args.model)
+    cfg = EvalConfig.from_namespace(args, command=command)
     try:
         res = evaluate(cfg)
     except EvalFailed as e:

@@ -1,11 +1,13 @@
-"""`aftraj fold FILE.jsonl [--run ID] [--json] [--policy YAML] [--category C] [--offset N]`
+"""`aftraj fold FILE.jsonl [--run ID …] [--json] [--policy YAML] [--category C] [--offset N]`
 
 Fold an event ledger (JSON Lines, one event a line) and print each run's state and the rule
-detectors' findings with their evidence. FILE may also be a trajectory file or folder (our
-JSONL corpus, Who&When, AFTraj parquet): each trajectory is converted to events first. Bad
-records are reported (file, line, field) on stderr and never stop the others.
+detectors' findings with their evidence: every run of the file, or the runs `--run` names
+(several ids after one --run, or --run repeated). FILE may also be a trajectory file or folder
+(our JSONL corpus, Who&When, AFTraj parquet): each trajectory is converted to events first.
+Bad records are reported (file, line, field) on stderr and never stop the others. To score
+runs with any auditor (a model too), without gold labels: `aftraj audit`.
 
-    aftraj fold runs/ledger.jsonl --run r1
+    aftraj fold runs/ledger.jsonl --run r1 r2
     aftraj fold who_and_when --run whoandwhen/Hand-Crafted/30 --json
 """
 
@@ -26,7 +28,9 @@ from aftraj.views import observer_view
 def register(sub) -> None:
     p = sub.add_parser("fold", help="fold an event ledger: run state and rule findings with evidence")
     p.add_argument("path", help="event JSONL ledger (or a trajectory JSONL / Who&When / AFTraj folder)")
-    p.add_argument("--run", help="only this run id (default: every run in the file)")
+    p.add_argument("--run", nargs="+", action="extend", metavar="ID",
+                   help="only these run ids (several after one --run, or --run repeated; default: every "
+                        "run in the file)")
     p.add_argument("--json", action="store_true", help="machine-readable output (observer view)")
     p.add_argument("--policy", help="detector policy YAML (default: configs/policies/default.yaml values)")
     p.add_argument("--category", help="task category for the tool contract (default: from event meta "
@@ -55,20 +59,29 @@ def run(args) -> int:
         raise SchemaError("no such file or folder", field="<path>", source=str(path))
     policy = load_policy(args.policy) if args.policy else default_policy()
     states, report = [], IngestReport(source=str(path))
+    wanted = None if args.run is None else list(dict.fromkeys(args.run))
     if _is_trajectory_source(path):
         for traj in iter_trajectories(path):
-            if args.run is not None and traj.id != args.run:
+            if wanted is not None and traj.id not in wanted:
                 continue
             tf = fold_trajectory(_with_domain(traj, args.category) if args.category else traj, policy)
             states.append(tf.state)
             report.n_records += len(tf.events)
             report.n_appended += len(tf.events)
     else:
-        folder = Folder(policy, category=args.category, run=args.run)
+        one = wanted[0] if wanted is not None and len(wanted) == 1 else None   # the fold skips the others
+        folder = Folder(policy, category=args.category, run=one)
         report = folder.ingest_file(path, args.offset, first_line=_line_at(path, args.offset))
-        states = list(folder.states.values())
-    if args.run is not None and not states:
-        raise SchemaError(f"no run with id {args.run!r}", field="run_id", source=str(path))
+        states = [s for s in folder.states.values() if wanted is None or s.run_id in wanted]
+    if wanted is not None:
+        found = {s.run_id for s in states}
+        missing = [r for r in wanted if r not in found]
+        if missing:
+            raise SchemaError(f"no run with id {', '.join(map(repr, missing))}"
+                              + (f" ({len(found)} of the {len(wanted)} named were found)" if found else ""),
+                              field="run_id", source=str(path))
+        order = {r: i for i, r in enumerate(wanted)}
+        states.sort(key=lambda s: order[s.run_id])
     for e in report.errors[:50]:
         print(f"rejected: {e}", file=sys.stderr)
     if report.n_rejected > 50:

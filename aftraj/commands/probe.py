@@ -12,13 +12,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from eval.run import SPLIT_CHOICES
+
 
 def register(sub) -> None:
     p = sub.add_parser("probe", help="boundary probe: does the model prefer the gold verdict at the boundary?")
     p.add_argument("--model", required=True, help="model folder (merged, or a LoRA adapter folder)")
     p.add_argument("--data", required=True, help="corpus folder, JSONL or parquet folder")
-    p.add_argument("--split", choices=("train", "val", "test", "all"),
-                   help="split of data that has splits (default: test)")
+    p.add_argument("--split", choices=SPLIT_CHOICES,
+                   help="split of data that has splits (default: test; validation is val)")
     p.add_argument("--out", required=True, help="folder for probe.json")
     p.add_argument("--budget", type=int, help="prompt budget in tokens (default: the model's context "
                                               "less the chat template and 128 tokens, as the hf auditor)")

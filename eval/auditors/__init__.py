@@ -111,6 +111,14 @@ class Auditor:
     # several prefixes of one trajectory; the walker then fills a round's spare rows with the next
     # prefixes of live online walks (`eval.walker`, lookahead) and drops those a walk never asks for
     lookahead: bool = False
+    # True: the auditor renders the contract's prompt (aftraj.prompt) and parses a model's
+    # completion, so `--layout` and `--parser` change its answers; False: they have no effect
+    # (the evaluation warns and records them as not applied). None (undeclared): inferred by
+    # `renders_prompt(cls)` from whether the auditor's module imports `aftraj.prompt`.
+    renders_prompt: bool | None = None
+    # The documented `NAME:ARG` forms, one (form, meaning) pair each, for `aftraj eval
+    # --list-auditors`; when empty the listing quotes the forms the module docstring gives.
+    arguments: tuple[tuple[str, str], ...] = ()
 
     def __init__(self, arg: str | None = None, *, layout: str = "ours", **kw) -> None:
         self.arg = arg
@@ -200,6 +208,66 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     return name, (arg if sep else None)
 
 
+def auditor_class(name: str) -> type[Auditor]:
+    """The class registered as `name` (KeyError naming the available ones)."""
+    _discover()
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown auditor {name!r}; available: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def renders_prompt(cls: type[Auditor]) -> bool:
+    """Whether `--layout` / `--parser` reach this auditor: its `renders_prompt` when declared,
+    else whether its module imports the prompt builder (`aftraj.prompt`): `hf` and `openai` do,
+    the model-free auditors (`rules`, `dummy`, the heuristics and floors, `structural`) do not."""
+    if cls.renders_prompt is not None:
+        return bool(cls.renders_prompt)
+    import sys
+
+    mod = sys.modules.get(cls.__module__)
+    return any(getattr(v, "__module__", None) == "aftraj.prompt" or getattr(v, "__name__", None) == "aftraj.prompt"
+               for v in vars(mod).values()) if mod is not None else False
+
+
+def _doc_forms(name: str, doc: str) -> list[str]:
+    """The `NAME[:ARG]` forms a docstring quotes in backticks (of any registered auditor name: a
+    floor's doc gives `heuristic:length,train=PATH`), then its bulleted ARG values as
+    `name:ARG`, in order, once each."""
+    import re
+
+    names = "|".join(re.escape(n) for n in sorted(_REGISTRY, key=len, reverse=True))
+    forms = re.findall(r"`((?:" + names + r")(?::[^`\s]+)?)`", doc)
+    forms = [f for f in forms if f == name or ":" in f]
+    bullets = re.findall(r"^\s*- `([^`:]+)`", doc, flags=re.M)   # "- `gold`: ..." lists ARG values
+    return list(dict.fromkeys(forms + [f"{name}:{b}" for b in bullets
+                                       if b not in _REGISTRY and "=" not in b.split(",")[0]]))
+
+
+def describe_auditor(name: str) -> dict:
+    """What `aftraj eval --list-auditors` prints of one registered auditor: its name, the other
+    names of its class, strategy, one-line summary, documented arguments (the class's `arguments`,
+    else the forms its docs quote) and whole documentation (class docstring, then its module's)."""
+    import inspect
+    import sys
+
+    cls = auditor_class(name)
+    mod_doc = inspect.cleandoc(getattr(sys.modules.get(cls.__module__), "__doc__", None) or "")
+    cls_doc = inspect.cleandoc(cls.__doc__) if "__doc__" in vars(cls) and cls.__doc__ else ""
+    doc = "\n\n".join(d for d in (cls_doc, mod_doc) if d)
+    # a class docstring that only gives the arguments ("ARG: …") does not summarise the auditor
+    lead = mod_doc if not cls_doc or cls_doc.startswith(("ARG", "Arguments")) else cls_doc
+    summary = " ".join(lead.split("\n\n")[0].split())
+    if cls.arguments:
+        args = [f"{form}: {meaning}" for form, meaning in cls.arguments]
+    else:
+        args = _doc_forms(name, doc)
+        if cls_doc.startswith(("ARG", "Arguments")):
+            args.insert(0, " ".join(cls_doc.split("\n\n")[0].split()))
+    return {"name": name, "aliases": sorted(n for n, c in _REGISTRY.items() if c is cls and n != name),
+            "strategy": cls.strategy, "renders_prompt": renders_prompt(cls), "summary": summary,
+            "arguments": args, "doc": doc, "module": cls.__module__}
+
+
 def get_auditor(spec: str, **kw) -> Auditor:
     """Build an auditor from "NAME[:ARG]"; keyword arguments go to its constructor."""
     _discover()
@@ -209,5 +277,5 @@ def get_auditor(spec: str, **kw) -> Auditor:
     return _REGISTRY[name](arg, **kw)
 
 
-__all__ = ["AuditResult", "Auditor", "STRATEGIES", "available_auditors", "get_auditor",
-           "parse_spec", "register_auditor"]
+__all__ = ["AuditResult", "Auditor", "STRATEGIES", "auditor_class", "available_auditors", "describe_auditor",
+           "get_auditor", "parse_spec", "register_auditor", "renders_prompt"]

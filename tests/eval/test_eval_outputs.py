@@ -58,7 +58,7 @@ def test_test_split_is_the_default_and_split_chooses(tmp_path, make_traj):
     assert m["split"] == "test" and m["n_trajectories"] == 3
     for split, ids in (("train", ["t0", "t1"]), ("val", ["t2"]), ("all", [f"t{i}" for i in range(6)])):
         assert main(["eval", "--auditor", "dummy:gold", "--data", str(data), "--out", str(out),
-                     "--no-progress", "--n-boot", "20", "--split", split]) == 0
+                     "--no-progress", "--n-boot", "20", "--split", split, "--overwrite"]) == 0
         assert [p["id"] for p in _preds(out)] == ids
 
 
