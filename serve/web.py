@@ -443,7 +443,7 @@ td,th{border-bottom:1px solid #ddd;padding:4px 6px;text-align:left;vertical-alig
 tr.alarm-raised{outline:3px solid #c62828} tr.decisive{background:#ffebee}
 tr.evidence td:first-child{border-left:4px solid #ef6c00}
 .content{white-space:pre-wrap;max-width:60em;overflow-wrap:anywhere} .muted{color:#777} .finding.alarm{color:#b71c1c}
-.num{text-align:right;white-space:nowrap} .time{white-space:nowrap;font-variant-numeric:tabular-nums}
+.num{text-align:right;white-space:nowrap} .rid{white-space:nowrap} .time{white-space:nowrap;font-variant-numeric:tabular-nums}
 header.top{display:flex;gap:1em;align-items:center;justify-content:space-between;border-bottom:1px solid #ddd;
 margin-bottom:.8em;padding-bottom:.4em} .tenant{font-weight:600} form.inline{display:inline}
 form.filters{margin:.6em 0;display:flex;gap:.6em;flex-wrap:wrap;align-items:end}
@@ -482,7 +482,7 @@ def _qs(**kw) -> str:
 
 def runs_page(data: dict, owner: str, filters: dict, now: float) -> str:
     rows = "".join(
-        f"<tr><td><a href=\"/ui/runs/{_e(_q(r['run_id']))}\">{_e(r['run_id'])}</a></td>"
+        f"<tr><td class=rid><a href=\"/ui/runs/{_e(_q(r['run_id']))}\">{_e(r['run_id'])}</a></td>"
         f"<td><span class=\"state {_state_class(r['state'])}\">{_e(r['state'])}</span></td>"
         f"<td class=time title=\"{_e(_utc(r['created']))} UTC\">{_e(_utc(r['created'], '%m-%d %H:%M:%S'))}</td>"
         f"<td class=time>{_e(_ago(now - r['last_active']) + ' ago' if r['last_active'] else '')}</td>"
@@ -558,7 +558,7 @@ def _lanes(data: dict) -> str:
         if prev is not None and prev[2] != s["agent"]:
             handoffs += 1
             parts.append(f"<line class=handoff x1={prev[0]:.1f} y1={prev[1]:.0f} x2={x:.1f} y2={y:.0f} "
-                         f"stroke=\"#90a4ae\" stroke-width=1/>")
+                         f"stroke=\"#90a4ae\" stroke-width=\"1.5\"/>")
         prev = (x, y, s["agent"])
     for j, s in enumerate(steps):
         x, y = left + j * dx, 5 + lane[s["agent"]] * lh + lh / 2
@@ -569,7 +569,8 @@ def _lanes(data: dict) -> str:
                      f"fill=\"{fill}\"><title>step {s['index']} {_e(s['agent'])} {_e(s['kind'])}</title></circle></a>")
     parts.append("</svg>")
     return (f"<h2>Agents and handoffs</h2><p class=muted>steps {steps[0]['index']}&ndash;{steps[-1]['index']}: "
-            f"{len(order)} agents, {handoffs} handoffs (a line between lanes)</p>" + "".join(parts))
+            f"{len(order)} agent{'s' * (len(order) != 1)}, {handoffs} handoff{'s' * (handoffs != 1)} "
+            f"(a line between lanes)</p>" + "".join(parts))
 
 
 def _content_cell(data: dict, s: dict) -> str:
@@ -899,6 +900,10 @@ def register(app: FastAPI, svc: GatewayService):
     @app.get("/ui/app.js", include_in_schema=False)
     async def ui_js():
         return Response(APP_JS, media_type="text/javascript", headers={**SECURITY_HEADERS, "Cache-Control": "no-cache"})
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon():               # browsers ask for it: no icon, and no 404 in their console
+        return Response(status_code=204, headers={"Cache-Control": "max-age=86400"})
 
     @app.get("/ui/app.css", include_in_schema=False)
     async def ui_css():

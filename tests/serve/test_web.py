@@ -160,8 +160,10 @@ class Browser:
                 time.sleep(0.2)
         self.ws = connect(page["webSocketDebuggerUrl"], max_size=64 * 2**20, open_timeout=30)
         self.ids = itertools.count(1)
+        self.errors: list[str] = []      # console errors, uncaught exceptions, CSP reports, failed loads
         self.call("Page.enable")
         self.call("Runtime.enable")
+        self.call("Log.enable")
         self.call("Emulation.setDeviceMetricsOverride", width=1280, height=900, deviceScaleFactor=1, mobile=False)
 
     def call(self, method: str, **params):
@@ -169,10 +171,21 @@ class Browser:
         self.ws.send(json.dumps({"id": i, "method": method, "params": params}))
         while True:
             msg = json.loads(self.ws.recv(timeout=60))
+            self._note(msg)
             if msg.get("id") == i:
                 if "error" in msg:
                     raise RuntimeError(f"{method}: {msg['error']}")
                 return msg.get("result", {})
+
+    def _note(self, msg: dict) -> None:
+        m, p = msg.get("method"), msg.get("params") or {}
+        if m == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
+            self.errors.append(" ".join(str(a.get("value", a.get("description"))) for a in p.get("args", [])))
+        elif m == "Runtime.exceptionThrown":
+            self.errors.append(str(p.get("exceptionDetails", {}).get("text")))
+        elif m == "Log.entryAdded" and p.get("entry", {}).get("level") == "error":
+            e = p["entry"]
+            self.errors.append(f"{e.get('source')}: {e.get('text')} {e.get('url', '')}")
 
     def js(self, expr: str):
         r = self.call("Runtime.evaluate", expression=expr, returnByValue=True, awaitPromise=True)
@@ -278,3 +291,185 @@ def test_run_page_shows_the_verdict_live_in_a_real_browser(gateway, tmp_path):
         assert orange > 300, orange    # the evidence bar of the finding's steps 1-6
     finally:
         b.close()
+
+
+def _chromium_or_skip() -> str:
+    binary = _chromium()
+    if binary is None and os.geteuid() == 0:   # a fresh machine: the test installs what it needs
+        subprocess.run(["apt-get", "update", "-q"], capture_output=True, timeout=300)
+        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], capture_output=True, timeout=600)
+        binary = _chromium()
+    if binary is None:
+        pytest.skip("no chromium binary on PATH and apt-get could not install it (Debian: apt-get install chromium)")
+    pytest.importorskip("websockets")
+    return binary
+
+
+@pytest.fixture
+def trace_gateway(tmp_path):
+    """The gateway of `gateway`, with runs stalled after 2 s without an event."""
+    import uvicorn
+
+    from serve.config import ApiKey, AuditorConfig, GatewayConfig, hash_key
+    from serve.router import build_app
+    from serve.service import GatewayService
+    cfg = GatewayConfig(ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}", stalled_after_s=2,
+                        api_keys=(ApiKey("team-a", hash_key(KEY)), ApiKey("team-b", hash_key(OTHER))),
+                        auditor=AuditorConfig(backend="openai", base_url="http://auditor.test/v1", model="auditor",
+                                              deadline_s=5.0, tokenizer="approx"))
+    app = build_app(GatewayService(cfg, transport=httpx.MockTransport(_auditor("418"))))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    threading.Thread(target=server.run, daemon=True).start()
+    t0 = time.monotonic()
+    while not server.started:
+        assert time.monotonic() - t0 < 30, "the gateway did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+
+
+def _shot(b: Browser, tmp_path: Path, name: str):
+    from PIL import Image
+
+    shot = base64.b64decode(b.call("Page.captureScreenshot", format="png")["data"])
+    (tmp_path / name).write_bytes(shot)
+    keep = os.environ.get("AFTRAJ_SCREENSHOT_DIR")
+    if keep:
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(tmp_path / name, Path(keep) / name)
+    img = Image.open(io.BytesIO(shot)).convert("RGB")
+    assert img.size == (1280, 900)
+    return list(img.get_flattened_data() if hasattr(img, "get_flattened_data") else img.getdata())
+
+
+def _near(pixels, rgb, tol=12) -> int:
+    return sum(1 for p in pixels if all(abs(p[i] - rgb[i]) < tol for i in range(3)))
+
+
+def test_the_trace_view_in_a_real_browser(trace_gateway, tmp_path):
+    """Issue 47 item 1: runs newest first with times, durations and agents (hook-created runs
+    too), filters, search and paging; a run's page with the tenant, step times and durations,
+    per-step verdict latency, the lanes of agents and handoffs, content expandable (no silent
+    cut), the ALARM naming its agent, ended and stalled states; no console error (CSP included).
+    Issue 45 item 6: a sign-in posted from another origin is refused in the browser."""
+    gw_url = trace_gateway
+    binary = _chromium_or_skip()
+    from serve.client import GatewayClient
+    b = Browser(binary, tmp_path)
+    evil = None
+    try:
+        with GatewayClient(gw_url, KEY) as gw:
+            for i in range(52):
+                gw.create_run(f"bulk task {i}", run_id=f"bulk-{i:02d}")
+            gw.create_run("What do 17 boxes of 24 pens cost at 0.5 dollars a pen?",
+                          agents=["planner", "calculator"], category="math", run_id="pens")
+            t0 = time.time() - 30
+            evs = _events("pens", PLAN + SLIP)
+            for j, e in enumerate(evs):
+                e["ts"] = t0 + 2.5 * j
+                gw.post_events("pens", [e])
+            gw.create_run("write a report", run_id="hooked")             # as a hook does: no agents named
+            long_text = "The findings, in full. " + " ".join(["alpha beta gamma"] * 300) + " THE-END"
+            hooked = [(1, ("researcher", "message", {"content": "Searching the sources."})),
+                      (2, ("researcher", "handoff", {"content": "", "to": "writer"})),
+                      (3, ("writer", "message", {"content": long_text})),
+                      (4, ("writer", "termination", {"content": "done", "reason": "completed"}))]
+            for e in _events("hooked", hooked):
+                gw.post_events("hooked", [e])
+            gw.create_run("a run that goes quiet", agents=["solo"], run_id="quiet")
+            gw.post_events("quiet", _events("quiet", [(1, ("solo", "message", {"content": "starting"}))]))
+        time.sleep(2.5)                                                   # "quiet" is stalled now
+        b.goto(f"{gw_url}/ui")
+        b.js(f"document.querySelector('input[name=key]').value = {json.dumps(KEY)}; "
+             f"document.forms[0].submit(); true")
+        b.wait("document.querySelector('#runs') !== null")
+        # the sign-in page itself answers 401 (no key yet): the one network error expected
+        assert all("status of 401" in e for e in b.errors), b.errors
+        b.errors.clear()
+        assert b.js("document.getElementById('tenant').innerText") == "team-a"
+        first = b.js("[...document.querySelectorAll('#runs tr')].slice(1, 5).map(r => r.cells[0].innerText)")
+        assert first == ["quiet", "hooked", "pens", "bulk-51"]              # newest first
+        cells = b.js("[...document.querySelectorAll('#runs tr')].slice(1, 4).map(r => [...r.cells].map(c => c.innerText))")
+        quiet, hook_row, pens = cells
+        assert quiet[1].startswith("stalled (no event for") and hook_row[1] == "ended (completed)"
+        assert pens[1] == "ALARM at step 3" and hook_row[7] == "researcher, writer"     # agents from the events
+        assert re.fullmatch(r"\d\d-\d\d \d\d:\d\d:\d\d", pens[2]) and pens[3].endswith("ago") and pens[4]
+        assert b.js("document.querySelectorAll('#runs tr').length") == 51     # 50 a page, and a way on
+        pixels = _shot(b, tmp_path, "web-runs.png")
+        assert _near(pixels, (0xC6, 0x28, 0x28)) > 100                      # the ALARM badge
+        assert _near(pixels, (0xFF, 0xF3, 0xE0), 4) > 100                   # the stalled badge
+        b.js("document.getElementById('older').click(); true")
+        b.wait("location.search.includes('after=')")
+        b.wait("document.querySelector('#runs') !== null")
+        assert b.js("[...document.querySelectorAll('#runs tr')].slice(1).map(r => r.cells[0].innerText)") == \
+            ["bulk-04", "bulk-03", "bulk-02", "bulk-01", "bulk-00"]
+        # filters and search, through the page's own form
+        b.goto(f"{gw_url}/ui")
+        b.js("document.querySelector('select[name=state]').value = 'alarm'; document.getElementById('filters')"
+             ".submit(); true")
+        b.wait("location.search.includes('state=alarm') && document.querySelector('#runs') !== null")
+        assert b.js("[...document.querySelectorAll('#runs tr')].slice(1).map(r => r.cells[0].innerText)") == ["pens"]
+        b.goto(f"{gw_url}/ui?q=REPORT")
+        assert b.js("[...document.querySelectorAll('#runs tr')].slice(1).map(r => r.cells[0].innerText)") == ["hooked"]
+        b.goto(f"{gw_url}/ui?agent=writer")
+        assert b.js("[...document.querySelectorAll('#runs tr')].slice(1).map(r => r.cells[0].innerText)") == ["hooked"]
+        # the run's trace view
+        b.goto(f"{gw_url}/ui/runs/pens")
+        b.wait("document.body.dataset.live === 'on'")
+        assert b.js("document.getElementById('tenant').innerText") == "team-a"
+        assert b.js("document.querySelectorAll('#timeline tr[data-step]').length") == 4
+        times = b.js("[...document.querySelectorAll('#timeline tr[data-step]')].map(r => r.cells[1].innerText)")
+        assert all(re.fullmatch(r"\d\d:\d\d:\d\d\.\d{3}", x) for x in times), times
+        deltas = b.js("[...document.querySelectorAll('#timeline tr[data-step]')].map(r => r.cells[2].innerText)")
+        assert deltas == ["", "2.5 s", "2.5 s", "2.5 s"]
+        assert all(" ms" in x for x in b.js("[...document.querySelectorAll('#timeline .verdict')].map(c => c.innerText)"))
+        assert b.js("document.querySelectorAll('#lanes circle.mark').length") == 4
+        assert b.js("document.querySelectorAll('#lanes line.handoff').length") == 1      # planner -> calculator
+        alarm = b.js("document.getElementById('alarm').innerText")
+        assert "agent calculator" in alarm and "agent :" not in alarm
+        assert "duration" in b.js("document.getElementById('summary').innerText")
+        pixels = _shot(b, tmp_path, "web-run.png")
+        assert _near(pixels, (0xC6, 0x28, 0x28)) > 300 and _near(pixels, (0xE8, 0xF5, 0xE9), 6) > 100
+        # the hook-created run: its agents, a handoff, the whole long content behind "show all"
+        b.goto(f"{gw_url}/ui/runs/hooked")
+        assert b.js("document.getElementById('agents').innerText") == "researcher, writer"
+        assert b.js("document.getElementById('state').innerText") == "ended (completed)"
+        assert b.js("document.querySelectorAll('#lanes line.handoff').length") == 1
+        assert b.js("document.querySelector('#step-2 details').open") is False
+        assert not b.js("document.querySelector('#step-2 .content').innerText.includes('THE-END')")
+        b.js("document.querySelector('#step-2 details summary').click(); true")
+        b.wait("document.querySelector('#step-2 details').open")
+        assert b.js("document.querySelector('#step-2 .content').innerText.includes('THE-END')")
+        b.js("document.getElementById('step-2').scrollIntoView(); true")
+        _shot(b, tmp_path, "web-run-expanded.png")
+        assert b.errors == [], b.errors                                    # no console error, no CSP report
+        # a page on another origin posts the sign-in form with tenant B's key: refused
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        page = (f"<form id=f method=post action='{gw_url}/ui/login'><input name=key value='{OTHER}'></form>"
+                f"<script>document.getElementById('f').submit()</script>").encode()
+
+        class Evil(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
+
+        evil = ThreadingHTTPServer(("127.0.0.1", 0), Evil)
+        threading.Thread(target=evil.serve_forever, daemon=True).start()
+        b.call("Page.navigate", url=f"http://127.0.0.1:{evil.server_address[1]}/")
+        b.wait(f"location.href.startsWith({json.dumps(gw_url + '/ui/login')}) && document.readyState === 'complete'")
+        assert "refused" in b.js("document.body.innerText")
+        b.goto(f"{gw_url}/ui/runs/pens")
+        assert b.js("document.getElementById('tenant').innerText") == "team-a"    # still A's sign-in
+    finally:
+        b.close()
+        if evil is not None:
+            evil.shutdown()
