@@ -71,6 +71,44 @@ def fail(field: str, msg: str, source: str | None = None):
     raise AdapterError(msg, field=field, source=source)
 
 
+MAX_SPANS = 200_000        # spans (observations) one file may hold (10^6 spans took 3.9 GB and crashed a reader)
+
+
+def check_size(path: str | Path, what: str = "a trace export") -> None:
+    """Refuse a file over `aftraj.schema.MAX_RECORD_BYTES` before it is parsed (it is parsed whole)."""
+    from aftraj.schema import MAX_RECORD_BYTES
+    p = Path(path)
+    if p.is_file() and p.stat().st_size > MAX_RECORD_BYTES:
+        fail("<file>", f"is {p.stat().st_size:,} bytes, over the {MAX_RECORD_BYTES:,} {what} may hold "
+                       f"(parsed whole): split it (one trace a file)", str(path))
+
+
+_OTEL_IDS = re.compile(r"[0-9a-f]{32}/[0-9a-f]{16}")
+
+
+def span_context(trace_id: Any, span_id: Any) -> dict | None:
+    """{"trace_id", "span_id"} in lowercase hex when both are OTel ids (32 and 16 hex digits), else None."""
+    if not (isinstance(trace_id, str) and isinstance(span_id, str)):
+        return None
+    t, s = trace_id.lower(), span_id.lower()
+    return {"trace_id": t, "span_id": s} if _OTEL_IDS.fullmatch(f"{t}/{s}") else None
+
+
+def cycle_error(parent_of: dict, left: list, field_of, what: str, source: str | None):
+    """AdapterError naming one span (observation) of a parent cycle, and the cycle itself:
+    `left` are the ids no root reaches; `field_of(id)` their field path."""
+    start = left[0]
+    chain, seen, cur = [], set(), start
+    while cur is not None and cur not in seen and len(chain) < 10_000_000:
+        seen.add(cur)
+        chain.append(cur)
+        cur = parent_of.get(cur)
+    loop = chain[chain.index(cur):] if cur in seen else chain
+    shown = " -> ".join(str(x) for x in loop[:6]) + (" -> …" if len(loop) > 6 else "") + f" -> {loop[0]}"
+    fail(field_of(start), f"{len(left)} {what} have parents that form a cycle (or descend from one): "
+                          f"{shown}; no root to read them from", source)
+
+
 def load_json(path: str | Path) -> Any:
     """A JSON document, or JSON Lines (one object a line) when the file is not one document."""
     p = Path(path)
@@ -141,6 +179,9 @@ class RunBuilder:
         self.next_seq = 1                        # the seq of the next event (termination included)
         self._end: Event | None = None
         self.ts: float | str | None = None       # the time of the record being read (events' `ts`)
+        # the span of the record being read, {"trace_id", "span_id"} (hex): each event's meta["otel"],
+        # where a verdict emitted for the step lands (aftraj/adapters/emit.py)
+        self.span: dict | None = None
         self.termination: str | None = None
         self.termination_note: str | None = None   # what ended the run, as the termination's content
         self.final_answer: str | None = None
@@ -162,7 +203,9 @@ class RunBuilder:
             ev = make_event(event_id=self._eid(want_id), run_id=self.run_id, kind=kind, agent=agent,
                             payload=payload, seq=self.next_seq, parent_id=parent_id,
                             ts=ts if ts is not None else self.ts,
-                            usage=usage or None, meta={"source": self.source, **(meta or {})})
+                            usage=usage or None, meta={"source": self.source,
+                                                       **({"otel": dict(self.span)} if self.span else {}),
+                                                       **(meta or {})})
         except EventError as e:
             raise AdapterError(e.message, field=f"{field} ({e.field})", source=self.origin) from None
         self.next_seq += 1

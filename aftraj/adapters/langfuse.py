@@ -18,7 +18,12 @@ nested under another agent is a handoff); `GENERATION` is the agent's message(s)
 input the arguments) and its result (its output), or, at level ERROR, its error (the status
 message); a `SPAN`/`CHAIN`/`EVENT`/other observation at level ERROR is an error event. The trace's
 input (else the first user message of a generation) is the task, its output the final answer; a
-trace with an output ended (`completed`).
+trace with an output ended (`completed`). Each observation's agent is found in one pass down the
+tree (linear in the observations, whatever the depth); parents that form a cycle are an
+`AdapterError` naming an observation and the cycle; a file over `aftraj.schema.MAX_RECORD_BYTES`
+or with more than `otel.MAX_SPANS` observations is refused. Each event carries its observation
+as `meta["otel"]` (trace and observation ids, when they are OTel ids, as the SDK v3+ writes them),
+where an emitted verdict's score lands (`observationId`).
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from aftraj.adapters.base import AdapterError, RunBuilder, fail, load_json, strip_boilerplate, text_of
+from aftraj.adapters import otel as _otel
+from aftraj.adapters.base import (AdapterError, RunBuilder, check_size, cycle_error, fail, load_json, span_context,
+                                  strip_boilerplate, text_of)
 from aftraj.adapters.openinference import _json_or_text, _task_of, iter_otlp_spans
 from aftraj.adapters.otel import span_from_sdk
 from aftraj.schema import Trajectory
@@ -73,6 +80,28 @@ def _messages(v: Any) -> list[dict]:
     return [{"role": "assistant", "content": v}] if isinstance(v, str) else []
 
 
+def _outer_agents(parent_of: dict, by_id: dict, field_of: dict, origin: str | None) -> dict:
+    """observation id -> the name of the nearest AGENT observation strictly above it (None: none),
+    each computed once, in one pass down the tree from its roots: linear in the observations
+    whatever the depth. Observations whose parents form a cycle are an AdapterError naming one."""
+    children: dict = {}
+    for oid, p in parent_of.items():
+        children.setdefault(p, []).append(oid)
+    out: dict = {}
+    stack = [(oid, None) for oid in children.get(None, [])]
+    while stack:
+        oid, above = stack.pop()
+        out[oid] = above
+        o = by_id[oid]
+        name = o.get("name") if str(o.get("type") or "").upper() == "AGENT" and isinstance(o.get("name"), str) \
+            and o["name"].strip() else None
+        stack.extend((c, name or above) for c in children.get(oid, []))
+    if len(out) < len(parent_of):
+        left = [oid for oid in parent_of if oid not in out]
+        cycle_error(parent_of, left, lambda oid: f"{field_of[oid]}.parentObservationId", "observations", origin)
+    return out
+
+
 def from_trace(doc: dict, *, origin: str | None = None) -> Trajectory:
     """One trace export (the API's shape) as a trajectory."""
     if not isinstance(doc, dict) or not isinstance(doc.get("observations"), list):
@@ -89,18 +118,17 @@ def from_trace(doc: dict, *, origin: str | None = None) -> Trajectory:
             fail(f"observations[{i}]", "must be an observation object with an id", origin)
         obs.append((i, o))
     by_id = {o["id"]: o for _, o in obs}
+    field_of = {o["id"]: f"observations[{i}]" for i, o in obs}
+    parent_of = {o["id"]: o.get("parentObservationId") if o.get("parentObservationId") in by_id else None
+                 for _, o in obs}
+    outer_agent = _outer_agents(parent_of, by_id, field_of, origin)
     agent_of: dict[str, str] = {}
     open_calls: dict[tuple[str, str], list[str]] = {}
     task = _task_of(doc.get("input"))
 
     def agent(o: dict) -> str:
-        seen, cur = set(), o
-        while cur is not None and cur["id"] not in seen:
-            seen.add(cur["id"])
-            if cur["id"] in agent_of:
-                return agent_of[cur["id"]]
-            cur = by_id.get(cur.get("parentObservationId"))
-        return "assistant"
+        """The agent of the nearest AGENT observation above `o` (one look-up: `_outer_agents`)."""
+        return outer_agent.get(o["id"]) or "assistant"
 
     for i, o in sorted(obs, key=lambda x: (str(x[1].get("startTime") or ""), x[0])):
         f = f"observations[{i}]"
@@ -108,12 +136,12 @@ def from_trace(doc: dict, *, origin: str | None = None) -> Trajectory:
         rb.ts = o.get("startTime") if isinstance(o.get("startTime"), (str, int, float)) else None
         err = o.get("statusMessage") or "error" if str(o.get("level") or "").upper() == "ERROR" else None
         who = agent(o)
+        rb.span = span_context(o.get("traceId") or tid, o["id"])
         if typ == "AGENT":
             name = o.get("name")
             if not isinstance(name, str) or not name.strip():
                 fail(f"{f}.name", "an AGENT observation names no agent", origin)
-            parent = by_id.get(o.get("parentObservationId"))
-            outer = agent(parent) if parent is not None else None
+            outer = who if parent_of.get(o["id"]) is not None else None
             agent_of[o["id"]] = name
             if outer not in (None, "assistant", name):
                 rb.handoff(outer, name, "", field=f)
@@ -157,6 +185,7 @@ def from_trace(doc: dict, *, origin: str | None = None) -> Trajectory:
                 rb.tool_result(who, "" if out is None else text_of(out), tool=name, call_id=cid, field=f"{f}.output")
         elif err:
             rb.error(who, strip_boilerplate(err), content=str(err), field=f"{f}.statusMessage")
+    rb.span = None
     out = doc.get("output")
     if out is not None and text_of(out).strip():
         last = rb.events[-1].agent if rb.events else "assistant"
@@ -175,8 +204,9 @@ def from_sdk_spans(spans) -> list[Trajectory]:
 
 
 def read(path: str | Path) -> list[Trajectory]:
-    doc = load_json(path)
     src = str(path)
+    check_size(path, "a Langfuse export")
+    doc = load_json(path)
     if isinstance(doc, dict) and "resourceSpans" in doc or (isinstance(doc, list) and doc
                                                             and isinstance(doc[0], dict) and "resourceSpans" in doc[0]):
         by: dict[str, list[dict]] = {}
@@ -189,6 +219,10 @@ def read(path: str | Path) -> list[Trajectory]:
         traces = doc if isinstance(doc, list) else [doc]
     if not traces:
         fail("<file>", "holds no trace", src)
+    n = sum(len(t["observations"]) for t in traces if isinstance(t, dict) and isinstance(t.get("observations"), list))
+    if n > _otel.MAX_SPANS:
+        fail("observations", f"the file holds {n:,} observations, more than the {_otel.MAX_SPANS:,} one conversion "
+                             f"reads: split the export (one trace a file)", src)
     out = []
     for n, t in enumerate(traces):
         try:

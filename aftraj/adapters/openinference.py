@@ -24,6 +24,10 @@ JSON Lines of them); one run per trace id. `from_sdk_spans(spans)` reads the SDK
 - `RETRIEVER`: a call of tool `retriever` whose result ids are the documents' ids
   (`retrieval.documents.N.document.id`).
 - `CHAIN` (and other kinds): only an error no span under it already reported is an event.
+A trace of any depth is read in time linear in its spans (iteratively, each span's agent looked
+up once); a file over `aftraj.schema.MAX_RECORD_BYTES` or with more than `otel.MAX_SPANS` spans is
+refused before it is mapped, and spans whose parents form a cycle are an `AdapterError` naming one
+and the cycle. Each event carries its span (`meta["otel"]`), where an emitted verdict lands.
 Reading needs no OpenInference package; the tests write their spans with the official
 instrumentor (openinference-instrumentation-smolagents) and check the counts.
 """
@@ -35,7 +39,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from aftraj.adapters.base import AdapterError, RunBuilder, fail, load_json, strip_boilerplate, text_of
+from aftraj.adapters import otel as _otel
+from aftraj.adapters.base import (AdapterError, RunBuilder, check_size, cycle_error, fail, load_json, span_context,
+                                  strip_boilerplate, text_of)
 from aftraj.adapters.otel import span_from_otlp, span_from_sdk
 from aftraj.events import Event
 from aftraj.schema import Trajectory
@@ -45,36 +51,60 @@ KIND = "openinference.span.kind"
 
 def iter_otlp_spans(doc: Any, src: str):
     """Every span of an OTLP JSON export (one document or a list of them), in the neutral form of
-    `aftraj.adapters.otel.span_from_otlp`, with its field path."""
+    `aftraj.adapters.otel.span_from_otlp`, with its field path; more than `otel.MAX_SPANS` spans
+    in the file is an error (raised before the span past the limit is mapped)."""
     docs = doc if isinstance(doc, list) else [doc]
+    n, limit = 0, _otel.MAX_SPANS
     for d_i, d in enumerate(docs):
         if not isinstance(d, dict) or not isinstance(d.get("resourceSpans"), list):
             fail(f"[{d_i}].resourceSpans" if len(docs) > 1 else "resourceSpans",
                  "is missing: expected an OTLP JSON export", src)
         for r_i, rs in enumerate(d["resourceSpans"]):
+            if rs is not None and not isinstance(rs, dict):
+                fail(f"resourceSpans[{r_i}]", f"must be an object {{resource, scopeSpans}}, got {type(rs).__name__}", src)
+            if not isinstance((rs or {}).get("scopeSpans") or [], list):
+                fail(f"resourceSpans[{r_i}].scopeSpans", "must be a list", src)
             for s_i, ss in enumerate((rs or {}).get("scopeSpans") or []):
-                for k, sp in enumerate((ss or {}).get("spans") or []):
+                if ss is not None and (not isinstance(ss, dict) or not isinstance(ss.get("spans") or [], list)):
+                    fail(f"resourceSpans[{r_i}].scopeSpans[{s_i}]", "must be an object {scope, spans: [...]}", src)
+                spans = (ss or {}).get("spans") or []
+                n += len(spans)
+                if n > limit:
+                    fail(f"resourceSpans[{r_i}].scopeSpans[{s_i}].spans",
+                         f"the file holds more than {limit:,} spans, the most one conversion reads: split the "
+                         f"export (one trace a file)", src)
+                for k, sp in enumerate(spans):
                     f = f"resourceSpans[{r_i}].scopeSpans[{s_i}].spans[{k}]"
                     yield span_from_otlp(sp, f, src), f
 
 
-def walk_spans(spans: list[dict], start, end) -> None:
+def walk_spans(spans: list[dict], start, end, origin: str | None = None) -> None:
     """Call `start(span, i)` then, children first in start order, `end(span, i)` for each span of
-    one trace (roots: spans whose parent is not in the list)."""
+    one trace (roots: spans whose parent is not in the list). Spans no root reaches (their parents
+    form a cycle) are an AdapterError naming one of them and the cycle, never dropped."""
     order = sorted(range(len(spans)), key=lambda i: (spans[i]["start"], i))
     children: dict[str | None, list[int]] = {}
     for i in order:
         children.setdefault(spans[i]["parent"], []).append(i)
     ids = {s["id"] for s in spans}
+    seen = [False] * len(spans)
     stack = [(i, False) for i in reversed(order) if spans[i]["parent"] is None or spans[i]["parent"] not in ids]
     while stack:                     # iterative: a deep trace does not hit the recursion limit
         i, done = stack.pop()
         if done:
             end(spans[i], i)
             continue
+        if seen[i]:                  # a span id used twice: its children are walked once
+            continue
+        seen[i] = True
         start(spans[i], i)
         stack.append((i, True))
         stack.extend((c, False) for c in reversed(children.get(spans[i]["id"], [])))
+    left = [i for i in order if not seen[i]]
+    if left:
+        at = {spans[i]["id"]: i for i in left}
+        cycle_error({spans[i]["id"]: spans[i]["parent"] for i in left}, [spans[i]["id"] for i in left],
+                    lambda sid: f"spans[{at[sid]}].parentSpanId", "spans", origin)
 
 
 _IDX = re.compile(r"^(\d+)\.(.+)$")
@@ -126,6 +156,7 @@ class OpenInferenceRun:
     def __init__(self, run_id: str, origin: str | None = None):
         self.rb = RunBuilder(run_id, source="openinference", origin=origin)
         self.agent_of: dict[str, str] = {}
+        self.agent_at: dict[str, str] = {}      # span id -> its agent (its own, else its parent's)
         self.parent_of: dict[str, str | None] = {}
         self.open: dict[tuple[str, str], list[str]] = {}
         self.errored: set[str] = set()          # spans under which an error was already an event
@@ -133,13 +164,9 @@ class OpenInferenceRun:
         self.root: str | None = None
 
     def _agent(self, sid: str | None) -> str:
-        seen = set()
-        while sid and sid not in seen:
-            seen.add(sid)
-            if sid in self.agent_of:
-                return self.agent_of[sid]
-            sid = self.parent_of.get(sid)
-        return "assistant"
+        """The agent of a started span: one look-up (set at its start from its parent's; a walk up
+        the ancestors was quadratic in the depth)."""
+        return self.agent_at.get(sid, "assistant") if sid else "assistant"
 
     def _mark_error(self, sid: str | None) -> None:
         while sid and sid not in self.errored:
@@ -149,7 +176,9 @@ class OpenInferenceRun:
     def start(self, s: dict, field: str) -> list[Event]:
         n0 = len(self.rb.events)
         self.parent_of[s["id"]] = s["parent"]
+        self.agent_at[s["id"]] = self._agent(s["parent"])
         self.rb.ts = s["start"] / 1e9 if s["start"] else None
+        self.rb.span = span_context(s["trace"], s["id"])
         a = s["attrs"]
         kind = str(a.get(KIND) or "").upper()
         if self.root is None and kind in ("AGENT", "CHAIN"):
@@ -160,7 +189,7 @@ class OpenInferenceRun:
             if not name:
                 fail(f"{field}.name", "an AGENT span names no agent (agent.name or the span name)", self.rb.origin)
             outer = self._agent(s["parent"]) if s["parent"] in self.parent_of else None
-            self.agent_of[s["id"]] = name
+            self.agent_of[s["id"]] = self.agent_at[s["id"]] = name
             if outer not in (None, "assistant", name):
                 self.rb.handoff(outer, name, "", field=field)
         return self.rb.events[n0:]
@@ -169,6 +198,7 @@ class OpenInferenceRun:
         n0 = len(self.rb.events)
         rb, a, sid = self.rb, s["attrs"], s["id"]
         rb.ts = s["start"] / 1e9 if s["start"] else None
+        rb.span = span_context(s["trace"], sid)
         kind = str(a.get(KIND) or "").upper()
         agent = self._agent(sid)
         if kind == "LLM":
@@ -261,7 +291,7 @@ class OpenInferenceRun:
 def from_spans(spans: list[dict], *, run_id: str | None = None, origin: str | None = None) -> Trajectory:
     """One trace's spans (the neutral form of aftraj.adapters.otel) as a trajectory."""
     run = OpenInferenceRun(run_id or spans[0]["trace"], origin)
-    walk_spans(spans, lambda s, i: run.start(s, f"spans[{i}]"), lambda s, i: run.end(s, f"spans[{i}]"))
+    walk_spans(spans, lambda s, i: run.start(s, f"spans[{i}]"), lambda s, i: run.end(s, f"spans[{i}]"), origin)
     return run.trajectory()
 
 
@@ -280,6 +310,7 @@ def from_sdk_spans(spans) -> list[Trajectory]:
 
 def read(path: str | Path) -> list[Trajectory]:
     src = str(path)
+    check_size(path, "an OTLP export")
     spans = [s for s, _ in iter_otlp_spans(load_json(path), src)]
     if not spans:
         fail("resourceSpans", "holds no span", src)

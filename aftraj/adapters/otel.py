@@ -29,12 +29,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from aftraj.adapters.base import AdapterError, RunBuilder, fail, load_json
+from aftraj.adapters.base import AdapterError, RunBuilder, check_size, cycle_error, fail, load_json, span_context
 from aftraj.events import Event
 from aftraj.schema import Trajectory
 
 CHAT_OPS = ("chat", "text_completion", "generate_content")
-MAX_SPANS = 200_000        # spans a file may hold (10^6 spans took 3.9 GB and crashed the reader)
+MAX_SPANS = 200_000        # spans a file may hold (10^6 spans took 3.9 GB and crashed the reader); base.MAX_SPANS
 
 
 def _any(v: Any, field: str = "value", origin: str | None = None, depth: int = 0) -> Any:
@@ -183,31 +183,28 @@ class OtelRun:
     def __init__(self, run_id: str, origin: str | None = None):
         self.rb = RunBuilder(run_id, source="otel", origin=origin)
         self.agent_of: dict[str, str] = {}     # span id -> agent name (invoke_agent spans)
-        self.parent_of: dict[str, str | None] = {}
+        self.agent_at: dict[str, str | None] = {}   # span id -> its agent (its own, else its parent's)
         self.task: str | None = None
         self.root_agent_span: str | None = None
 
     def _agent(self, sid: str | None) -> str | None:
-        seen = set()
-        while sid and sid not in seen:
-            seen.add(sid)
-            if sid in self.agent_of:
-                return self.agent_of[sid]
-            sid = self.parent_of.get(sid)
-        return None
+        """The agent of a started span: one dict look-up (set at its start from its parent's:
+        linear in the spans whatever the depth; a walk up the ancestors was quadratic)."""
+        return self.agent_at.get(sid) if sid else None
 
     def start(self, s: dict, field: str = "span") -> list[Event]:
         """The events a span stands for that are known when it starts (an agent's handoff)."""
         n0 = len(self.rb.events)
-        self.parent_of[s["id"]] = s["parent"]
+        self.agent_at[s["id"]] = self._agent(s["parent"])
         self.rb.ts = s["start"] / 1e9 if s["start"] else None
+        self.rb.span = span_context(s["trace"], s["id"])
         a = s["attrs"]
         if a.get("gen_ai.operation.name") == "invoke_agent":
             name = a.get("gen_ai.agent.name") or (s["name"] or "").removeprefix("invoke_agent ").strip() or None
             if not name:
                 fail(f"{field}.attributes.gen_ai.agent.name", "is missing on an invoke_agent span", self.rb.origin)
             outer = self._agent(s["parent"])
-            self.agent_of[s["id"]] = name
+            self.agent_of[s["id"]] = self.agent_at[s["id"]] = name
             if outer is None and self.root_agent_span is None:
                 self.root_agent_span = s["id"]
             elif outer is not None and outer != name:
@@ -219,6 +216,7 @@ class OtelRun:
         n0 = len(self.rb.events)
         rb, a, origin = self.rb, s["attrs"], self.rb.origin
         self.rb.ts = s["start"] / 1e9 if s["start"] else None
+        self.rb.span = span_context(s["trace"], s["id"])
         op = a.get("gen_ai.operation.name")
         agent = self._agent(s["id"]) or a.get("gen_ai.agent.name")
         if op in CHAT_OPS:
@@ -312,20 +310,15 @@ def from_spans(spans: list[dict], *, run_id: str | None = None, origin: str | No
             stack.append((c, iter(children.get(spans[c]["id"], []))))
     left = [i for i, d in enumerate(done) if not d]
     if left:
-        fail(f"spans[{left[0]}].parentSpanId", f"{len(left)} spans have parents that form a cycle (or descend "
-                                               f"from one), e.g. span {spans[left[0]]['id']} -> "
-                                               f"{spans[left[0]]['parent']}: no root to read them from", origin)
+        at = {spans[i]["id"]: i for i in left}
+        cycle_error({spans[i]["id"]: spans[i]["parent"] for i in left}, [spans[i]["id"] for i in left],
+                    lambda sid: f"spans[{at[sid]}].parentSpanId", "spans", origin)
     return run.trajectory()
 
 
 def read(path: str | Path) -> list[Trajectory]:
-    from aftraj.schema import MAX_RECORD_BYTES
-
     src = str(path)
-    p = Path(path)
-    if p.is_file() and p.stat().st_size > MAX_RECORD_BYTES:
-        fail("<file>", f"is {p.stat().st_size:,} bytes, over the {MAX_RECORD_BYTES:,} an OTLP export may hold "
-                       f"(parsed whole): split it (one trace a file)", src)
+    check_size(path, "an OTLP export")
     doc = load_json(path)
     docs = doc if isinstance(doc, list) else [doc]
     by_trace: dict[str, list[dict]] = {}
