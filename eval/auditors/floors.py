@@ -416,3 +416,74 @@ def floor_scores(trajs: list[Trajectory], split_of: dict[str, str]) -> dict:
         if spec in val and "skipped" not in val[spec]:
             out[spec]["val"] = {k: val[spec].get(k) for k in keys}
     return out
+
+
+# --------------------------------------------------------------------------- the floors' table of a corpus
+
+def floors_report(data: str | Path, *, ww: str | Path | None = None, n_boot: int = 1000, seed: int = 0,
+                  probe: bool = True) -> dict:
+    """Every floor fit on the train split of the corpus folder `data` (thresholds on its val
+    split), scored on val and test with bootstrap intervals, on Who&When `ww` (evaluation only:
+    per subset) when given, and the probe's bag of words of step k* (`eval.probe.bow_k_star`, fit on
+    train twin pairs) on the val + test pairs, kind-matched headline (`aftraj ablation floors`)."""
+    import time
+
+    from aftraj.readers import load_trajectories
+
+    t0 = time.perf_counter()
+    splits = {s: split_beside(data, s) for s in ("train", "val", "test")}
+    floors = fit_floors(splits["train"], splits["val"])
+    out: dict = {"data": str(data), "n": {s: len(v) for s, v in splits.items()},
+                 "floors": {spec: ({"skipped": f} if isinstance(f, str) else describe_floor(f))
+                            for spec, f in floors.items()}}
+    for s in ("val", "test"):
+        out[s] = score_floors(floors, splits[s], n_boot=n_boot, seed=seed)
+    if ww is not None:
+        out["ww"] = score_floors(floors, load_trajectories(ww), n_boot=n_boot, seed=seed)
+        out["ww_data"] = str(ww)
+    if probe:
+        from eval.probe import bow_k_star
+
+        res = bow_k_star(splits["train"], splits["val"] + splits["test"], n_boot=n_boot, seed=seed)
+        out["probe_bow_k_star"] = res
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    return out
+
+
+def floors_markdown(r: dict) -> str:
+    """`floors_report`'s tables."""
+    lines = [f"# Floors of {r['data']}", "",
+             f"Fit on train ({r['n']['train']} runs); the bag of words' and the structure rule's thresholds "
+             f"chosen on val ({r['n']['val']} runs) at FAR ≤ 20 % (the best val Exact-F1), never on test "
+             f"({r['n']['test']} runs). 95 % bootstrap intervals over runs.", ""]
+    for s in ("val", "test"):
+        lines += [f"## {s}", "", *floor_table(r[s]), ""]
+    if "ww" in r:
+        subsets = sorted({x for g in r["ww"].values() for x in (g.get("by_subset") or {})})
+        lines += [f"## Who&When ({r['ww_data']}; evaluation only, the floors fit on the corpus)", "",
+                  "| floor | n | Step-Acc | " + " | ".join(f"Step-Acc {x}" for x in subsets) + " |",
+                  "|---|---|---|" + "---|" * len(subsets)]
+        for spec, g in r["ww"].items():
+            if "skipped" in g:
+                lines.append(f"| {spec} | – | not scored: {g['skipped']} |" + " |" * len(subsets))
+                continue
+            sub = g.get("by_subset") or {}
+            lines.append(f"| {spec} | {g['n']} | {_ci_pct(g, 'step_acc')} | " + " | ".join(
+                f"{_pct(sub[x]['step_acc'])} (n={sub[x]['n']})" if x in sub else "–" for x in subsets) + " |")
+        lines.append("")
+    b = r.get("probe_bow_k_star")
+    if b is not None:
+        s = b["summary"]
+        pt, pa = s["post_beats_twin"], s["post_beats_twin_all_pairs"]
+
+        def share(g):
+            return "–" if g["share"] is None else f"{100 * g['share']:.1f} %" + (
+                f" [{100 * g['ci'][0]:.1f}, {100 * g['ci'][1]:.1f}]" if g.get("ci") else "")
+
+        lines += ["## Probe: a bag of words of step k* (fit on train twin pairs)", "",
+                  f"post > twin on {pt['n']} kind-matched val + test pairs: {share(pt)}; every pair found "
+                  f"({pa['n']}): {share(pa)}; pairs left out for their kind at k*: {s['kind_unmatched_pairs']}. "
+                  f"Fit on {b['n_train_pairs']} train pairs (train accuracy {100 * b['train_accuracy']:.1f} %; "
+                  f"top words {', '.join(f for f, _ in b['top_features'][:6])}).", ""]
+    lines.append(f"Measured in {r['wall_s']} s.")
+    return "\n".join(lines) + "\n"

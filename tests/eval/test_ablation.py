@@ -485,3 +485,108 @@ def test_walk_rows_walk_only_those_rows_and_the_report_names_the_others(tmp_path
     with pytest.raises(ConfigError, match="threshold_rows"):       # a tuned threshold needs its walk
         ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml", {"walk_rows": ["stage 1"]})
     assert ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml").walk_rows == ["stage 1", "every prefix"]
+
+
+def _fake_phases(a, tmp_path, monkeypatch, calls):
+    def fake_run(name, argv, *, clean=None):
+        calls.append((name, argv))
+        return {"phase": name, "wall_s": 0.0}
+    monkeypatch.setattr(a.r, "run", fake_run)
+    monkeypatch.setattr(a, "base_model", lambda: tmp_path / "base")
+    monkeypatch.setattr(a, "probe_data", lambda: tmp_path / "heldout.jsonl")
+    monkeypatch.setattr(a, "bow_probe", lambda models: None)
+    monkeypatch.setattr(a, "write_report", lambda models, wall: models)
+
+
+def test_every_floor_is_walked_fit_on_train_and_tuned_on_val_and_test_readings_are_counted(tmp_path, monkeypatch):
+    # issue 43 items 1 and 5: the five floors are rows of both samples, fit on train with thresholds
+    # from val (never test); choices read train and val only; OUT/test_walks.json counts, per row,
+    # every phase that read the test split, and a phase done before does not count again
+    cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
+                         {"model_rows": ["warmed base", "stage 1"], "threshold_rows": [], "canonical_finish_rows": [],
+                          "val_sample": 2, "linear_probe_rows": ["warmed base"], "ww_sample": 1})
+    a = ab.Ablation(cfg, tmp_path / "out", echo=False)
+    calls = []
+    _fake_phases(a, tmp_path, monkeypatch, calls)
+    monkeypatch.setattr(a, "select", lambda row, run: run / "final")
+    a.run()
+    by = dict(calls)
+    corpus = tmp_path / "out" / "corpus"
+    for target in ("heldout", "ww"):
+        for row in ab.FLOOR_ROWS:
+            spec = by[f"eval {target} {row}"][by[f"eval {target} {row}"].index("--auditor") + 1]
+            assert spec.startswith(row)
+            if row in ("heuristic:bow", "heuristic:structure"):
+                assert f"train={corpus / 'train.jsonl'}" in spec and f"val={corpus / 'val.jsonl'}" in spec
+            assert "test.jsonl" not in spec and "split" not in spec
+    for name, argv in calls:       # only the walks of the held-out sample and the probes read test
+        if "--split" in argv and argv[argv.index("--split") + 1] == "test":
+            assert name.startswith("eval heldout "), name
+    counts = json.loads((tmp_path / "out" / ab.TEST_WALKS).read_text())
+    assert counts["stage 1"] == {"walks": 1, "probes": 1} and counts["heuristic:bow"] == {"walks": 1}
+    assert counts["linear probe on warmed base"] == {"probes": 1}
+    # a re-run skips the phases done (their markers) and counts nothing again
+    for name, _ in calls:
+        a.r.marker(name).write_text(json.dumps({"phase": name, "wall_s": 0.0}))
+    monkeypatch.undo()
+    b = ab.Ablation(cfg, tmp_path / "out", echo=False)
+    _fake_phases(b, tmp_path, monkeypatch, [])
+    monkeypatch.setattr(b, "select", lambda row, run: run / "final")
+    monkeypatch.setattr(b.r, "run", lambda name, argv, *, clean=None: {"phase": name})
+    b.run()
+    assert json.loads((tmp_path / "out" / ab.TEST_WALKS).read_text()) == counts
+    # the report prints the counts
+    s = _summary({}, {})
+    s["test_walks"] = {"stage 1": {"walks": 2, "probes": 1}}
+    md = ab.render_markdown(s)
+    assert "- stage 1: 2 walk(s) of test, 1 probe pass(es) over val + test" in md
+    assert "- heuristic:bow: not counted (walked before the driver kept a count)" in md
+
+
+def _write_preds(d: Path, rows: list[tuple[str, str, bool, int | None]]) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / "predictions.jsonl", "w") as f:
+        for i, gold, alarmed, k in rows:
+            f.write(json.dumps({"id": i, "gold": gold, "k_star": 2 if gold == "UNSAFE" else None, "a_star": "A",
+                                "alarmed": alarmed, "d": k, "k_hat": k, "a_hat": "A", "n_steps": 5}) + "\n")
+
+
+def test_model_rows_are_compared_with_the_best_floor_by_a_paired_bootstrap(tmp_path):
+    ids = [(f"u{i}", "UNSAFE") for i in range(6)] + [(f"s{i}", "SAFE") for i in range(6)]
+    model = [(i, g, g == "UNSAFE", 2 if g == "UNSAFE" else None) for i, g in ids]          # every k* found
+    lexical = [(i, g, i in ("u0", "u1"), 2 if i in ("u0", "u1") else None) for i, g in ids]   # 2 of 6
+    prior = [(i, g, True, 0) for i, g in ids]                                                    # never right
+    dirs = {"stage 1": tmp_path / "s1", "heuristic:lexical": tmp_path / "lex", "heuristic:position-prior": tmp_path / "pp",
+            "rules": tmp_path / "rules"}
+    for row, rows in (("stage 1", model), ("heuristic:lexical", lexical), ("heuristic:position-prior", prior),
+                      ("rules", prior)):
+        _write_preds(dirs[row], rows)
+    metrics = {"stage 1": {"overall": {"exact_f1": 1.0}}, "heuristic:lexical": {"overall": {"exact_f1": 0.5}},
+               "heuristic:position-prior": {"overall": {"exact_f1": 0.0}}, "rules": {"overall": {"exact_f1": 0.9}}}
+    vs = ab.vs_best_floor(dirs, metrics, n_boot=200, seed=0)
+    assert vs["floor"] == "heuristic:lexical" and set(vs["rows"]) == {"stage 1"}     # rules is no floor
+    d = vs["rows"]["stage 1"]["exact_f1"]
+    assert d["diff"] == pytest.approx(1.0 - 2 * 2 / (2 + 6)) and d["ci"][0] > 0
+    lines = ab.vs_floor_lines(vs)
+    assert "heuristic:lexical" in lines[0] and lines[-1].startswith("| stage 1 | +50.0 [")
+    s = _summary({"stage 1": 1.0, "heuristic:lexical": 0.5}, {})
+    s["vs_best_floor"] = {"heldout": vs}
+    assert "paired +50.0 [" in ab.goal_lines(s)[0] and "lower bound above 0" in ab.goal_lines(s)[0]
+    assert "Paired differences against the best floor here, heuristic:lexical" in ab.render_markdown(s)
+
+
+def test_ablation_floors_prints_the_floors_table_of_a_corpus(demo_build, tmp_path, capsys):
+    from aftraj.cli import main
+
+    out = tmp_path / "floors.json"
+    assert main(["ablation", "floors", "--data", str(demo_build.out), "--ww", "who_and_when", "--n-boot", "50",
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "## val" in text and "## test" in text and "Who&When" in text and "Step-Acc Hand-Crafted" in text
+    assert "bag of words of step k*" in text
+    res = json.loads(out.read_text())
+    for split in ("val", "test", "ww"):
+        assert tuple(res[split]) == ab.FLOOR_ROWS
+    assert res["test"]["heuristic:bow"]["tuning"]["source"] == "val"
+    assert main(["ablation", "floors", "--data", str(tmp_path / "nowhere")]) == 2
+    assert main(["ablation", "--out", str(tmp_path / "x")]) == 2          # --config is still required

@@ -1,16 +1,22 @@
-"""The content-blind floors (eval/auditors/floors.py): fit on a train split, blind to content,
-reachable as heuristic:position-prior / heuristic:length, and shown in every corpus report."""
+"""The floors (eval/auditors/floors.py, reading.py): the content-blind ones (position prior,
+length) blind to content, the reading ones (error words, bag of words, structure) fit on train with
+thresholds from val only, all reachable as heuristic:NAME, shown in every corpus report with the
+run's paired difference to the best, on Who&When too; their values on the demo build are pinned."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from aftraj.schema import Label, Step, Trajectory, write_jsonl
 from eval.auditors import get_auditor
 from eval.auditors.floors import FLOOR_SPECS, MIN_CELL, LengthFloor, PositionPrior, floor_metrics, train_split_of
+
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _traj(i: int, n: int, k: int | None, domain: str = "math", content: str = "x") -> Trajectory:
@@ -163,3 +169,197 @@ def test_eval_report_shows_the_floors_beside_the_auditor(tmp_path):
     assert main(["eval", "--auditor", "heuristic:length", "--data", str(tmp_path / "test.jsonl"), "--out",
                  str(tmp_path / "ev2"), "--no-progress", "--n-boot", "10"]) == 0
     assert "floors" not in json.loads((tmp_path / "ev2" / "metrics.json").read_text())
+
+
+# --------------------------------------------------------------------------- the floors that read (issue 43)
+
+def _run(i: int, n: int, k: int | None, *, planted: str = "bogus value", split: str | None = None,
+         kinds: dict | None = None, source: str = "s") -> Trajectory:
+    """A run of n steps (user, then A and B in turn); step k holds `planted` (UNSAFE at k), else SAFE."""
+    steps = tuple(Step(index=j, agent="User" if j == 0 else ("A" if j % 2 else "B"),
+                       kind=(kinds or {}).get(j, "message"),
+                       content=(planted if j == k else f"working on part {j} of task {i}"))
+                  for j in range(n))
+    label = Label("SAFE", "verified_safe") if k is None else Label("UNSAFE", "injected", decisive_step=k,
+                                                                   decisive_agent=steps[k].agent)
+    return Trajectory(id=f"r{i}", family_id=f"f{i}", domain="math", source=source, task="q", steps=steps,
+                      label=label, meta={} if split is None else {"split": split})
+
+
+def test_lexical_rule_alarms_at_the_first_agent_step_after_0_with_an_error_word():
+    from eval.auditors.reading import LexicalFloor
+
+    steps = (Step(index=0, agent="User", kind="message", content="fix the error in my code"),   # step 0: never
+             Step(index=1, agent="A", kind="message", content="looking at it"),
+             Step(index=2, agent="A", kind="tool_result", content="Traceback: boom"),            # a tool's result
+             Step(index=3, agent="environment", kind="message", content="FAIL"),                 # not an agent
+             Step(index=4, agent="B", kind="message", content="done", error="TypeError: x"),     # error field, a stem
+             Step(index=5, agent="A", kind="message", content="the test FAILED"))
+    t = Trajectory(id="x", family_id="x", domain="math", source="s", task="q", steps=steps,
+                   label=Label("UNSAFE", "injected", decisive_step=4, decisive_agent="B"))
+    floor = get_auditor("heuristic:lexical")
+    assert isinstance(floor, LexicalFloor) and floor.strategy == "online" and floor.threshold is None
+    from eval.walker import walk
+
+    (p,) = walk(floor, [t], progress=False)
+    assert (p["alarmed"], p["d"], p["k_hat"], p["a_hat"]) == (True, 4, 4, "B")
+    clean = replace(t, steps=tuple(replace(s, content="fine", error=None) for s in steps),
+                    label=Label("SAFE", "verified_safe"))
+    assert walk(floor, [clean], progress=False)[0]["alarmed"] is False
+    for word in ("Error", "failure", "WRONG", "exception", "incorrect", "rejected", "traceback"):
+        one = replace(clean, steps=(*clean.steps[:1], replace(clean.steps[1], content=f"x {word} y")))
+        assert walk(floor, [one], progress=False)[0]["k_hat"] == 1, word
+
+
+def _splits(n_train=40, n_val=20, n_test=20):
+    """Unsafe runs whose step k* says "bogus value" (k* varies), safe runs that never do."""
+    def make(start, count, split):
+        return [_run(start + i, 8 + i % 4, (2 + i % 4) if i % 2 else None, split=split) for i in range(count)]
+    return make(0, n_train, "train"), make(1000, n_val, "val"), make(2000, n_test, "test")
+
+
+def test_bow_and_structure_fit_on_train_and_take_their_threshold_from_val_only(tmp_path, monkeypatch):
+    import eval.auditors.reading as reading
+
+    train, val, test = _splits()
+    for name, rows in (("train", train), ("val", val), ("test", test)):
+        write_jsonl(rows, tmp_path / f"{name}.jsonl")
+    seen = []
+    real = reading.tune_threshold
+    monkeypatch.setattr(reading, "tune_threshold", lambda floor, v, **kw: seen.append([t.id for t in v]) or real(floor, v, **kw))
+    bow = get_auditor("heuristic:bow", data=str(tmp_path / "test.jsonl"))
+    assert seen == [[t.id for t in val]]                         # tuned on val, never on test
+    assert bow.tuning["source"] == "val" and bow.tuning["val"]["n"] == len(val) and bow.tuning["val"]["far"] <= 0.2
+    assert "chosen on val" in bow.label and "threshold" in bow.report_notes(test)[0]
+    m = floor_metrics(tmp_path / "test.jsonl", test, n_boot=0)
+    assert m["heuristic:bow"]["exact_f1"] == 1.0 and m["heuristic:bow"]["far"] == 0.0   # it reads the planted words
+    assert m["heuristic:bow"]["threshold"] == bow.threshold
+    # the structure rule never reads words: here k* has no structural mark, and it stays quiet at FAR <= 20 %
+    assert m["heuristic:structure"]["far"] <= 0.2 and m["heuristic:structure"]["threshold"] is not None
+    # a different test set leaves the threshold alone; a different val set moves it
+    write_jsonl(_splits(n_test=6)[2][::-1], tmp_path / "test.jsonl")
+    assert get_auditor("heuristic:bow", data=str(tmp_path / "test.jsonl")).threshold == bow.threshold
+    noisy = [replace(t, steps=tuple(replace(s, content="bogus value") if j == 3 else s for j, s in enumerate(t.steps)))
+             if not t.label.unsafe and i % 4 == 0 else t for i, t in enumerate(val)]
+    write_jsonl(noisy, tmp_path / "val.jsonl")
+    again = get_auditor("heuristic:bow", data=str(tmp_path / "test.jsonl"))
+    assert again.tuning["val"]["far"] <= 0.2
+    # threshold=X: no tuning at all
+    seen.clear()
+    fixed = get_auditor(f"heuristic:bow,threshold=0.5,train={tmp_path / 'train.jsonl'}")
+    assert fixed.threshold == 0.5 and seen == [] and "given" in fixed.label
+
+
+def test_the_threshold_is_the_best_val_f1_within_far_20_percent():
+    # scores set by hand (a step's content is its score): half the unsafe runs score 0.9 at k*,
+    # half 0.6; 30 % of safe runs hold a 0.7 step. Any threshold <= 0.7 gives FAR 30 %: the rule
+    # must take one in (0.7, 0.9], where FAR is 0, though a lower one has a higher Exact-F1.
+    from eval.auditors.reading import ReadingFloor, tune_threshold
+
+    class Scored(ReadingFloor):
+        rule = "scored"
+
+        def fit(self, trajs):
+            pass
+
+        def score(self, traj, t):
+            return float(traj.steps[t].content)
+
+    def run(i, k, top):
+        steps = tuple(Step(index=j, agent="A", kind="message", content=str(top if j == (k if k is not None else 2) else 0.1))
+                      for j in range(5))
+        lb = Label("SAFE", "verified_safe") if k is None else Label("UNSAFE", "injected", decisive_step=k, decisive_agent="A")
+        return Trajectory(id=f"v{i}", family_id=f"v{i}", domain="math", source="s", task="q", steps=steps, label=lb)
+
+    val = ([run(i, 2, 0.9 if i % 2 else 0.6) for i in range(10)]
+           + [run(100 + i, None, 0.7 if i < 3 else 0.2) for i in range(10)])
+    floor = Scored("scored", train=val, threshold=1.0)
+    got = tune_threshold(floor, val)
+    assert 0.7 < got["threshold"] <= 0.9 and got["val"]["far"] == 0.0
+    assert got["val"]["exact_f1"] == pytest.approx(2 * 5 / (5 + 10))
+    unbounded = max(got["sweep"], key=lambda r: r["exact_f1"])
+    assert unbounded["far"] > 0.2 and unbounded["exact_f1"] > got["val"]["exact_f1"]   # the bound decided
+
+
+def test_structure_rule_learns_agent_and_kind_sequences_without_reading():
+    from eval.auditors.reading import StructureFloor
+
+    def run(i, k, split):
+        kinds = {k: "tool_call"} if k is not None else {}
+        return _run(i, 9, k, planted=f"call {i}", kinds=kinds, split=split)
+
+    train = [run(i, 3 + 2 * (i % 3) if i % 2 else None, "train") for i in range(40)]
+    val = [run(100 + i, 3 + 2 * (i % 3) if i % 2 else None, "val") for i in range(20)]
+    test = [run(200 + i, 3 + 2 * (i % 3) if i % 2 else None, "test") for i in range(20)]
+    floor = StructureFloor("structure", train=train, val=val)
+    from eval.metrics import summarize
+    from eval.walker import walk
+
+    m = summarize(walk(floor, test, progress=False), n_boot=0)
+    assert m["exact_f1"] == 1.0 and m["far"] == 0.0
+    assert _reads_only_kinds_and_agents(floor, test)
+
+
+def _reads_only_kinds_and_agents(floor, trajs) -> bool:
+    scrambled = [replace(t, steps=tuple(replace(s, content="other words") for s in t.steps)) for t in trajs]
+    return [floor.audit(t, j).alarm for t in trajs for j in range(len(t.steps))] == \
+        [floor.audit(t, j).alarm for t in scrambled for j in range(len(t.steps))]
+
+
+def test_reading_floors_refuse_to_fit_or_tune_on_who_and_when():
+    train, val, _ = _splits()
+    ww = [_run(500 + i, 8, 3, source="who_and_when/Hand-Crafted") for i in range(3)]
+    with pytest.raises(ValueError, match="train set holds Who&When runs"):
+        get_auditor("heuristic:bow", train=[*train, *ww], val=val)
+    with pytest.raises(ValueError, match="val set holds Who&When runs"):
+        get_auditor("heuristic:structure", train=train, val=[*val, *ww])
+    with pytest.raises(ValueError, match="unknown option"):
+        get_auditor("heuristic:bow,colour=red", train=train, val=val)
+
+
+def test_floors_run_on_who_and_when_per_subset():
+    # evaluation only: fit on a corpus, scored on the shipped Who&When; the lexical rule's figures
+    # there (issue 43: below random) are pinned, the data and the rule being fixed
+    from aftraj.readers import load_trajectories
+    from eval.auditors.floors import fit_floors, score_floors
+
+    train, val, _ = _splits()
+    ww = load_trajectories("who_and_when")
+    got = score_floors(fit_floors(train, val), ww, n_boot=0)
+    assert tuple(got) == FLOOR_SPECS
+    lex = got["heuristic:lexical"]["by_subset"]
+    assert (lex["Algorithm-Generated"]["n"], lex["Hand-Crafted"]["n"]) == (126, 58)
+    assert lex["Algorithm-Generated"]["step_acc"] == pytest.approx(5 / 126)
+    assert lex["Hand-Crafted"]["step_acc"] == pytest.approx(1 / 58)
+
+
+# the floors on configs/corpus/demo-small.yaml (tests/conftest.py:demo_build), fit on its train
+# split, thresholds on val, scored on test: (Exact-F1, FAR, Step-Acc). A change of the corpus
+# generator changes them: re-pin from the failure message, which prints the new values.
+DEMO_PINS = {
+    'heuristic:position-prior': (0.037736, 1.0, 0.055556),
+    'heuristic:length': (0.0, 0.294118, 0.0),
+    'heuristic:lexical': (0.117647, 0.882353, 0.166667),
+    'heuristic:bow': (0.193548, 0.294118, 0.166667),
+    'heuristic:structure': (0.105263, 0.0, 0.055556),
+}
+
+
+def test_floor_values_on_the_demo_build_are_pinned(demo_build):
+    from aftraj.schema import iter_jsonl
+    from eval.auditors.floors import fit_floors, score_floors
+
+    out = demo_build.out
+    splits = {s: list(iter_jsonl(out / f"{s}.jsonl")) for s in ("train", "val", "test")}
+    floors = fit_floors(splits["train"], splits["val"])
+    got = score_floors(floors, splits["test"], n_boot=0)
+    values = {spec: tuple(round(g[k], 6) for k in ("exact_f1", "far", "step_acc")) for spec, g in got.items()}
+    assert values == {spec: tuple(round(x, 6) for x in v) for spec, v in DEMO_PINS.items()}, \
+        "the floors now score (paste into DEMO_PINS once the change is meant):\n" + "\n".join(
+            f"    {spec!r}: {v}," for spec, v in values.items())
+    # thresholds: chosen on val within FAR <= 20 %, and recorded; stats.json holds the same test figures
+    for spec in ("heuristic:bow", "heuristic:structure"):
+        tu = got[spec]["tuning"]
+        assert tu["source"] == "val" and tu["val"]["n"] == len(splits["val"]) and tu["val"]["far"] <= 0.2
+    stats = json.loads((out / "stats.json").read_text())["total"]["floors_on_test"]
+    assert {spec: tuple(round(g[k], 6) for k in ("exact_f1", "far", "step_acc")) for spec, g in stats.items()} == values
