@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from eval.metrics import paired_difference
-from eval.report import auditor_name, model_name, run_line, save_figure
+from eval.report import LABEL_MAX, TITLE_MAX, auditor_name, model_name, percent_axes, run_line, save_figure, shorten
 
 # (metric, label, percent?) in table order; the first three are plotted with their intervals.
 COLUMNS = (("exact_f1", "Exact-F1", True), ("step_acc", "Step-Acc", True), ("far", "FAR", True),
@@ -62,7 +62,10 @@ def comparability_warnings(dirs: list[Path], runs: list[dict], names: list[str])
     for key, what in (("data", "data"), ("split", "split"), ("sample", "sample (--sample N / --sample-seed)"),
                       ("protocol", "protocol"), ("layout", "prompt layout"), ("parser", "parser")):
         vals = [json.dumps(r.get(key), sort_keys=True) for r in runs]
-        if len(set(vals)) > 1:
+        applied = set(vals)
+        if key in ("layout", "parser"):   # null: the auditor renders no prompt, the flag never applied
+            applied = {v for v, r in zip(vals, runs) if not (key in r and r[key] is None)}
+        if len(applied) > 1:
             out.append(f"the runs differ in {what}: " + "; ".join(f"{n}: {v}" for n, v in zip(names, vals)))
     return out
 
@@ -174,12 +177,19 @@ def compare_runs(dirs: list[Path], out: Path) -> dict[str, str]:
 
 
 def _plot(runs: list[dict], names: list[str], metrics: list[str], path: Path) -> None:
+    save_figure(draw_compare(runs, names, metrics), None, path)
+
+
+def draw_compare(runs: list[dict], names: list[str], metrics: list[str]):
+    """compare.png's figure, drawn, not saved (tests read its axes): one panel a metric, one row
+    a run with its interval."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     labels = dict((m, lab) for m, lab, _ in COLUMNS)
+    pct = dict((m, is_pct) for m, _, is_pct in COLUMNS)
     height = 1.2 + 0.45 * len(runs)
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics) + 2.5, height), dpi=110,
                              sharey=True, squeeze=False)
@@ -193,12 +203,19 @@ def _plot(runs: list[dict], names: list[str], metrics: list[str], path: Path) ->
                 continue
             xerr = [[v - ci[0]], [ci[1] - v]] if ci else None
             ax.errorbar([v], [y], xerr=xerr, fmt="o", color=f"C{i}", capsize=4, ms=6)
-        ax.set(xlim=(-0.04, 1.04), title=f"{labels[m]} (95 % interval)")
+        ax.set(xlim=(-0.04, 1.04), title=labels[m],
+               xlabel=f"{labels[m]} (%), 95 % interval" if pct[m] else f"{labels[m]}, 95 % interval")
+        if pct[m]:
+            percent_axes(ax, "x")
         ax.grid(alpha=0.3, axis="x")
+    # short labels (the full names are compare.md's rows), so the axes keep the width
     axes[0][0].set_yticks(ys)
-    axes[0][0].set_yticklabels([f"{n} (n={r['overall']['n']})" for n, r in zip(names, runs)], fontsize=8)
+    axes[0][0].set_yticklabels([f"{shorten(n, LABEL_MAX)} (n={r['overall']['n']})" for n, r in zip(names, runs)],
+                               fontsize=8)
     axes[0][0].set_ylim(-0.7, len(runs) - 0.3)
-    lines = {run_line(r) for r in runs}
-    fig.suptitle(lines.pop() if len(lines) == 1 else "the runs differ in protocol, layout or parser (see compare.md)",
-                 fontsize=9, y=1.0 + 0.15 / height)
-    save_figure(fig, None, path)
+    axes[0][0].set_ylabel("run")
+    # runs whose auditor renders no prompt ("layout n/a") agree with any layout and parser
+    lines = {run_line(r) for r in runs if r.get("layout", "") is not None} or {run_line(r) for r in runs}
+    fig.suptitle(shorten(lines.pop(), TITLE_MAX) if len(lines) == 1 else
+                 "the runs differ in protocol, layout or parser (see compare.md)", fontsize=9, y=1.0 + 0.15 / height)
+    return fig

@@ -228,7 +228,14 @@ def write_markdown(metrics: dict, path: Path) -> None:
 # A plot is written only when it can show something: each has a check that returns why it
 # cannot be drawn (None when it can), and the report names the plots left out and why.
 # Legends sit below the axes and figures are saved with a tight bounding box, so nothing runs
-# off; points that coincide get distinct markers and sizes, so none hides another.
+# off; points that coincide get distinct markers and sizes, so none hides another. Figures, not
+# diagnostics (issue 47 item 7): rates on percent axes (as the tables give them) with axis titles,
+# a one-line title of at most TITLE_MAX characters (what and which auditor), the protocol / layout /
+# parser line as the legend's title, short labels, and intervals drawn for one point per plot
+# (the overall one: the groups' intervals are in report.md), so no two error bars overlap.
+
+TITLE_MAX = 64
+LABEL_MAX = 30
 
 _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
 
@@ -263,10 +270,31 @@ def auditor_name(metrics: dict) -> str:
     return f"{metrics['auditor']} ({model})" if model else metrics["auditor"]
 
 
-def _title(kind: str, metrics: dict) -> str:
-    import textwrap
+def shorten(text: str, n: int) -> str:
+    """`text` in at most n characters: its middle elided ("hf (runs/…/final)")."""
+    text = " ".join(str(text).split())
+    if len(text) <= n:
+        return text
+    head = (n - 1) * 2 // 3
+    return text[:head] + "…" + text[len(text) - (n - 1 - head):]
 
-    return kind + "\n" + "\n".join(textwrap.wrap(auditor_name(metrics), 60)) + "\n" + run_line(metrics)
+
+def _title(kind: str, metrics: dict) -> str:
+    """One line: what the plot shows and which auditor (its middle elided to fit TITLE_MAX)."""
+    return f"{kind}: {shorten(auditor_name(metrics), TITLE_MAX - len(kind) - 2)}"
+
+
+def percent_axes(ax, *axes: str) -> None:
+    """Rates in [0, 1] read as percent on the named axes ("x", "y"), as the tables give them."""
+    from matplotlib.ticker import PercentFormatter
+
+    for a in axes:
+        getattr(ax, f"{a}axis").set_major_formatter(PercentFormatter(xmax=1.0, decimals=0))
+
+
+def _legend(ax, handles, metrics: dict) -> None:
+    """The plot's legend, titled with the protocol / layout / parser line (`run_line`)."""
+    ax.legend(handles=handles, title=run_line(metrics))
 
 
 def _groups(metrics: dict) -> dict[str, dict]:
@@ -335,9 +363,11 @@ def _plot_deployable(metrics: dict, preds: list[dict], ax) -> None:
     for i, (name, g) in enumerate(drawn):
         marker, ms, mfc = _MARKERS[i % len(_MARKERS)], max(4, 11 - 1.5 * i), "none" if i else f"C{i}"
         pf = g.get("parse_failure_rate")
-        label = (f"{name} (n={g['n']}): FAR {g['far']:.1%}, Step-Acc {g['step_acc']:.1%}, "
+        label = (f"{shorten(name, LABEL_MAX)} (n={g['n']}): FAR {g['far']:.1%}, Step-Acc {g['step_acc']:.1%}, "
                  f"parse failures {'–' if pf is None else f'{pf:.1%}'}")
-        ax.errorbar([g["far"]], [g["step_acc"]], xerr=_err(g, "far"), yerr=_err(g, "step_acc"),
+        bars = i == 0     # the overall point's intervals only: the groups' are in report.md
+        ax.errorbar([g["far"]], [g["step_acc"]], xerr=_err(g, "far") if bars else None,
+                    yerr=_err(g, "step_acc") if bars else None,
                     fmt=marker, ms=ms, color=f"C{i}", mfc=mfc, capsize=3, elinewidth=1, label="_" + name)
         handles.append(Line2D([], [], ls="none", marker=marker, ms=ms, color=f"C{i}", mfc=mfc, label=label))
         if pf:
@@ -348,9 +378,10 @@ def _plot_deployable(metrics: dict, preds: list[dict], ax) -> None:
     if any(g.get("parse_failure_rate") for _, g in drawn):
         handles.append(Line2D([], [], ls="none", marker="o", ms=12, mfc="none", mec="red", mew=1.5,
                               label="red ring: parse failures > 0 (a failure counts as CONTINUE)"))
-    ax.legend(handles=handles)
-    ax.set(xlim=(-0.04, 1.04), ylim=(-0.04, 1.04), xlabel="FAR (false alarms on safe runs)",
-           ylabel="Step-Acc", title=_title("Deployable region (95 % intervals)", metrics))
+    _legend(ax, handles, metrics)
+    ax.set(xlim=(-0.04, 1.04), ylim=(-0.04, 1.04), xlabel="FAR: false alarms on safe runs (%)",
+           ylabel="Step-Acc: unsafe runs alarmed at k* (%)", title=_title("Deployable region", metrics))
+    percent_axes(ax, "x", "y")
 
 
 def _plot_curve(metrics: dict, preds: list[dict], ax) -> None:
@@ -368,9 +399,10 @@ def _plot_curve(metrics: dict, preds: list[dict], ax) -> None:
                               label="the run's own verdicts (95 % interval)"))
     ax.axvline(DEPLOYABLE_MAX_FAR, color="gray", ls=":", lw=1)
     ax.axhline(DEPLOYABLE_MIN_STEP_ACC, color="gray", ls=":", lw=1)
-    ax.legend(handles=handles)
-    ax.set(xlim=(-0.04, 1.04), ylim=(-0.04, 1.04), xlabel="FAR", ylabel="Step-Acc",
-           title=_title("FAR – Step-Acc", metrics))
+    _legend(ax, handles, metrics)
+    ax.set(xlim=(-0.04, 1.04), ylim=(-0.04, 1.04), xlabel="FAR: false alarms on safe runs (%)",
+           ylabel="Step-Acc: unsafe runs alarmed at k* (%)", title=_title("FAR vs Step-Acc", metrics))
+    percent_axes(ax, "x", "y")
 
 
 def _plot_delay(metrics: dict, preds: list[dict], ax) -> None:
@@ -386,8 +418,9 @@ def _plot_delay(metrics: dict, preds: list[dict], ax) -> None:
     ax.axvline(0, color="red", lw=1, label="alarm at the decisive step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))   # delays and counts are integers
     ax.yaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
-    ax.set(xlabel="alarm delay d(τ) − k* (negative = premature)", ylabel="trajectories",
-           title=_title(f"Alarm delay of the first ALARM, n={len(delays)} alarmed unsafe runs", metrics))
+    ax.legend(title=run_line(metrics))
+    ax.set(xlabel="alarm delay d − k* in steps (negative = premature)",
+           ylabel=f"alarmed unsafe runs (of {len(delays)})", title=_title("Alarm delay", metrics))
 
 
 PLOTTERS = {"deployable.png": (_why_not_deployable, _plot_deployable),
@@ -429,9 +462,11 @@ def save_figure(fig, ax, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     if ax is not None and ax.get_legend() is not None:   # a plot that built its own handles
-        handles = ax.get_legend().legend_handles
+        old = ax.get_legend()
+        handles = old.legend_handles
         ax.legend(handles=handles, labels=[h.get_label() for h in handles], fontsize=7, loc="upper center",
-                  bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
+                  bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False, title=old.get_title().get_text() or None,
+                  title_fontsize=7)
     elif ax is not None and ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
     fig.savefig(path, bbox_inches="tight", pad_inches=0.15)

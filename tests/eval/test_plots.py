@@ -1,8 +1,10 @@
 """The plots say what they show (issue 25), asserted on their matplotlib artists
 (`eval.report.draw_plot`) and on the files and tables the CLI writes: deployable.png marks the
 parse-failure rate, alarm_delay.png is drawn for online auditors only, protocol / layout / parser
-in every title, integer ticks for counts, legend markers equal the plotted ones, "P(UNSAFE)" only
-for probabilities; `eval compare` names the model, shows n and AUC, and warns on other samples."""
+on every plot (the legend's title), integer ticks for counts, legend markers equal the plotted
+ones, "P(UNSAFE)" only for probabilities; `eval compare` names the model, shows n and AUC, and
+warns on other samples. Figures, not diagnostics (issue 47 item 7): percent axes with axis
+titles, one-line titles, short labels, no two error bars overlapping."""
 
 from __future__ import annotations
 
@@ -57,7 +59,8 @@ def test_deployable_marks_the_parse_failure_rate(data, tmp_path):
     rings = [l for l in ax.get_lines() if l.get_markeredgecolor() == "red" and l.get_markerfacecolor() == "none"]
     assert len(rings) == 1 and list(rings[0].get_xdata()) == [0.0] and list(rings[0].get_ydata()) == [0.0]
     _markers_match_legend(ax)
-    assert ax.get_title().splitlines()[-1] == "protocol strict, layout ours, parser strict"
+    # dummy renders no prompt: its layout and parser never applied (issue 47 item 5)
+    assert ax.get_legend().get_title().get_text() == "protocol strict, layout n/a, parser n/a"
     fig, ax = draw_plot("deployable.png", clean, cpreds)
     assert not ax.texts and not any(l.get_markeredgecolor() == "red" for l in ax.get_lines())
     assert any("parse failures 0.0%" in t.get_text() for t in ax.get_legend().get_texts())
@@ -79,7 +82,7 @@ def test_alarm_delay_only_for_online_auditors_with_integer_ticks(data, tmp_path)
     for axis in (ax.xaxis, ax.yaxis):
         ticks = [t for t in axis.get_majorticklocs()]
         assert ticks and all(float(t).is_integer() for t in ticks), ticks
-    assert ax.get_title().splitlines()[-1] == "protocol reference, layout ours, parser reference"
+    assert ax.get_legend().get_title().get_text() == "protocol reference, layout n/a, parser n/a"
     delays = sorted(p["d"] - p["k_star"] for p in preds if p["gold"] == "UNSAFE" and p["alarmed"])
     heights = [int(r.get_height()) for r in ax.patches if r.get_height() > 0]
     assert sum(heights) == len(delays)
@@ -155,3 +158,72 @@ def test_compare_gives_paired_differences_on_the_same_trajectories(data, tmp_pat
     assert "| dummy:safe | +100.00 pts [+100.00, +100.00], P(≤ 0) 0.000 |" in md
     assert main(["eval", "compare", str(tmp_path / "gold"), str(tmp_path / "few"), "--out", str(tmp_path / "gf")]) == 0
     assert "Paired differences" not in (tmp_path / "gf" / "compare.md").read_text()   # other trajectories
+
+
+def _tick_texts(axis) -> list[str]:
+    return [t.get_text() for t in axis.get_ticklabels() if t.get_text()]
+
+
+def _errorbar_boxes(ax) -> list:
+    """The bounding box (data coordinates) of each error bar container's bars."""
+    from matplotlib.container import ErrorbarContainer
+    from matplotlib.transforms import Bbox
+
+    boxes = []
+    for c in ax.containers:
+        if isinstance(c, ErrorbarContainer) and c.lines[2]:
+            segs = [s for coll in c.lines[2] for s in coll.get_segments()]
+            pts = [p for s in segs for p in s]
+            boxes.append(Bbox.from_extents(min(p[0] for p in pts), min(p[1] for p in pts),
+                                           max(p[0] for p in pts), max(p[1] for p in pts)))
+    return boxes
+
+
+def test_figures_in_percent_with_axis_titles_one_line_titles_no_overlapping_bars(tmp_path, make_traj):
+    """Issue 47 item 7: read off the figures' axes: axis titles set, rate ticks in %, a one-line
+    title within TITLE_MAX, short labels, and no two error bars overlapping (several groups on
+    one point, as subsets of a corpus sit)."""
+    from eval.compare import draw_compare
+    from eval.report import LABEL_MAX, TITLE_MAX, draw_plot
+
+    runs = []
+    for i, (n, k) in enumerate([(6, 2), (5, None), (7, 4), (4, None), (6, 1), (5, None), (5, 3), (4, None)]):
+        t = make_traj(i, n, k)
+        t.meta["subset"] = "a-very-long-subset-name-that-would-eat-the-plot" if i % 4 >= 2 else "short"
+        runs.append(t)
+    data = tmp_path / "d.jsonl"
+    write_jsonl(runs, data)
+    m, preds = _eval(data, tmp_path / "g", "--auditor", "dummy:gold,confidence=0.7", "--all-prefixes")
+    m["auditor"] = "hf:" + "x" * 120          # a long name must not wrap the title
+    assert len(m["by_subset"]) == 2
+    for name in ("deployable.png", "far_step_acc.png", "alarm_delay.png"):
+        fig, ax = draw_plot(name, m, preds)
+        fig.canvas.draw()
+        title = ax.get_title()
+        assert "\n" not in title and len(title) <= TITLE_MAX and "…" in title, (name, title)
+        assert ax.get_xlabel() and ax.get_ylabel(), name
+        assert ax.get_legend().get_title().get_text() == "protocol strict, layout n/a, parser n/a"
+        if name != "alarm_delay.png":       # rates: percent ticks on both axes
+            for axis in (ax.xaxis, ax.yaxis):
+                ticks = _tick_texts(axis)
+                assert ticks and all(t.endswith("%") for t in ticks), (name, ticks)
+            assert "%" in ax.get_xlabel() and "%" in ax.get_ylabel()
+        boxes = _errorbar_boxes(ax)
+        assert all(not a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:]), name
+        for t in ax.get_legend().get_texts():
+            assert "a-very-long-subset-name-that-would-eat-the-plot" not in t.get_text()
+    fig, ax = draw_plot("deployable.png", m, preds)
+    assert len(_errorbar_boxes(ax)) == 1 and len([c for c in ax.containers]) == 3   # 3 groups, bars on one
+
+    other = dict(m, auditor="rules-with-a-very-long-name-indeed-and-more-words")
+    fig = draw_compare([m, other], ["hf:" + "x" * 120, other["auditor"]], ["exact_f1", "step_acc", "far"])
+    fig.canvas.draw()
+    for ax in fig.axes:
+        assert ax.get_xlabel() and "%" in ax.get_xlabel() and "\n" not in ax.get_title()
+        ticks = _tick_texts(ax.xaxis)
+        assert ticks and all(t.endswith("%") for t in ticks), ticks
+        boxes = _errorbar_boxes(ax)
+        assert all(not a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    labels = _tick_texts(fig.axes[0].yaxis)
+    assert len(labels) == 2 and all(len(x.split(" (n=")[0]) <= LABEL_MAX for x in labels), labels
+    assert fig.axes[0].get_ylabel() == "run" and "\n" not in fig._suptitle.get_text()
