@@ -43,6 +43,7 @@ from aftraj.boundary import is_agent_step, is_from_who_and_when, refuse_unlabele
 from aftraj.schema import Step, Trajectory
 from aftraj.verdict import Verdict
 from eval.auditors import AuditResult, Auditor
+from eval.auditors.splits import records_of_file, split_beside
 
 ERROR_WORDS = ("error", "fail", "wrong", "exception", "incorrect", "reject", "traceback")
 ERROR_RE = re.compile("|".join(ERROR_WORDS), re.IGNORECASE)
@@ -194,8 +195,6 @@ class StructureModel:
 def _records(path: str, split: str) -> list[Trajectory]:
     """`train=PATH` / `val=PATH`: a folder's split, or a file's records of that split (the whole
     file when it has no splits)."""
-    from eval.auditors.floors import records_of_file, split_beside
-
     return split_beside(path, split) if Path(path).is_dir() else records_of_file(path, split)
 
 
@@ -210,8 +209,6 @@ class ReadingFloor(Auditor):
     def __init__(self, arg: str | None = None, *, data: str | None = None,
                  train: Sequence[Trajectory] | None = None, val: Sequence[Trajectory] | None = None,
                  threshold: float | None = None, **kw) -> None:
-        from eval.auditors.floors import split_beside
-
         super().__init__(arg, **kw)
         paths: dict[str, str] = {}
         for part in (arg or "").split(",")[1:]:
