@@ -7,10 +7,16 @@ auditor (strict online walk unless the auditor is post-hoc), then write metrics.
 run's provenance), predictions.jsonl (every raw completion), report.md and the plots that can be
 drawn into DIR (eval/run.py: `evaluate(EvalConfig)`, the one evaluation; this command only maps
 its flags). `--update-model-card` adds the result to the --model folder's model card.
+An --out that holds a run is refused unless `--resume` (continue it: finished walks and every
+cached call in OUT/calls.jsonl are kept) or `--overwrite`. `--list-auditors [NAME]` lists the
+registry's auditors with their documented arguments (lm-eval's `ls`); `--model builtin:NAME` is a
+model prepared locally (training.models); `--split validation` is `val`. Runs without gold labels:
+`aftraj audit` (aftraj/commands/audit.py).
 `compare` puts finished runs side by side (eval/compare.py). `tune-threshold` chooses the hf
 auditor's `--decision-threshold` on a validation walk with `--all-prefixes` (a short
 `--max-new-tokens` suffices: the decision token comes first).
 
+    aftraj eval --list-auditors
     aftraj eval --auditor heuristic:uniform-random --data who_and_when --out runs/ww-random
     aftraj eval --auditor rules --data runs/aftraj-2k --out runs/rules          # test split
     aftraj eval compare runs/ww-random runs/ww-rules --out runs/compare
