@@ -210,8 +210,15 @@ class HookClient:
             loop, self._loop = self._loop, None
         if loop is None:
             return
+        async def shutdown():
+            await self.chat.aclose()
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in rest:          # calls abandoned at their deadline, still unwinding
+                t.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+            await asyncio.get_running_loop().shutdown_asyncgens()
         try:
-            asyncio.run_coroutine_threadsafe(self.chat.aclose(), loop).result(timeout=1.0)
+            asyncio.run_coroutine_threadsafe(shutdown(), loop).result(timeout=1.0)
         except Exception:          # a close must not raise into the agent either
             pass
         loop.call_soon_threadsafe(loop.stop)
