@@ -11,8 +11,8 @@ same, or the resume is refused (a `UsageError` naming the first setting that dif
 line cut short by the kill is dropped; a bad line elsewhere is an error naming file and line.
 When the run ends, `eval.report.write_report` rewrites predictions.jsonl whole, in input order.
 
-The call cache (`CallCache`, OUT/calls.jsonl): every auditor answer is appended and flushed as it
-comes, keyed by the auditor's settings and the hash of what its prompt is rendered from (the
+The call cache (`CallCache`, OUT/calls.jsonl): every auditor answer (not an endpoint failure: a
+resume asks again) is appended and flushed as it comes, keyed by the auditor's settings and the hash of what its prompt is rendered from (the
 trajectory's fields and steps 0..t, and t), so a kill in the middle of a walk keeps the calls
 already made: `--resume` replays them (`CachedAuditor`) and asks the auditor only for the rest.
 A walk a resume finishes therefore gets the answers the killed run had, not new ones.
@@ -212,6 +212,9 @@ class CallCache:
         return None if d is None else result_from_dict(d)
 
     def put(self, traj, t: int, result) -> None:
+        """Keep `result`, unless it is an endpoint failure (no verdict): a resume asks again."""
+        if result.error is not None:
+            return
         key, rec = self.key(traj, t), result_to_dict(result)
         with self._lock:
             self.answers[key] = rec

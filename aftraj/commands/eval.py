@@ -249,7 +249,9 @@ def _heldout_rows(run: Path, key: str) -> tuple[Path, list[dict], dict]:
         cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
         if not isinstance(cfg["heldout_split"], str):
             raise TypeError(f"heldout_split is {cfg['heldout_split']!r}: the run scored no held-out rows")
-        data = Path(cfg["data"]) / f"{cfg['heldout_split']}.jsonl"
+        from eval.run import split_name
+
+        data = Path(cfg["data"]) / f"{split_name(cfg['heldout_split'])}.jsonl"   # validation = val
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise UsageError(f"{cfg_file}: not an `aftraj train prefixes` run's config with data and "
                          f"heldout_split ({e})") from None

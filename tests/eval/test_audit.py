@@ -105,7 +105,7 @@ def test_audit_reads_an_agent_framework_export(tmp_path, capsys):
         return {"key": k, "value": {"stringValue": v}}
 
     msgs = lambda role, text: json.dumps([{"role": role, "parts": [{"type": "text", "content": text}]}])   # noqa: E731
-    spans = [{"traceId": "ab" * 16, "spanId": f"{i:016x}", "name": "chat", "startTimeUnixNano": str(i + 1),
+    spans = [{"traceId": "ab" * 16, "spanId": f"{i + 1:016x}", "name": "chat", "startTimeUnixNano": str(i + 1),
               "attributes": [attr("gen_ai.operation.name", "chat"), attr("gen_ai.agent.name", f"agent{i % 2}"),
                              attr("gen_ai.input.messages", msgs("user", "Compute 2+2.")),
                              attr("gen_ai.output.messages", msgs("assistant", f"step {i}"))]} for i in range(3)]
@@ -119,6 +119,29 @@ def test_audit_reads_an_agent_framework_export(tmp_path, capsys):
     assert json.loads((out / "audit.json").read_text())["data_format"] == "otel"
     assert main(["audit", "--auditor", "rules", "--from", "otel", "--data", str(tmp_path / "nope.json"),
                  "--out", str(tmp_path / "n"), "--no-progress"]) == 2
+
+    # --emit: each prefix's verdict is a span under the judged step's own span of the user's trace
+    pytest.importorskip("opentelemetry.sdk")
+    import aftraj.adapters.emit as emit
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exp, tp = InMemorySpanExporter(), TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exp))
+    real = emit.from_spec
+    emit.from_spec = lambda spec: emit.Emitters([emit.OtelVerdictEmitter(tp)])
+    try:
+        assert main(["audit", "--auditor", "dummy:alarm-at-1", "--from", "otel", "--data", str(src), "--out",
+                     str(tmp_path / "em"), "--no-progress", "--emit", "otel", "--tenant", "team-a"]) == 0
+    finally:
+        emit.from_spec = real
+    verdicts = [x for x in exp.get_finished_spans() if x.name == "aftraj.verdict"]
+    assert [x.attributes["aftraj.step"] for x in verdicts] == [0, 1]
+    assert all(x.attributes["aftraj.tenant"] == "team-a" for x in verdicts)
+    assert [(format(x.context.trace_id, "032x"), format(x.parent.span_id, "016x")) for x in verdicts] == \
+        [("ab" * 16, f"{t + 1:016x}") for t in (0, 1)]
+    assert json.loads((tmp_path / "em" / "audit.json").read_text())["emitted"]["tenant"] == "team-a"
 
 
 def test_audit_verdicts_emit_in_the_gateway_shape():

@@ -160,6 +160,9 @@ def test_the_cache_is_keyed_by_settings_and_prefix(make_traj, tmp_path):
         assert Async.calls == 1 and len((tmp_path / "calls.jsonl").read_text().splitlines()) == 1
         assert c.submit(a, 2).result() == first and Async.calls == 1          # replayed, not asked
         assert c.audit_batch([(b, 2)])[0].verdict.agent == b.steps[2].agent and Async.calls == 2  # other content
+        failed = AuditResult(None, t=3, error="timeout", error_kind="deadline")
+        cache.put(a, 3, failed)                                            # an endpoint failure: asked again
+        assert cache.get(a, 3) is None
     kept = CallCache(tmp_path, {"auditor": "x"}, keep=True)
     assert kept.get(a, 2) == first and kept.get(a, 1) is None
     assert CallCache(tmp_path, {"auditor": "y"}, keep=True).get(a, 2) is None    # other settings
