@@ -322,8 +322,8 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 # Below this learning rate a full fine-tune must keep float32 master weights (compute in bf16 by
 # autocast: stage 1's `mixed_precision: bf16`, stage 2's `bf16: true`). An Adam step moves a
 # weight by about the learning rate; bfloat16 keeps 8 significant bits, so a weight of magnitude
-# |w| rounds any change under |w| * 2^-9 back to itself: at 1e-6 nearly every update of a weight
-# of 0.002 or more is lost (tests/training/test_master_precision.py measures it on a tiny model).
+# |w| rounds any change under |w| * 2^-9 back to itself: at 1e-6 every update of a weight
+# of 0.001 or more is lost (tests/training/test_master_precision.py measures it on a tiny model).
 HALF_MASTER_MIN_LR = 1e-5
 
 

@@ -1,11 +1,11 @@
-# Sourced by scripts/gpu_check.sh and scripts/gpu_stage2_check.sh: make the checks' Python
-# dependencies importable on a bare GPU machine (Python 3.12 + torch + transformers + accelerate,
-# no package index). `gpu_site NAME` installs the wheels that scripts/gpu_wheels.sh put in
+# Sourced by scripts/gpu_check.sh: make the check's Python dependencies importable on the
+# borrowed GPU machine (its image: Python 3.12 + torch + transformers + accelerate + ..., no
+# package index). `gpu_site NAME` installs the wheels that scripts/gpu_wheels.sh put in
 # .whl/NAME/ into a temporary folder (pip install --no-index --no-deps --target; plain unzip when
 # the machine has no pip) and puts it on PYTHONPATH after the repository. Without .whl/NAME, the
 # interpreter must already import them (e.g. the project's .venv).
-#   PY=python3; source scripts/gpu_site.sh; gpu_site stage1 orjson bitsandbytes
-gpu_site() {
+#   PY=python3; source scripts/gpu_site.sh; gpu_site check orjson bitsandbytes
+gpu_site() {   # NAME MODULE...: .whl/NAME installed into a temporary target, MODULEs checked
   local name=$1; shift
   local wheels="$ROOT/.whl/$name"
   if compgen -G "$wheels/*.whl" >/dev/null; then

@@ -1,6 +1,7 @@
-"""scripts/gpu_site.sh (sourced by the two GPU checks) and scripts/trim_wheel.py, on CPU: wheels in
-.whl/NAME are installed into a temporary --target and importable after the repository; a module
-neither carried nor installed is named; a trimmed wheel installs without the dropped members.
+"""scripts/gpu_site.sh (sourced by the one GPU check, scripts/gpu_check.sh) and scripts/trim_wheel.py,
+on CPU: wheels in .whl/NAME are installed into a temporary --target and importable after the
+repository; a module neither carried nor installed is named; a trimmed wheel installs without the
+dropped members.
 
     pytest tests/training/test_gpu_site.py -q
 """

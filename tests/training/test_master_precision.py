@@ -44,11 +44,11 @@ def test_bf16_masters_lose_a_1e6_update_and_fp32_masters_keep_it(tiny_model_dir)
 
     bf16 = _one_adam_step(tiny_model_dir, torch.bfloat16, 1e-6)
     fp32 = _one_adam_step(tiny_model_dir, torch.float32, 1e-6)
-    assert bf16["changed_fraction"] < 0.05, bf16          # measured ~1 %: weights within 2^9 × lr of 0
+    assert bf16["changed_fraction"] < 0.05, bf16          # measured 2.0 %: weights within 2^9 × lr of 0
     assert fp32["changed_fraction"] > 0.95, fp32
     # the same update rounded to bf16 afterwards is lost as well: the export is not the problem,
     # the master is (fp32 keeps it while training; the measure of the GPU check says as much)
-    assert fp32["bf16_kept_fraction"] < 0.05, fp32
+    assert fp32["bf16_kept_fraction"] < 0.1, fp32         # measured 4.2 %
     # and at a learning rate bf16 can hold, bf16 masters move (the measure is not vacuous)
     assert _one_adam_step(tiny_model_dir, torch.bfloat16, 1e-3)["changed_fraction"] > 0.9
 

@@ -1,22 +1,27 @@
-"""GPU check of the stage-2 TRL path: a format warm-start, then 2 GRPO steps on one GPU (written
-for one H200) with a randomly initialised Qwen2 of a few hundred million parameters (152k-row
-vocabulary like Qwen2.5's) in bf16, our reward, KL to the init model, 8 completions per prompt.
+"""GPU check of the stage-2 TRL path (phase 2 of scripts/gpu_check.sh): a format warm-start, then 2
+GRPO steps on one GPU (written for one H200) with a randomly initialised Qwen2 of a few hundred
+million parameters (152k-row vocabulary like Qwen2.5's), float32 master weights computed in bf16
+by autocast, at the PRODUCTION learning rate (configs/stage2/qwen2.5-7b-8xh200.yaml, 1e-6), our
+reward, KL to the init model, 8 completions per prompt.
 
 A random model is malformed on every completion: every reward in a group is the same and every
 GRPO advantage is 0, so nothing would be learnt or tested. The check therefore first runs a few
 supervised steps of the format warm-up (training/warmup, content-independent verdicts) and starts
 GRPO from that: completions now end at varied lengths, so the reward (its overlong penalty at
 least; format and verdict terms where a completion parses) varies within a group, and the check
-asserts a non-zero reward spread within groups (hence a non-zero advantage) and that the GRPO
-steps changed the parameters. On the tiny CPU model (measured) the spread is the length penalty
-alone (warmup_parse_rate=0.0 after 24 steps); what the 0.6B GPU model parses is not measured. Figures are printed as `key=value` lines and
-written to FIGURES_DIR/gpu_stage2.json:
+asserts a non-zero reward spread within groups (hence a non-zero advantage), that the GRPO steps
+changed the parameters, and that the update was kept: at least MIN_CHANGED_FRACTION of the decoder
+layers' weight elements moved (`kept_update`; bf16 masters at 1e-6 move ~2 %,
+tests/training/test_master_precision.py). On the tiny CPU model (measured) the spread is the
+length penalty alone (warmup_parse_rate=0.0 after 24 steps); what the 0.6B GPU model parses is not
+measured. Figures are printed as `key=value` lines and written to FIGURES_DIR/gpu_stage2.json:
 
     steps median_step_s peak_mem_gib params_m completion_tokens warmup_steps warmup_parse_rate
     reward_first reward_std_max frac_reward_zero_std_min kl_last params_changed max_param_change
+    learning_rate layer_elements_changed_fraction bf16_master_would_keep_fraction dtype bf16_autocast
 
-    bash scripts/gpu_stage2_check.sh [--figures-dir DIR]   # on a GPU node (bare Python + torch is enough)
-    python -m training.stage2.gpu_check --tiny             # the same code path on CPU, shrunk (tests)
+    bash scripts/gpu_check.sh [OUT]                        # on a GPU node: phase 2 of the one check
+    python -m training.stage2.gpu_check --tiny             # the same code path on CPU, shrunk
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "stage2" / "tiny-cpu.yaml"
 PRODUCTION = REPO / "configs" / "stage2" / "qwen2.5-7b-8xh200.yaml"
 # share of the decoder layers' weight elements an update must have moved (fp32 masters move all
-# but those whose gradient is exactly 0; bf16 masters at 1e-6 about 1 %: test_master_precision.py)
+# but those whose gradient is exactly 0; bf16 masters at 1e-6 about 2 %: test_master_precision.py)
 MIN_CHANGED_FRACTION = 0.5
 
 
