@@ -191,22 +191,27 @@ EVAL_OUTPUTS = ("metrics.json", "predictions.jsonl", "report.md", "eval_settings
                 "verdicts.jsonl", "audit.json")
 
 
-def check_out(out: Path, *, resume: bool, overwrite: bool, flag: str = "--out") -> None:
+def check_out(out: Path, *, resume: bool, overwrite: bool, flag: str = "--out") -> list[str]:
     """Refuse to write into a folder that already holds an evaluation (or an audit) unless the
     caller says `resume` (continue it) or `overwrite` (its files are replaced; calls.jsonl too,
-    so no cached answer of the old run is replayed)."""
+    so no cached answer of the old run is replayed). Returns the files `clear_out` removes once
+    everything else is checked and the auditor is built (a failure before leaves the old run)."""
     if out.exists() and not out.is_dir():   # before any evaluation starts (issue 23)
         raise UsageError(f"{flag} {out}: is a file, not a folder; give a folder for the reports")
     if resume and overwrite:
         raise UsageError("--resume and --overwrite exclude each other: continue the run in --out, or replace it")
     held = [f for f in EVAL_OUTPUTS if (out / f).exists()]
     if not held or resume:
-        return
+        return []
     if not overwrite:
         raise UsageError(f"{flag} {out}: already holds an earlier run's output ({', '.join(held)}); pass --resume to "
                          f"continue it, --overwrite to replace it, or another {flag}")
+    return held
+
+
+def clear_out(out: Path, held: list[str]) -> None:
     for f in held:
-        (out / f).unlink()
+        (out / f).unlink(missing_ok=True)
 
 
 def inert_flags(cfg: EvalConfig, cls) -> list[str]:
@@ -324,7 +329,7 @@ def evaluate(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> EvalRe
     from eval.resume import CallCache, PredictionLog
 
     out = Path(cfg.out)
-    check_out(out, resume=cfg.resume, overwrite=cfg.overwrite)
+    stale = check_out(out, resume=cfg.resume, overwrite=cfg.overwrite)
     if cfg.auc_start < 0:
         raise UsageError(f"--auc-start must be >= 0 (the first step of the per-step AUC), got {cfg.auc_start}")
     cls, walk_cfg, emitters, make = _build(cfg)
@@ -335,6 +340,7 @@ def evaluate(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> EvalRe
     trajs, split = load_eval_data(cfg, say=say)
     log = PredictionLog(out, resume_settings(cfg, trajs, split), resume=cfg.resume)
     auditor = make()
+    clear_out(out, stale)     # --overwrite: the old run's files go once the new one can start
     cache = CallCache(out, call_settings(cfg), keep=cfg.resume)
     t0 = time.perf_counter()
     with auditor, log, cache:
@@ -495,7 +501,7 @@ def audit(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> AuditOutc
     from eval.resume import CallCache, PredictionLog
 
     out = Path(cfg.out)
-    check_out(out, resume=cfg.resume, overwrite=cfg.overwrite)
+    stale = check_out(out, resume=cfg.resume, overwrite=cfg.overwrite)
     if cfg.protocol != "strict":
         raise UsageError(f"--protocol {cfg.protocol}: the reference protocol walks a run by its gold label; "
                          f"an audit has none (strict online walk only)")
@@ -513,6 +519,7 @@ def audit(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> AuditOutc
     log = PredictionLog(out, {**resume_settings(cfg, trajs, split), "mode": "audit"}, resume=cfg.resume,
                         filename=VERDICTS_FILE)
     auditor = make()
+    clear_out(out, stale)     # --overwrite: the old run's files go once the new one can start
     cache = CallCache(out, call_settings(cfg), keep=cfg.resume)
     t0 = time.perf_counter()
     with auditor, log, cache:

@@ -87,6 +87,8 @@ def test_an_existing_output_folder_is_not_overwritten(data, tmp_path, capsys):
     assert f"--out {out}: already holds an earlier run's output (metrics.json" in err and "--resume" in err and "--overwrite" in err
     assert (out / "metrics.json").read_text() == before
     assert main(_args(data, out, "--auditor", "dummy:safe", "--resume", "--overwrite")) == 2
+    assert main(_args(data, out, "--auditor", "nope", "--overwrite")) == 2     # a run that cannot start
+    assert (out / "metrics.json").read_text() == before                         # leaves the old one
     assert main(_args(data, out, "--auditor", "dummy:safe", "--overwrite")) == 0
     assert json.loads((out / "metrics.json").read_text())["auditor"] == "dummy:safe"
     assert main(_args(data, out, "--auditor", "dummy:safe", "--resume")) == 0
