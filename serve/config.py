@@ -125,8 +125,9 @@ class LimitsConfig:
     client address (`auth_failures_per_s`, then 429). The run cache keeps at most
     `max_cached_runs` runs and `max_cached_bytes` of their steps, and evicts runs idle for
     `run_idle_s` (an evicted run is rebuilt from the ledger when next used). The web view's reads
-    run on `web_threads` threads of their own, at most `web_reads_per_key` of a key at once, and
-    count against `max_inflight_per_key`. A client address holds at most
+    run on `web_threads` threads of their own, at most `web_reads_per_key` of a key at once,
+    within `web_cpu_per_s` CPU seconds a second a key (a token bucket; a key past it waits its
+    turn), and count against `max_inflight_per_key`. A client address holds at most
     `max_connections_per_address` connections (`max_connections` in all) and
     `max_pending_bodies_per_address` requests whose body is still coming in; past these a new
     connection is closed at once and a new request answered 429 with `Connection: close`."""
@@ -149,6 +150,7 @@ class LimitsConfig:
     worker_threads: int = 16
     web_threads: int = 4             # threads for the web view's reads (apart from the ingest threads)
     web_reads_per_key: int = 2       # a key's web reads running at once (the rest wait their turn)
+    web_cpu_per_s: float = 0.1      # CPU seconds a second a key's web reads may take (then they wait)
     max_connections_per_address: int = 1024  # behind a reverse proxy all clients share its address: raise it
     max_connections: int = 8192      # all addresses (kept below the process's open-file limit)
     max_pending_bodies_per_address: int = 256
@@ -166,6 +168,7 @@ class LimitsConfig:
         for k in ("header_timeout_s", "body_timeout_s", "ledger_timeout_s", "run_idle_s"):
             need_number(getattr(self, k), k, 0.05)
         need_number(self.auth_failures_per_s, "auth_failures_per_s", 0.001)
+        need_number(self.web_cpu_per_s, "web_cpu_per_s", 0.01)
 
 
 @dataclass(frozen=True)

@@ -307,6 +307,7 @@ class GatewayService:
         self.web_slots: dict[str, asyncio.Semaphore] = {}
         self.pending_bodies: dict[str, int] = defaultdict(int)     # client address -> bodies coming in
         self._sessions: dict[str, tuple[str, float, float]] = {}    # token sha256 -> (owner, expires, checked)
+        self.web_counts: dict[tuple[str, str], tuple[int | None, int]] = {}   # (table, run) -> (max seq, rows)
         a = cfg.auditor
         self.client = None
         self.count_tokens = approx_tokens

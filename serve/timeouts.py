@@ -9,8 +9,9 @@ are not complete `header_timeout_s` after it opened (or after its previous respo
 Each connection's kernel send buffer is capped (`SEND_BUFFER`). The body's own timeout is the ASGI middleware's (`serve.router.BodyLimit`: 408), since the
 app reads the body.
 
-Connections are counted per client address: past `max_per_address` (or `max_total` in all) a
-new connection is closed as soon as it is accepted, so one address holding thousands of
+Connections are counted per client address: past `max_per_address` a new connection is closed
+as soon as it is accepted (past `max_total` in all: one from an address that already holds
+`FAIR_SHARE`, and any past `max_total + RESERVE`), so one address holding thousands of
 half-sent requests cannot take the process's open files (two clients with 10,200 half-sent
 bodies each reached the 20,000-file limit and a legitimate request timed out for ~18 s). A
 test or benchmark reaches the cap from other loopback addresses (127.0.0.2, …) while a
@@ -27,6 +28,10 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 # never read took 2.4 MB of verdict history each through the event loop before flow control
 # paused them; with 256 KB they pause after a few pages.
 SEND_BUFFER = 256 * 1024
+
+
+FAIR_SHARE = 8     # connections an address may still open once the gateway holds max_total
+RESERVE = 128      # connections above max_total kept for addresses holding fewer than FAIR_SHARE
 
 
 def header_timeout_protocol(header_timeout_s: float, max_per_address: int | None = None,
@@ -65,8 +70,11 @@ def header_timeout_protocol(header_timeout_s: float, max_per_address: int | None
             peer = transport.get_extra_info("peername")
             addr = peer[0] if isinstance(peer, tuple) and peer else "?"
             n = open_by_addr.get(addr, 0)
-            if (max_per_address is not None and n >= max_per_address) or \
-                    (max_total is not None and total[0] >= max_total):
+            # past max_total, an address that already holds FAIR_SHARE connections gets no more
+            # (many addresses together cannot shut out one that holds few), and past
+            # max_total + RESERVE nobody does (the process's open files stay below its limit)
+            if (max_per_address is not None and n >= max_per_address) or (max_total is not None and (
+                    total[0] >= max_total + RESERVE or (total[0] >= max_total and n >= FAIR_SHARE))):
                 if on_refused is not None:
                     on_refused()
                 transport.abort()            # at once: no buffered bytes, no lingering file

@@ -77,12 +77,43 @@ FINDING_STEPS = 50              # evidence steps listed per finding
 TIMELINE_LANES = 12             # agents drawn as lanes (the others share one)
 SESSION_CACHE_S = 30.0          # a session checked within this long is not read again (sign-out elsewhere: 30 s)
 STATES = ("running", "stalled", "ended", "alarm")
+WEB_CPU_BURST_S = 1.0           # CPU seconds a key's web reads may take at once before `web_cpu_per_s` paces them
+MAX_WEB_QUEUE = 4               # a key's web reads waiting at once; one more is refused (429) at once
+MAX_BUDGET_WAIT_S = 5.0         # a read that would wait longer for its key's CPU share is refused (429)
 
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                                "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Frame-Options": "DENY", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin",
 }
+
+
+class CpuBudget:
+    """A token bucket of CPU seconds per key: `rate` CPU-s a second, up to `burst`. A key's web
+    reads are charged the thread CPU time they took; while its bucket is empty its next read
+    waits (or is refused past `MAX_BUDGET_WAIT_S`). Thread-safe (charged on the web threads)."""
+
+    def __init__(self, rate: float, burst: float):
+        self.rate, self.burst = rate, burst
+        self.level: dict[str, tuple[float, float]] = {}
+        self.lock = threading.Lock()
+
+    def _now(self, key: str) -> float:
+        lvl, at = self.level.get(key, (self.burst, time.monotonic()))
+        now = time.monotonic()
+        return min(self.burst, lvl + (now - at) * self.rate)
+
+    def wait(self, key: str) -> float:
+        """Seconds until the key's bucket is back above zero (0: go now)."""
+        with self.lock:
+            lvl = self._now(key)
+            return 0.0 if lvl > 0 else -lvl / self.rate
+
+    def charge(self, key: str, cpu_s: float) -> None:
+        with self.lock:
+            self.level[key] = (self._now(key) - cpu_s, time.monotonic())
+            if len(self.level) > 10_000:
+                self.level.clear()
 
 
 class Cancelled(Exception):
@@ -114,6 +145,23 @@ def _epoch(ts) -> float | None:
     return None
 
 
+def _count(svc: GatewayService, conn, table, key: str, steps_only: bool = False) -> tuple[int, int | None]:
+    """(rows of the run in `table`, its max seq): the count is read again only when the max seq
+    moved (both tables only grow at the end of a run), so a page of a 100k-event run does not
+    count its rows every time."""
+    sa = svc._sa
+    mx = conn.execute(sa.select(sa.func.max(table.c.seq)).where(table.c.run_id == key)).scalar()
+    hit = svc.web_counts.get((table.name, key))
+    if hit is not None and hit[0] == mx:
+        return hit[1], mx
+    q = sa.select(sa.func.count()).where(table.c.run_id == key)
+    n = int(conn.execute(q.where(table.c.seq > 0) if steps_only else q).scalar() or 0)
+    if len(svc.web_counts) > 20_000:
+        svc.web_counts.clear()
+    svc.web_counts[(table.name, key)] = (mx, n)
+    return n, mx
+
+
 def _state(alarm: dict | None, termination: str | None, last_active: float | None, now: float,
            stalled_after_s: float) -> str:
     if alarm:
@@ -130,6 +178,12 @@ def _state_kind(state: str) -> str:
             "stalled" if state.startswith("stalled") else "running")
 
 
+def _pairs(sa, table, pairs):
+    """`(run_id, seq) IN pairs` as an OR of equalities: SQLite scans the whole table for a
+    row-value IN, and looks each pair up in the index for this."""
+    return sa.or_(*[sa.and_(table.c.run_id == k, table.c.seq == q) for k, q in pairs])
+
+
 def _summaries(svc: GatewayService, owner: str, rows: list[tuple], now: float, cancel=None) -> list[dict]:
     """One summary per run (`rows`: (storage key, record bytes, created)), each from a few
     single-row or counted reads: never a scan of a run's verdicts."""
@@ -141,22 +195,22 @@ def _summaries(svc: GatewayService, owner: str, rows: list[tuple], now: float, c
     out = {k: {"steps": 0, "last_seq": 0, "termination": None, "verdicts": 0, "last_verdict": None, "alarm": None,
                "last_active": None, "seen_agents": []} for k in keys}
     with svc.ledger.reader.connect() as conn:
-        for k, n, last in conn.execute(sa.select(ev.c.run_id, sa.func.count(), sa.func.max(ev.c.seq))
-                                       .where(ev.c.run_id.in_(keys), ev.c.seq > 0).group_by(ev.c.run_id)):
-            out[k].update(steps=int(n), last_seq=int(last))
-        _check(cancel)
+        last_v = []
+        for k in keys:
+            n, last = _count(svc, conn, ev, k, steps_only=True)
+            out[k].update(steps=n, last_seq=int(last or 0))
+            nv, mx = _count(svc, conn, vt, k)
+            out[k]["verdicts"] = nv
+            if mx is not None:
+                last_v.append((k, mx))
+            _check(cancel)
         last_ev = [(k, s["last_seq"]) for k, s in out.items() if s["steps"]]
         if last_ev:
             for k, kind, rec in conn.execute(sa.select(ev.c.run_id, ev.c.kind, ev.c.record).where(
-                    sa.tuple_(ev.c.run_id, ev.c.seq).in_(last_ev))):
+                    _pairs(sa, ev, last_ev))):
                 if kind == "termination":
                     out[k]["termination"] = (orjson.loads(rec).get("payload") or {}).get("reason")
         _check(cancel)
-        last_v = []
-        for k, n, mx in conn.execute(sa.select(vt.c.run_id, sa.func.count(), sa.func.max(vt.c.seq))
-                                     .where(vt.c.run_id.in_(keys)).group_by(vt.c.run_id)):
-            out[k]["verdicts"] = int(n)
-            last_v.append((k, mx))
         first_a = list(conn.execute(sa.select(al.c.run_id, sa.func.min(al.c.seq)).where(al.c.run_id.in_(keys))
                                     .group_by(al.c.run_id)))
         _check(cancel)
@@ -164,7 +218,7 @@ def _summaries(svc: GatewayService, owner: str, rows: list[tuple], now: float, c
         recs = {}
         if wanted:
             recs = {(k, int(s)): orjson.loads(rec) for k, s, rec in conn.execute(
-                sa.select(vt.c.run_id, vt.c.seq, vt.c.record).where(sa.tuple_(vt.c.run_id, vt.c.seq).in_(sorted(wanted))))}
+                sa.select(vt.c.run_id, vt.c.seq, vt.c.record).where(_pairs(sa, vt, sorted(wanted))))}
         for k, s in last_v:
             v = recs.get((k, int(s)))
             if v:
@@ -280,19 +334,30 @@ def run_page_data(svc: GatewayService, owner: str, run_id: str, start: int | Non
         row = conn.execute(sa.select(t.c.owner, t.c.record).where(t.c.run_id == key)).first()
         if row is None or row[0] != owner:
             raise GatewayError(404, f"no run {run_id!r}")
-        total = conn.execute(sa.select(sa.func.count()).where(ev.c.run_id == key, ev.c.seq > 0)).scalar() or 0
-        if start is None:
-            start = max(0, total - STEPS_PAGE)
-        start = max(0, min(int(start), max(0, total - 1)))
-        steps, read = [], 0
-        result = conn.execute(sa.select(ev.c.seq, ev.c.record).where(ev.c.run_id == key, ev.c.seq > 0)
-                              .order_by(ev.c.seq).limit(STEPS_PAGE).offset(start))
+        total, _ = _count(svc, conn, ev, key, steps_only=True)
+        latest = start is None
+        q = sa.select(ev.c.seq, ev.c.record).where(ev.c.run_id == key, ev.c.seq > 0)
+        if latest:             # the last page: read backwards from the end (no OFFSET over the run)
+            result = conn.execute(q.order_by(ev.c.seq.desc()).limit(STEPS_PAGE))
+        else:
+            start = max(0, int(start))
+            result = conn.execute(q.order_by(ev.c.seq).limit(STEPS_PAGE).offset(start))
+        records, read = [], 0
         for seq, rec in result:
-            if len(steps) % 16 == 0:
+            if len(records) % 16 == 0:
                 _check(cancel)
             if read > READ_BYTES:
                 break
             read += len(rec)
+            records.append(rec)
+        result.close()
+        if latest:
+            records.reverse()
+            start = max(0, total - len(records))
+        steps = []
+        for rec in records:
+            if len(steps) % 16 == 0:
+                _check(cancel)
             e = parse_event(orjson.loads(rec))
             s = event_to_step(e, start + len(steps), key)
             usage = e.usage or {}
@@ -302,7 +367,6 @@ def run_page_data(svc: GatewayService, owner: str, run_id: str, start: int | Non
                           "reason": e.payload.get("reason") if e.kind == "termination" else None,
                           "tokens": (usage.get("input_tokens"), usage.get("output_tokens")) if usage else None,
                           "cost": usage.get("cost_usd") if usage else None})
-        result.close()
         _check(cancel)
         verdicts = []
         if steps:
@@ -315,7 +379,7 @@ def run_page_data(svc: GatewayService, owner: str, run_id: str, start: int | Non
             if after is not None:
                 verdicts.append(orjson.loads(after[0]))
         _check(cancel)
-        n_verdicts = conn.execute(sa.select(sa.func.count()).where(vt.c.run_id == key)).scalar() or 0
+        n_verdicts, _ = _count(svc, conn, vt, key)
         last_v = conn.execute(sa.select(vt.c.record).where(vt.c.run_id == key).order_by(vt.c.seq.desc())
                               .limit(1)).first()
         last_v = orjson.loads(last_v[0]) if last_v is not None else None
@@ -749,21 +813,54 @@ def register(app: FastAPI, svc: GatewayService):
     def _peer(request: Request) -> str | None:
         return request.client.host if request.client else None
 
-    async def _run_read(request: Request | None, owner: str, fn, *args, **kw):
-        """`fn(*args, cancel=…, **kw)` on the web threads: one of the key's web slots, counted in
-        flight, bounded by ledger_timeout_s (+1 s), abandoned when the client leaves."""
+    budget = CpuBudget(lim.web_cpu_per_s, WEB_CPU_BURST_S)
+    waiting: dict[str, int] = {}             # a key's web reads waiting for their CPU share or a slot
+
+    async def _run_read(request: Request | None, owner: str, fn, *args, render=None, **kw):
+        """`fn(*args, cancel=…, **kw)` (then `render(result)`) on the web threads: within the
+        key's CPU budget for web reads, in one of its web slots, counted in flight, bounded by
+        ledger_timeout_s (+1 s), abandoned when the client leaves."""
         svc.begin_request(owner)
         cancel = threading.Event()
         try:
             slots = svc.web_slots.get(owner)
             if slots is None:
                 slots = svc.web_slots[owner] = asyncio.Semaphore(lim.web_reads_per_key)
+            if waiting.get(owner, 0) >= MAX_WEB_QUEUE:       # a deeper queue only holds sockets: say so now
+                svc.metrics.inc("aftraj_gateway_web_reads_limited_total")
+                raise GatewayError(429, f"over {MAX_WEB_QUEUE} web reads of this key waiting: retry",
+                                   headers={"Retry-After": "1"})
+            wait = budget.wait(owner)
+            if wait > MAX_BUDGET_WAIT_S:
+                svc.metrics.inc("aftraj_gateway_web_reads_limited_total")
+                raise GatewayError(429, f"this key's web reads used their share of the gateway's CPU "
+                                        f"({lim.web_cpu_per_s:g} s a second): retry", headers={
+                                            "Retry-After": str(max(1, int(wait + 0.999)))})
+
+            def on_thread():
+                c0 = time.thread_time()
+                try:
+                    out = fn(*args, cancel=cancel, **kw)
+                    return render(out) if render is not None else out
+                finally:
+                    budget.charge(owner, time.thread_time() - c0)
 
             async def work():
-                async with slots:
+                waiting[owner] = waiting.get(owner, 0) + 1
+                try:
+                    if wait > 0:
+                        await asyncio.sleep(wait)    # its share of the CPU (the client may leave meanwhile)
+                    await slots.acquire()
+                finally:
+                    waiting[owner] -= 1
+                    if waiting[owner] <= 0:
+                        del waiting[owner]
+                try:
                     _check(cancel)
                     loop = asyncio.get_running_loop()
-                    return await loop.run_in_executor(svc.web_pool, lambda: fn(*args, cancel=cancel, **kw))
+                    return await loop.run_in_executor(svc.web_pool, on_thread)
+                finally:
+                    slots.release()
 
             task = asyncio.ensure_future(asyncio.wait_for(work(), lim.ledger_timeout_s + 1.0))
             gone = asyncio.ensure_future(_disconnected(request)) if request is not None else None
@@ -843,10 +940,10 @@ def register(app: FastAPI, svc: GatewayService):
         try:
             data = await _run_read(request, request.scope["aftraj.owner"], list_runs, svc,
                                    request.scope["aftraj.owner"], limit, after, order=order, state=state,
-                                   agent=agent, q=q)
+                                   agent=agent, q=q, render=orjson.dumps)
         except Cancelled:
             return _gone()
-        return JSONResponse(data)
+        return Response(data, media_type="application/json")
 
     @app.get("/ui", include_in_schema=False)
     async def ui_runs(request: Request, after: str | None = None, state: str | None = None,
@@ -858,14 +955,15 @@ def register(app: FastAPI, svc: GatewayService):
         filters = {"state": state or None, "agent": agent or None, "q": q or None, "after": after or None}
         now = time.time()
         try:
-            data = await _run_read(request, owner, list_runs, svc, owner, 50, filters["after"], order="newest",
-                                   state=filters["state"], agent=filters["agent"], q=filters["q"], now=now)
+            page = await _run_read(request, owner, list_runs, svc, owner, 50, filters["after"], order="newest",
+                                   state=filters["state"], agent=filters["agent"], q=filters["q"], now=now,
+                                   render=lambda d: runs_page(d, owner, filters, now))
         except Cancelled:
             return _gone()
         except GatewayError as e:
             return _html(_page("AgentForesight: runs", f"<p>{_e(e.detail)}</p><p><a href=/ui>all runs</a></p>",
                                tenant=owner), e.status, e.headers)
-        return _html(runs_page(data, owner, filters, now))
+        return _html(page)
 
     @app.post("/ui/login", include_in_schema=False)
     async def ui_login(request: Request):
@@ -909,13 +1007,13 @@ def register(app: FastAPI, svc: GatewayService):
     async def ui_css():
         return Response(CSS, media_type="text/css", headers={**SECURITY_HEADERS, "Cache-Control": "no-cache"})
 
-    async def _data(request: Request, run_id: str, start: int | None):
+    async def _data(request: Request, run_id: str, start: int | None, render):
         try:
             owner = await _ui_owner(request)
         except GatewayError as e:
             return None, _signed_out(request, e)
         try:
-            return await _run_read(request, owner, run_page_data, svc, owner, run_id, start), None
+            return await _run_read(request, owner, run_page_data, svc, owner, run_id, start, render=render), None
         except Cancelled:
             return None, _gone()
         except GatewayError as e:
@@ -925,13 +1023,13 @@ def register(app: FastAPI, svc: GatewayService):
 
     @app.get("/ui/runs/{run_id}", include_in_schema=False)
     async def ui_run(request: Request, run_id: str, start: int | None = Query(None, ge=0)):
-        data, err = await _data(request, run_id, start)
-        return err or _html(run_page(data))
+        page, err = await _data(request, run_id, start, run_page)
+        return err or _html(page)
 
     @app.get("/ui/runs/{run_id}/fragment", include_in_schema=False)
     async def ui_fragment(request: Request, run_id: str, start: int | None = Query(None, ge=0)):
-        data, err = await _data(request, run_id, start)
-        return err or _html(timeline(data))
+        page, err = await _data(request, run_id, start, timeline)
+        return err or _html(page)
 
     @app.get("/ui/runs/{run_id}/steps/{index}", include_in_schema=False)
     async def ui_step(request: Request, run_id: str, index: int):

@@ -122,15 +122,15 @@ def run_gateway(args) -> int:
 
 
 def _max_connections(configured: int) -> int:
-    """`limits.max_connections`, kept 256 below the process's open-file limit (the ledger, the
-    logs and the listening socket need files too)."""
+    """`limits.max_connections`, kept 512 below the process's open-file limit (the ledger, the
+    logs, the listening socket and `serve.timeouts.RESERVE` connections need files too)."""
     try:
         import resource
 
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     except (ImportError, OSError, ValueError):
         return configured
-    return configured if soft == resource.RLIM_INFINITY else max(16, min(configured, soft - 256))
+    return configured if soft == resource.RLIM_INFINITY else max(16, min(configured, soft - 512))
 
 
 def run_vllm(args) -> int:

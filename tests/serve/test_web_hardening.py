@@ -471,3 +471,38 @@ def test_verdicts_carry_their_time(gw):
     assert abs(v["ts"] - t0) < 5
     stored = orjson.loads(next(iter(gw.svc.verdict_page("team-a/r")))[1])
     assert stored["ts"] == v["ts"]
+
+
+def test_a_keys_web_reads_are_paced_by_their_cpu_share(tmp_path, monkeypatch):
+    """One tenant's web reads cannot take the gateway's CPU: past its share (`web_cpu_per_s`,
+    a bucket of `WEB_CPU_BURST_S`) they wait, and are refused (429) past MAX_BUDGET_WAIT_S;
+    another tenant's reads are not paced by it."""
+    from serve import web
+
+    def burn(*a, cancel=None, **kw):
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 0.3:
+            pass
+        return {"runs": [], "next": None, "scanned": 0}
+
+    monkeypatch.setattr(web, "list_runs", burn)
+    svc = GatewayService(cfg(tmp_path, limits=LimitsConfig(web_cpu_per_s=0.02)))
+    with TestClient(build_app(svc)) as c:
+        codes = [c.get("/v1/runs", headers=A).status_code for _ in range(5)]
+        assert codes == [200] * 4 + [429], codes        # 1 CPU-s of burst (0.3 s a read), then 0.02 s a second
+        r = c.get("/v1/runs", headers=A)
+        assert r.status_code == 429 and "share of the gateway's CPU" in r.json()["detail"]
+        assert int(r.headers["retry-after"]) > 5
+        assert c.get("/v1/runs", headers=B).status_code == 200
+        assert "aftraj_gateway_web_reads_limited_total" in svc.metrics.render()
+
+
+def test_cpu_budget_waits_then_lets_a_read_go():
+    from serve.web import CpuBudget
+
+    b = CpuBudget(rate=10.0, burst=1.0)
+    assert b.wait("k") == 0
+    b.charge("k", 1.5)
+    assert 0.04 < b.wait("k") <= 0.05
+    time.sleep(0.06)
+    assert b.wait("k") == 0 and b.wait("other") == 0

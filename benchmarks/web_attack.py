@@ -1,0 +1,251 @@
+"""Issue 45 items 4 and 7, re-measured: tenant A starves tenant B through the web view, and a
+long run's reads. The gateway is a real `aftraj serve gateway` process (auditor off) on a
+temporary SQLite ledger holding tenant A's run `big` (`--events`, 100k by default, posted in
+batches of 1,000 through the service) with `--verdicts` verdicts (the batches' own, then rows
+copied from one of them up to the count: the verdicts a one-event-a-post run of that length
+would hold) and tenant B's run `b-run`.
+
+    python benchmarks/web_attack.py                           # the working tree
+    python benchmarks/web_attack.py --rev 757a086             # the gateway of another revision, same shapes
+
+Phases: (1) quiet: B alternates `GET /ui` and a one-event `POST /v1/runs/b-run/events`,
+`--samples` of each, latency per request; (2) attack: the same while A keeps `--abandon` (20)
+fragment requests for `big` in flight, each client closing its connection `--leave-after` s
+after sending (0.2 s) and opening the next at once; the gateway's CPU seconds over the phase
+are read from /proc; (3) long run: `GET /v1/runs/big` (status and time, three times: the first
+loads and folds the run) and one complete fragment request. Figure lines:
+`quiet ui_p50_ms=… ui_p99_ms=… post_p50_ms=… post_p99_ms=…`, `attack …` the same plus
+`abandoned=N gateway_cpu_s=…`, `ratio ui_p99=… post_p99=…` (target <= 2), `long get_run=…`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+KEY_A, KEY_B = "bench-key-a", "bench-key-b"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build(tmp: Path, n_events: int, n_verdicts: int) -> str:
+    """The ledger: A's `big` run and B's `b-run` (through the service, auditor off)."""
+    import orjson
+    import sqlalchemy as sa
+
+    from serve.config import ApiKey, GatewayConfig, LimitsConfig, hash_key
+    from serve.protocol import RunCreate
+    from serve.service import GatewayService
+
+    url = f"sqlite:///{tmp / 'ledger.db'}"
+    svc = GatewayService(GatewayConfig(ledger_url=url, api_keys=(ApiKey("a", hash_key(KEY_A)),
+                                                                   ApiKey("b", hash_key(KEY_B))),
+                                       limits=LimitsConfig(ledger_timeout_s=60)))
+    svc.create_run("a", RunCreate(run_id="big", task="a long run", agents=["planner", "coder", "tester"]))
+    svc.create_run("b", RunCreate(run_id="b-run", task="tenant B's run", agents=["solo"]))
+
+    async def fill():
+        for lo in range(1, n_events + 1, 1000):
+            await svc.ingest("a", "big", [
+                {"event_id": f"big/{i}", "seq": i, "kind": "message", "agent": ("planner", "coder", "tester")[i % 3],
+                 "payload": {"content": f"step {i}: " + "lorem ipsum " * 20}}
+                for i in range(lo, min(n_events, lo + 999) + 1)])
+    asyncio.run(fill())
+    t = svc.verdicts_table
+    with svc.ledger.write() as conn:
+        have = {s for (s,) in conn.execute(sa.select(t.c.seq).where(t.c.run_id == "a/big"))}
+        sample = orjson.loads(conn.execute(sa.select(t.c.record).where(t.c.run_id == "a/big")).first()[0])
+        rows, seq = [], 0
+        while len(have) + len(rows) < n_verdicts:
+            seq += 1
+            if seq in have:
+                continue
+            rows.append({"run_id": "a/big", "seq": seq, "record": orjson.dumps({**sample, "seq": seq, "t": seq - 1})})
+            if len(rows) == 20_000:
+                conn.execute(t.insert(), rows)
+                have.update(r["seq"] for r in rows)
+                rows = []
+        if rows:
+            conn.execute(t.insert(), rows)
+    asyncio.run(svc.aclose())
+    return url
+
+
+def start_gateway(tmp: Path, url: str, code: Path) -> tuple[subprocess.Popen, str]:
+    import yaml
+
+    from serve.config import hash_key
+    port = _port()
+    cfg = tmp / "gw.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "kind": "gateway", "host": "127.0.0.1", "port": port, "ledger_url": url,
+        "api_keys": [{"name": "a", "sha256": hash_key(KEY_A)}, {"name": "b", "sha256": hash_key(KEY_B)}],
+        "auditor": {"backend": "none"}, "limits": {"rate_per_s": 100000, "burst": 100000}}))
+    log = open(tmp / f"gw-{port}.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "aftraj.cli", "serve", "gateway", "--config", str(cfg)],
+                            cwd=code, env=dict(os.environ, PYTHONPATH=str(code)), stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    import httpx
+    t0 = time.monotonic()
+    while True:
+        if proc.poll() is not None:
+            raise SystemExit(f"gateway exited: {(tmp / f'gw-{port}.log').read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                return proc, base
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() - t0 > 120:
+            raise SystemExit("gateway not healthy")
+        time.sleep(0.2)
+
+
+def cpu_s(pid: int) -> float:
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def measure_b(base: str, samples: int, seq0: int) -> tuple[list[float], list[float], list[int]]:
+    import httpx
+    ui, post, codes = [], [], []
+    h = {"Authorization": f"Bearer {KEY_B}"}
+    with httpx.Client(base_url=base, headers=h, timeout=120) as c:
+        for i in range(samples):
+            t0 = time.perf_counter()
+            r = c.get("/ui")
+            ui.append(1000 * (time.perf_counter() - t0))
+            codes.append(r.status_code)
+            t0 = time.perf_counter()
+            r = c.post("/v1/runs/b-run/events", json={"events": [
+                {"event_id": f"b-run/{seq0 + i}", "seq": seq0 + i, "kind": "message", "agent": "solo",
+                 "payload": {"content": f"step {seq0 + i}"}}]})
+            post.append(1000 * (time.perf_counter() - t0))
+            codes.append(r.status_code)
+            time.sleep(0.02)
+    return ui, post, codes
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def abandon_loop(port: int, leave_after: float, stop: threading.Event, count: list) -> None:
+    req = (f"GET /ui/runs/big/fragment HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY_A}\r\n\r\n").encode()
+    while not stop.is_set():
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(req)
+            stop.wait(leave_after)
+            s.close()
+            count[0] += 1
+        except OSError:
+            time.sleep(0.05)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--events", type=int, default=100_000)
+    ap.add_argument("--verdicts", type=int, default=202_000)
+    ap.add_argument("--samples", type=int, default=150)
+    ap.add_argument("--abandon", type=int, default=20)
+    ap.add_argument("--leave-after", type=float, default=0.2)
+    ap.add_argument("--rev", help="run the gateway of this git revision (git archive) on the same ledger")
+    ap.add_argument("--ledger", help="a ledger this script built before (sqlite:///…/ledger.db; copied, not changed)")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="aftraj-web-attack-"))
+    code = REPO
+    procs = []
+    try:
+        t0 = time.time()
+        if args.ledger:
+            shutil.copy(args.ledger.removeprefix("sqlite:///"), tmp / "ledger.db")
+            url = f"sqlite:///{tmp / 'ledger.db'}"
+        else:
+            url = build(tmp, args.events, args.verdicts)
+            print(f"built events={args.events} verdicts={args.verdicts} in {time.time() - t0:.1f} s", flush=True)
+        if args.rev:
+            code = tmp / "code"
+            code.mkdir()
+            arch = subprocess.run(["git", "-C", str(REPO), "archive", args.rev], capture_output=True, check=True).stdout
+            subprocess.run(["tar", "-x", "-C", str(code)], input=arch, check=True)
+        proc, base = start_gateway(tmp, url, code)
+        procs.append(proc)
+        port = int(base.rsplit(":", 1)[1])
+        load = os.getloadavg()[0]
+        ui, post, codes = measure_b(base, args.samples, 1)
+        print(f"quiet ui_p50_ms={pct(ui, .5):.1f} ui_p99_ms={pct(ui, .99):.1f} post_p50_ms={pct(post, .5):.1f} "
+              f"post_p99_ms={pct(post, .99):.1f} non_2xx={sum(c >= 300 for c in codes)} load={load:.1f}", flush=True)
+        stop, count = threading.Event(), [0]
+        threads = [threading.Thread(target=abandon_loop, args=(port, args.leave_after, stop, count), daemon=True)
+                   for _ in range(args.abandon)]
+        c0 = cpu_s(proc.pid)
+        for th in threads:
+            th.start()
+        time.sleep(1.0)
+        ui2, post2, codes2 = measure_b(base, args.samples, args.samples + 1)
+        stop.set()
+        for th in threads:
+            th.join(10)
+        c1 = cpu_s(proc.pid)
+        print(f"attack ui_p50_ms={pct(ui2, .5):.1f} ui_p99_ms={pct(ui2, .99):.1f} post_p50_ms={pct(post2, .5):.1f} "
+              f"post_p99_ms={pct(post2, .99):.1f} non_2xx={sum(c >= 300 for c in codes2)} abandoned={count[0]} "
+              f"gateway_cpu_s={c1 - c0:.1f} load={os.getloadavg()[0]:.1f}", flush=True)
+        print(f"ratio ui_p99={pct(ui2, .99) / pct(ui, .99):.2f} post_p99={pct(post2, .99) / pct(post, .99):.2f} "
+              f"(target <= 2)", flush=True)
+        time.sleep(2.0)
+        c2 = cpu_s(proc.pid)
+        time.sleep(3.0)
+        print(f"after the attack: gateway_cpu_s over 3 s = {cpu_s(proc.pid) - c2:.2f} (work left behind)", flush=True)
+        import httpx
+        h = {"Authorization": f"Bearer {KEY_A}"}
+        outs = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            r = httpx.get(f"{base}/v1/runs/big", headers=h, timeout=120)
+            outs.append(f"{r.status_code}/{time.perf_counter() - t0:.2f}s/"
+                        f"{len(r.json().get('verdicts', [])) if r.status_code == 200 else 0}")
+            if r.status_code == 503:
+                time.sleep(1)
+        t0 = time.perf_counter()
+        r = httpx.get(f"{base}/ui/runs/big/fragment", headers=h, timeout=120)
+        frag = f"{r.status_code}/{time.perf_counter() - t0:.2f}s/{len(r.content) // 1024}KB"
+        print(f"long get_run={' '.join(outs)} fragment={frag} gateway_peak_rss_mb={rss_mb(proc.pid):.0f}", flush=True)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+                try:
+                    p.wait(20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
