@@ -157,8 +157,9 @@ def test_aftraj_eval_emit(otel, langfuse, monkeypatch, tmp_path, capsys):
                 "--no-progress", "--n-boot", "10", "--emit", "otel,langfuse"]) == 0
     preds = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
     n = sum(p["calls"] for p in preds)
-    spans = exp.get_finished_spans()
+    spans = _verdicts(exp)          # (and the run and step spans they hang under)
     assert len(spans) == n and len(sent) == n and f"emitted {2 * n} verdicts" in capsys.readouterr().out
+    assert all(x["observationId"] for x in sent)
     assert {s.attributes["aftraj.run_id"] for s in spans} == {p["id"] for p in preds}
     assert [s.attributes["aftraj.step"] for s in spans if s.attributes["aftraj.run_id"] == preds[0]["id"]] == \
         [e["t"] for e in preds[0]["trace"]]
