@@ -1,8 +1,8 @@
 """GPU check of the stage-2 TRL path (phase 2 of scripts/gpu_check.sh): a format warm-start, then 2
 GRPO steps on one GPU (written for one H200) with a randomly initialised Qwen2 of a few hundred
 million parameters (152k-row vocabulary like Qwen2.5's), float32 master weights computed in bf16
-by autocast, at the PRODUCTION learning rate (configs/stage2/qwen2.5-7b-8xh200.yaml, 1e-6), our
-reward, KL to the init model, 8 completions per prompt.
+by autocast, at the PRODUCTION learning rate (configs/stage2/qwen2.5-7b-8xh200.yaml, 1e-6) with
+its 8-bit AdamW (on CPU: torch's AdamW), our reward, KL to the init model, 8 completions per prompt.
 
 A random model is malformed on every completion: every reward in a group is the same and every
 GRPO advantage is 0, so nothing would be learnt or tested. The check therefore first runs a few
@@ -19,6 +19,7 @@ measured. Figures are printed as `key=value` lines and written to FIGURES_DIR/gp
     steps median_step_s peak_mem_gib params_m completion_tokens warmup_steps warmup_parse_rate
     reward_first reward_std_max frac_reward_zero_std_min kl_last params_changed max_param_change
     learning_rate layer_elements_changed_fraction bf16_master_would_keep_fraction dtype bf16_autocast
+    optimizer
 
     bash scripts/gpu_check.sh [OUT]                        # on a GPU node: phase 2 of the one check
     python -m training.stage2.gpu_check --tiny             # the same code path on CPU, shrunk
@@ -183,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
                 "save_steps": a.steps, "save_total_limit": 1, "report_to": [], "dtype": dtype, "bf16": cuda,
                 "num_generations": 4 if a.tiny else a.generations, "max_completion_length": completion,
                 "overlong_buffer_len": completion // 2, "prompts_per_step": 2 if a.tiny else 4,
-                "max_prompt_tokens": 4096, "learning_rate": lr}
+                "max_prompt_tokens": 4096, "learning_rate": lr,
+                # the production optimizer on the GPU (bitsandbytes has no CPU 8-bit Adam here)
+                "optimizer": "adamw_bnb_8bit" if cuda else "adamw_torch"}
         cfg = load_stage2_config(TINY, over)
         if cuda:
             torch.cuda.reset_peak_memory_stats()
@@ -210,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
            "max_param_change": biggest, "learning_rate": cfg.learning_rate,
            "layer_elements_changed_fraction": round(kept["changed_fraction"], 6),
            "bf16_master_would_keep_fraction": round(kept["bf16_kept_fraction"], 6),
-           "dtype": cfg.dtype, "bf16_autocast": cfg.bf16,
+           "dtype": cfg.dtype, "bf16_autocast": cfg.bf16, "optimizer": cfg.optimizer,
            "device": f"cuda:{torch.cuda.get_device_name()}" if cuda else "cpu"}
     write_figures(fig, "gpu_stage2", a.figures_dir)
     assert fig["reward_std_max"] > 0, ("every group's rewards were equal: every GRPO advantage was 0 "
