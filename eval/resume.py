@@ -38,21 +38,27 @@ def ids_digest(ids: list[str]) -> str:
     return hashlib.sha256("\n".join(ids).encode("utf-8")).hexdigest()[:16]
 
 
-def read_predictions(path: Path) -> dict[str, dict]:
-    """The records of a (possibly interrupted) predictions file, by trajectory id."""
-    out: dict[str, dict] = {}
+def read_log(path: Path, what: str, fix: str):
+    """(line number, record) of each line of a JSON-lines log written as a run goes; a last line
+    cut short by a kill (no newline) is dropped, a bad line elsewhere is a UsageError naming file
+    and line (`what` the record, `fix` what to do)."""
     lines = path.read_text(encoding="utf-8").split("\n")
     complete = lines[-1] == ""          # a file cut short by a kill ends without a newline
     for no, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            yield no, json.loads(line)
         except json.JSONDecodeError as e:
             if no == len(lines) and not complete:
-                break                    # the kill's half-written last line: walked again
-            raise UsageError(f"{path}:{no}: not a prediction record ({e.msg}); remove the line "
-                             f"or run without --resume") from None
+                return                   # the kill's half-written last line: asked again
+            raise UsageError(f"{path}:{no}: not {what} ({e.msg}); remove the line or {fix}") from None
+
+
+def read_predictions(path: Path) -> dict[str, dict]:
+    """The records of a (possibly interrupted) predictions file, by trajectory id."""
+    out: dict[str, dict] = {}
+    for no, rec in read_log(path, "a prediction record", "run without --resume"):
         if not isinstance(rec, dict) or not isinstance(rec.get("id"), str):
             raise UsageError(f"{path}:{no}: field 'id': a prediction record needs its trajectory id")
         out[rec["id"]] = rec
@@ -183,17 +189,7 @@ class CallCache:
         self.settings = settings_digest(settings)
         self.answers: dict[str, dict] = {}
         if keep and self.path.exists():
-            lines = self.path.read_text(encoding="utf-8").split("\n")
-            for no, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    if no == len(lines) and lines[-1] != "":
-                        break                     # the kill's half-written last line
-                    raise UsageError(f"{self.path}:{no}: not a cached call ({e.msg}); remove the line "
-                                     f"or run with --overwrite") from None
+            for no, rec in read_log(self.path, "a cached call", "run with --overwrite"):
                 if not isinstance(rec, dict) or not isinstance(rec.get("key"), str) or "result" not in rec:
                     raise UsageError(f"{self.path}:{no}: field 'key'/'result': not a cached call")
                 self.answers[rec["key"]] = rec["result"]

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import sys
 
-from aftraj.errors import UsageError
-
 
 def register(sub) -> None:
     from aftraj.adapters import ADAPTERS
@@ -39,19 +37,12 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from aftraj.commands.eval import list_auditors, resolve_model
-    from eval.provenance import command_line
-    from eval.run import EvalConfig, EvalFailed, audit
+    from aftraj.commands.eval import walk_config
+    from eval.run import EvalFailed, audit
 
-    if args.list_auditors is not None:
-        print(list_auditors(args.list_auditors))
+    cfg = walk_config(args, "aftraj audit")
+    if cfg is None:
         return 0
-    for opt in ("auditor", "data", "out"):
-        if getattr(args, opt) is None:
-            raise UsageError(f"--{opt} is required")
-    command = command_line(args, args._parser, "aftraj audit")
-    args.model = resolve_model(args.model)
-    cfg = EvalConfig.from_namespace(args, command=command)
 
     def say(msg: str) -> None:
         print(f"aftraj audit: {msg}", file=sys.stderr)

@@ -307,21 +307,31 @@ def resolve_model(spec: str | None) -> str | None:
         raise UsageError(f"--model {spec}: {e} (builtin: names {', '.join(PREPARED)})") from None
 
 
-def run(args) -> int:
+def walk_config(args, prog: str):
+    """The EvalConfig of `aftraj eval` / `aftraj audit` (required flags checked, `builtin:` models
+    resolved, the reproducing command line recorded); None after `--list-auditors` printed."""
     from eval.provenance import command_line
-    from eval.run import EvalConfig, EvalFailed, evaluate
+    from eval.run import EvalConfig
 
     if args.list_auditors is not None:
         print(list_auditors(args.list_auditors))
-        return 0
+        return None
     for opt in ("auditor", "data", "out"):
         if getattr(args, opt) is None:
             raise UsageError(f"--{opt} is required")
-    if args.update_model_card and not args.model:
+    if getattr(args, "update_model_card", False) and not args.model:
         raise UsageError("--update-model-card needs --model (the checkpoint folder whose card it updates)")
-    command = command_line(args, args._parser, "aftraj eval")
+    command = command_line(args, args._parser, prog)
     args.model = resolve_model(args.model)
-    cfg = EvalConfig.from_namespace(args, command=command)
+    return EvalConfig.from_namespace(args, command=command)
+
+
+def run(args) -> int:
+    from eval.run import EvalFailed, evaluate
+
+    cfg = walk_config(args, "aftraj eval")
+    if cfg is None:
+        return 0
     try:
         res = evaluate(cfg)
     except EvalFailed as e:
