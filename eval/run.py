@@ -214,16 +214,20 @@ def clear_out(out: Path, held: list[str]) -> None:
         (out / f).unlink(missing_ok=True)
 
 
-def inert_flags(cfg: EvalConfig, cls) -> list[str]:
-    """The flags this auditor class ignores that the command set away from their defaults:
-    `--layout` and `--parser` reach only auditors that render the prompt and parse a completion
-    (`eval.auditors.renders_prompt`)."""
+def inert_flags(cfg: EvalConfig, cls, say: Callable[[str], None] | None = None) -> list[str]:
+    """The flags this auditor class ignores that the command set away from their defaults, each
+    warned about through `say`: `--layout` and `--parser` reach only auditors that render the
+    prompt and parse a completion (`eval.auditors.renders_prompt`)."""
     from eval.auditors import renders_prompt
 
     if renders_prompt(cls):
         return []
-    return [f"--{k} {getattr(cfg, k)}" for k, default in (("layout", "ours"), ("parser", "strict"))
-            if getattr(cfg, k) != default]
+    inert = [f"--{k} {getattr(cfg, k)}" for k, default in (("layout", "ours"), ("parser", "strict"))
+             if getattr(cfg, k) != default]
+    for flag in inert if say is not None else ():
+        say(f"warning: {flag} has no effect on the {cls.name} auditor (it renders no prompt and parses "
+            f"no completion); recorded as not applied")
+    return inert
 
 
 def call_settings(cfg: EvalConfig) -> dict:
@@ -333,10 +337,7 @@ def evaluate(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> EvalRe
     if cfg.auc_start < 0:
         raise UsageError(f"--auc-start must be >= 0 (the first step of the per-step AUC), got {cfg.auc_start}")
     cls, walk_cfg, emitters, make = _build(cfg)
-    inert = inert_flags(cfg, cls)
-    for flag in inert:
-        say(f"warning: {flag} has no effect on the {cls.name} auditor (it renders no prompt and parses "
-            f"no completion); recorded as not applied")
+    inert = inert_flags(cfg, cls, say)
     trajs, split = load_eval_data(cfg, say=say)
     log = PredictionLog(out, resume_settings(cfg, trajs, split), resume=cfg.resume)
     auditor = make()
@@ -506,10 +507,7 @@ def audit(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> AuditOutc
         raise UsageError(f"--protocol {cfg.protocol}: the reference protocol walks a run by its gold label; "
                          f"an audit has none (strict online walk only)")
     cls, walk_cfg, emitters, make = _build(cfg)
-    inert = inert_flags(cfg, cls)
-    for flag in inert:
-        say(f"warning: {flag} has no effect on the {cls.name} auditor (it renders no prompt and parses "
-            f"no completion); recorded as not applied")
+    inert = inert_flags(cfg, cls, say)
     trajs, split = load_eval_data(cfg, labels=False, say=say)
     ids = [t.id for t in trajs]
     if len(set(ids)) != len(ids):
