@@ -187,6 +187,24 @@ def openai_agents_model(script, *, responses_api: bool = False):
     return Scripted()
 
 
+def openai_agents_triage():
+    """The Agents SDK's own classes: a triage agent handing off to a math agent that calls its
+    `multiply` tool and answers "408 pens" (a scripted model; the SDK's exporter off).
+    Returns (triage agent, model)."""
+    pytest.importorskip("agents")
+    from agents import Agent, function_tool, set_trace_processors
+    set_trace_processors([])          # the SDK's default exporter would post to OpenAI
+
+    @function_tool
+    def multiply(a: int, b: int) -> int:
+        """Multiply two integers."""
+        return a * b
+    model = openai_agents_model([("call", "call_h", "transfer_to_math", {}),
+                                 ("call", "call_m", "multiply", {"a": 17, "b": 24}), ("text", "408 pens")])
+    math = Agent(name="math", instructions="do math", tools=[multiply], model=model)
+    return Agent(name="triage", instructions="route", handoffs=[math], model=model), model
+
+
 class TraceCollector:
     """An OpenAI Agents SDK TracingProcessor keeping every trace and span export (the SDK's own
     export format, as a file exporter would write it)."""

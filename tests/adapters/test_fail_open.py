@@ -132,25 +132,10 @@ def test_ag2_group_chat_finishes_when_the_gateway_misbehaves(bad_gateway, caplog
     _check_failed_open(hook, mode, caplog)
 
 
-def _oai_agents():
-    pytest.importorskip("agents")
-    from agents import Agent, function_tool, set_trace_processors
-    set_trace_processors([])          # the SDK's default exporter would post to OpenAI
-
-    @function_tool
-    def multiply(a: int, b: int) -> int:
-        """Multiply two integers."""
-        return a * b
-    model = fw.openai_agents_model([("call", "call_h", "transfer_to_math", {}),
-                                    ("call", "call_m", "multiply", {"a": 17, "b": 24}), ("text", "408 pens")])
-    math = Agent(name="math", instructions="do math", tools=[multiply], model=model)
-    return Agent(name="triage", instructions="route", handoffs=[math], model=model)
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_openai_agents_run_finishes_when_the_gateway_misbehaves(bad_gateway, caplog, mode):
     from agents import Runner
-    triage = _oai_agents()
+    triage, _ = fw.openai_agents_triage()
     hooks = openai_agents_hooks(bad_gateway(mode))
     with caplog.at_level("WARNING", logger="aftraj.hooks"):
         res = Runner.run_sync(triage, "How many pens in 17 boxes of 24?", hooks=hooks)

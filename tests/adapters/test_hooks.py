@@ -104,19 +104,9 @@ def test_otel_span_processor_posts_spans_and_reports_the_alarm(live_gateway):
 
 @pytest.mark.parametrize("trigger, n_model_calls, n_verdicts", [("408", 2, 4), ("never appears", 3, 6)])
 def test_openai_agents_run_hooks_stop_the_run(live_gateway, trigger, n_model_calls, n_verdicts):
-    pytest.importorskip("agents")
-    from agents import Agent, Runner, function_tool, set_trace_processors
+    from agents import Runner
     from serve.client import GatewayClient
-    set_trace_processors([])
-
-    @function_tool
-    def multiply(a: int, b: int) -> int:
-        """Multiply two integers."""
-        return a * b
-    model = fw.openai_agents_model([("call", "call_h", "transfer_to_math", {}),
-                                    ("call", "call_m", "multiply", {"a": 17, "b": 24}), ("text", "408 pens")])
-    math = Agent(name="math", instructions="do math", tools=[multiply], model=model)
-    triage = Agent(name="triage", instructions="route", handoffs=[math], model=model)
+    triage, model = fw.openai_agents_triage()
     url, key, _ = live_gateway(trigger)
     with GatewayClient(url, key) as gw:
         hooks = openai_agents_hooks(gw)
