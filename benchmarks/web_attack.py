@@ -155,7 +155,19 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def abandon_loop(port: int, leave_after: float, stop: threading.Event, count: list) -> None:
+def attackers(port: int, n: int, leave_after: float, stop, total) -> None:
+    """A's clients, in a process of their own (their threads never share B's interpreter lock)."""
+    count = [0]
+    threads = [threading.Thread(target=abandon_loop, args=(port, leave_after, stop, count), daemon=True)
+               for _ in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    total.value = count[0]
+
+
+def abandon_loop(port: int, leave_after: float, stop, count: list) -> None:
     req = (f"GET /ui/runs/big/fragment HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY_A}\r\n\r\n").encode()
     while not stop.is_set():
         try:
@@ -201,17 +213,16 @@ def main() -> None:
         ui, post, codes = measure_b(base, args.samples, 1)
         print(f"quiet ui_p50_ms={pct(ui, .5):.1f} ui_p99_ms={pct(ui, .99):.1f} post_p50_ms={pct(post, .5):.1f} "
               f"post_p99_ms={pct(post, .99):.1f} non_2xx={sum(c >= 300 for c in codes)} load={load:.1f}", flush=True)
-        stop, count = threading.Event(), [0]
-        threads = [threading.Thread(target=abandon_loop, args=(port, args.leave_after, stop, count), daemon=True)
-                   for _ in range(args.abandon)]
+        import multiprocessing as mp
+        stop, total = mp.Event(), mp.Value("i", 0)
+        att = mp.Process(target=attackers, args=(port, args.abandon, args.leave_after, stop, total))
         c0 = cpu_s(proc.pid)
-        for th in threads:
-            th.start()
+        att.start()
         time.sleep(1.0)
         ui2, post2, codes2 = measure_b(base, args.samples, args.samples + 1)
         stop.set()
-        for th in threads:
-            th.join(10)
+        att.join(30)
+        count = [total.value]
         c1 = cpu_s(proc.pid)
         print(f"attack ui_p50_ms={pct(ui2, .5):.1f} ui_p99_ms={pct(ui2, .99):.1f} post_p50_ms={pct(post2, .5):.1f} "
               f"post_p99_ms={pct(post2, .99):.1f} non_2xx={sum(c >= 300 for c in codes2)} abandoned={count[0]} "
