@@ -18,8 +18,9 @@ intervention action is pause/halt), as serve/example_agent.py does for a scripte
 - OpenAI Agents SDK: `openai_agents_hooks(gw)` is a `RunHooks` (model answers, tool results,
   tool errors, handoffs, final output); on ALARM it raises `RunStopped` out of `Runner.run`.
   `hooks.run_sync(agent, input, max_turns=…)` also posts `MaxTurnsExceeded` as the run's
-  `step_limit` end, and records a raising tool's own exception (`hooks.run_config()`: the SDK's
-  default failure text and its trace span say only "An error occurred while running the tool").
+  `step_limit` end. A raising tool's own exception is recorded (`on_tool_start` puts a recorder
+  in the run's `RunConfig.tool_error_formatter`, chained to the caller's): the SDK's default
+  failure text and its trace span say only "An error occurred while running the tool".
 - OpenTelemetry: `GatewaySpanProcessor` (add it to the TracerProvider) posts each GenAI span's
   events as spans start and end (each event carries its span, `meta["otel"]`, so a verdict
   emitted for it lands on that span: aftraj/adapters/emit.py); an SDK span processor cannot stop the traced code, so on ALARM it
@@ -646,19 +647,12 @@ def openai_agents_hooks(gw, **kw):
                 self.rb.tool_result(agent.name, str(result), tool=tool.name, call_id=cid, field="tool result")
             await self._send(n0)
 
-        def run_config(self, base=None):
-            """`base` (a RunConfig, or None) with a `tool_error_formatter` that records each tool's
-            own exception for the hook (the SDK's default failure text and its trace span are
-            redacted: "An error occurred while running the tool", "Error running tool
-            (non-fatal)"); `base`'s own formatter still answers the model. `run_sync`/`run` use it;
-            pass `run_config=hooks.run_config()` when calling `Runner.run` yourself."""
-            import dataclasses
-
-            from agents import RunConfig
-            base = base or RunConfig()
-            theirs = base.tool_error_formatter
-            if getattr(theirs, "_aftraj_hooks", None) is self:
-                return base
+        def _recorder(self, theirs):
+            """A `tool_error_formatter` recording each raising tool's own exception for the hook
+            (by call id), then answering as `theirs` (the caller's formatter; None: the SDK's
+            default text)."""
+            while getattr(theirs, "_aftraj_hooks", None) is not None:    # another hooks' recorder
+                theirs = theirs._theirs
 
             def formatter(args):
                 try:
@@ -670,8 +664,29 @@ def openai_agents_hooks(gw, **kw):
                 except Exception:          # recording must never change what the model is told
                     pass
                 return theirs(args) if theirs is not None else None
-            formatter._aftraj_hooks = self
-            return dataclasses.replace(base, tool_error_formatter=formatter)
+            formatter._aftraj_hooks, formatter._theirs = self, theirs
+            return formatter
+
+        def run_config(self, base=None):
+            """`base` (a RunConfig, or None) with the hook's error recorder (`_recorder`) as its
+            `tool_error_formatter`. `on_tool_start` installs it on the run's own RunConfig anyway."""
+            import dataclasses
+
+            from agents import RunConfig
+            base = base or RunConfig()
+            if getattr(base.tool_error_formatter, "_aftraj_hooks", None) is self:
+                return base
+            return dataclasses.replace(base, tool_error_formatter=self._recorder(base.tool_error_formatter))
+
+        async def on_tool_start(self, context, agent, tool) -> None:
+            # the SDK answers a raising tool with a redacted text and redacts its span's error too:
+            # the run's RunConfig (the tool context's) gets the recorder before the tool runs
+            rc = getattr(context, "run_config", None)
+            try:
+                if rc is not None and getattr(rc.tool_error_formatter, "_aftraj_hooks", None) is not self:
+                    rc.tool_error_formatter = self._recorder(rc.tool_error_formatter)
+            except Exception as e:         # an SDK without the formatter: the redacted text it is
+                log.debug("tool error recorder not installed: %s", _describe(e))
 
         async def on_handoff(self, context, from_agent, to_agent) -> None:
             n0 = len(self.rb.events)
@@ -709,13 +724,11 @@ def openai_agents_hooks(gw, **kw):
 
         def run_sync(self, agent, input, **run_kw):
             from agents import Runner
-            run_kw["run_config"] = self.run_config(run_kw.get("run_config"))
             with self.watch():
                 return Runner.run_sync(agent, input, hooks=self, **run_kw)
 
         async def run(self, agent, input, **run_kw):
             from agents import Runner
-            run_kw["run_config"] = self.run_config(run_kw.get("run_config"))
             try:
                 return await Runner.run(agent, input, hooks=self, **run_kw)
             except BaseException as e:

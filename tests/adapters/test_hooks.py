@@ -143,3 +143,39 @@ def test_a_verdict_without_the_auditor_is_logged_and_stops_by_the_gateways_actio
         v = run.post([{"event_id": "e"}])
     assert run.unaudited == [v] and "no auditor verdict" in caplog.text and "unavailable" in caplog.text
     assert (run.alarm is v) is stops
+
+
+def test_openai_agents_hook_records_the_tools_own_error(live_gateway):
+    """Issue 47.6: with `Runner.run_sync(..., hooks=hooks)` alone, a raising tool's error event is
+    the tool's own exception (the SDK redacts both its answer to the model and its span's error:
+    "Error running tool (non-fatal)"); a formatter of the caller's still answers the model."""
+    pytest.importorskip("agents")
+    from agents import Agent, RunConfig, Runner, function_tool, set_trace_processors
+    from serve.client import GatewayClient
+    set_trace_processors([])
+
+    @function_tool
+    def lookup(city: str) -> str:
+        """A city's population."""
+        raise KeyError(f"no city named {city}")
+    model = fw.openai_agents_model([("call", "c1", "lookup", {"city": "Atlantis"}),
+                                    ("call", "c2", "lookup", {"city": "Mu"}), ("text", "unknown")])
+    agent = Agent(name="research", instructions="look up", tools=[lookup], model=model)
+    told = []
+    mine = lambda args: told.append(args.call_id) or f"lookup failed ({args.call_id})"
+    url, key, _ = live_gateway("never appears")
+    with GatewayClient(url, key) as gw:
+        hooks = openai_agents_hooks(gw)
+        res = Runner.run_sync(agent, "Population?", hooks=hooks, run_config=RunConfig(tool_error_formatter=mine))
+    assert res.final_output == "unknown" and hooks.failures == []
+    errs = [e for e in hooks.rb.events if e.kind == "error"]
+    assert [e.payload["error"] for e in errs] == ["KeyError: 'no city named Atlantis'", "KeyError: 'no city named Mu'"]
+    assert told == ["c1", "c2"] and errs[0].payload["content"] == "lookup failed (c1)"   # the caller's text
+    # without a formatter of the caller's: the SDK's default text for the model, the real error recorded
+    model.i = 0
+    with GatewayClient(url, key) as gw:
+        hooks = openai_agents_hooks(gw)
+        Runner.run_sync(agent, "Population?", hooks=hooks)
+    errs = [e for e in hooks.rb.events if e.kind == "error"]
+    assert errs[0].payload["error"] == "KeyError: 'no city named Atlantis'"
+    assert errs[0].payload["content"].startswith("An error occurred while running the tool")
