@@ -91,10 +91,20 @@ def _seq(ev: Any) -> Any:
 def step_span(step: Any, seq: Any = None) -> tuple[str, str] | None:
     """(trace id, span id) of the judged step's own span, in lowercase hex, when its event carries
     one (`meta["otel"]`); None otherwise. `step`: the event (a wire dict or an `Event`), or the
-    events the verdict covers (the posted batch): the one whose seq is `seq`, else the newest
-    carrying a span."""
+    events the verdict covers (the posted batch, as a list or as the request's JSON body
+    `{"events": [...]}`, parsed only here): the one whose seq is `seq`, else the newest carrying
+    a span."""
     if step is None:
         return None
+    if isinstance(step, (bytes, bytearray, memoryview, str)):      # the posted body {"events": [...]}
+        try:
+            import orjson
+            body = orjson.loads(step)
+        except ValueError:
+            return None
+        step = body.get("events") if isinstance(body, dict) else body
+        if not isinstance(step, list):
+            return None
     if isinstance(step, (list, tuple)):
         evs = list(step)
         exact = [e for e in evs if seq is not None and _seq(e) == seq]

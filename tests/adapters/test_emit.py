@@ -73,6 +73,12 @@ def test_otel_spans_carry_the_verdict(otel):
     em.emit(CONT, tenant="acme", run_id="run-2", step=[{"seq": 0, "meta": {}}, step])
     last = exp.get_finished_spans()[-1]
     assert format(last.context.trace_id, "032x") == tid and format(last.parent.span_id, "016x") == sid
+    # the request's raw JSON body works as well (the gateway parses nothing more unless it emits)
+    body = json.dumps({"events": [{"seq": 0, "meta": {}}, step]}).encode()
+    em.emit({**CONT, "seq": 1}, tenant="acme", run_id="run-2", step=body)
+    assert format(exp.get_finished_spans()[-1].parent.span_id, "016x") == sid
+    from aftraj.adapters.emit import step_span
+    assert step_span(b"not json") is None and step_span(b"[1, 2]") is None and step_span('{"events": 3}') is None
     # a resent verdict is the same span (ids derived, not random)
     n = len(_verdicts(exp))
     em.emit(ALARM, tenant="acme", run_id="run-1", model="auditor-7b")
