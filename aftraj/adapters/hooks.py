@@ -23,9 +23,9 @@ intervention action is pause/halt), as serve/example_agent.py does for a scripte
   failure text and its trace span say only "An error occurred while running the tool".
 - OpenTelemetry: `GatewaySpanProcessor` (add it to the TracerProvider) posts each GenAI span's
   events as spans start and end (each event carries its span, `meta["otel"]`, so a verdict
-  emitted for it lands on that span: aftraj/adapters/emit.py); an SDK span processor cannot stop the traced code, so on ALARM it
-  records the verdict (`.alarm`), calls `on_alarm(verdict)` (where the caller stops its agent)
-  and posts nothing more for that trace.
+  emitted for it lands on that span: aftraj/adapters/emit.py); an SDK span processor cannot
+  stop the traced code, so on ALARM it records the verdict (`.alarm`), calls
+  `on_alarm(verdict)` (where the caller stops its agent) and posts nothing more for that trace.
 
 The hooks' keywords (`_GatewayRun`): `task`, `agents`, `category`, `run_id`, `api_key`,
 `deadline_s`, `max_answer_bytes`, `max_failures`, `cooldown_s`, `max_pending`, `fail_closed`.
