@@ -8,11 +8,15 @@ Routes: POST /v1/runs, POST /v1/runs/{id}/events, GET /v1/runs/{id}, GET /v1/run
 it), GET /healthz, GET /metrics (Prometheus text; needs a key unless `metrics_public`),
 GET /openapi.json. Every error body is a `Problem` (detail, event_index, event_id, field); no
 body echoes a key. Order of checks (`BodyLimit`, in front of the routes): a declared
-Content-Length over `limits.max_body_bytes` -> 413; then the API key and its rate limit
+Content-Length over `limits.max_body_bytes` -> 413; the client address's bodies still coming in
+(429 past `limits.max_pending_bodies_per_address`); then the API key and its rate limit
 (401/429; 429 for an address past `limits.auth_failures_per_s` failed keys) and the key's
-requests in flight (429) before any byte of the body is read; then the body, counted as it
-streams in (chunked: 413 past the limit; 408 when it takes over `limits.body_timeout_s`); then
-the body's validation (422). Routes do no blocking work: bodies are parsed, validated and
+requests in flight (429) before any byte of the body is read (an early refusal of a request
+with a body closes the connection); then the body, counted as it streams in (chunked: 413 past
+the limit; 408 when it takes over `limits.body_timeout_s`; a client that leaves mid-body is
+counted, nothing is answered or logged); then the body's validation (422). Connections per
+client address are capped before any of this (`serve.timeouts`). `GET /v1/runs/{id}` pages its
+verdicts (`verdicts_after`, `verdicts_limit`). Routes do no blocking work: bodies are parsed, validated and
 answered (orjson) on the service's threads (serve.service).
 """
 

@@ -198,3 +198,47 @@ def test_two_gateway_processes_share_one_postgres_ledger(gateway_process, postgr
     with engine.connect() as c:
         rows = list(c.execute(sa.text("SELECT run_id, seq, event_id FROM aftraj_run_events")))
     _assert_runs_stored(rows, {r: 70 if r == runs[0] else 60 for r in runs})
+
+
+@pytest.mark.postgres
+def test_the_web_view_on_postgres(gateway_process, postgres):
+    """Issue 45 items 4, 6, 9 and issue 47 item 1 on PostgreSQL: a sign-in made on one process
+    is honoured by the other (sessions live in the ledger), the run list's newest-first order,
+    filters and agents, a run's page, and a web read behind a held table lock answers 503 with
+    Retry-After (before: a plain 500 with a traceback)."""
+    import httpx
+
+    a = gateway_process(ledger_url=postgres, name="a", limits={"ledger_timeout_s": 1.0})
+    b = gateway_process(ledger_url=postgres, name="b", limits={"ledger_timeout_s": 1.0})
+    a.start()
+    b.start()
+    with GatewayClient(a.url, KEY) as ga:
+        for r in ("w1", "w2", "w3"):
+            ga.create_run("web", run_id=r)
+        ga.post_events("w2", _events("w2", 1, 6))
+        ga.post_events("w3", [{"event_id": "w3/1", "seq": 1, "kind": "termination", "agent": "a0",
+                               "payload": {"content": "", "reason": "completed"}}])
+    login = httpx.post(f"{a.url}/ui/login", data={"key": KEY}, headers={"Origin": a.url})
+    assert login.status_code == 303
+    token = login.cookies["aftraj_session"]
+    with httpx.Client(base_url=b.url, cookies={"aftraj_session": token}) as c:
+        page = c.get("/ui")
+        assert page.status_code == 200 and page.text.index(">w3<") < page.text.index(">w2<") < page.text.index(">w1<")
+        assert "a0, a1, a2" in page.text or "a1, a2, a0" in page.text or "a0" in page.text
+        assert c.get("/ui", params={"state": "ended"}).text.count("/ui/runs/") == 1
+        assert c.get("/ui", params={"agent": "a1"}).text.count("/ui/runs/") == 1
+        run = c.get("/ui/runs/w2")
+        assert run.status_code == 200 and run.text.count("<tr id=step-") == 5
+        engine = sa.create_engine(postgres)
+        with engine.connect() as conn:
+            conn.execute(sa.text("BEGIN"))
+            conn.execute(sa.text("LOCK TABLE aftraj_run_events IN ACCESS EXCLUSIVE MODE"))
+            t0 = time.monotonic()
+            busy = c.get("/ui/runs/w2", timeout=30)
+            assert busy.status_code == 503 and busy.headers["retry-after"] == "1", busy.text[:300]
+            assert time.monotonic() - t0 < 5
+            conn.execute(sa.text("ROLLBACK"))
+        engine.dispose()
+        assert c.get("/ui/runs/w2").status_code == 200
+    for g in (a, b):
+        assert "Traceback" not in g.log.read_text(), g.log.read_text()[-2000:]
