@@ -195,7 +195,7 @@ def build_app(svc: GatewayService) -> FastAPI:
         body = await request.body()
         owner = _owner(request)
         v = await svc.ingest(owner, run_id, body, t0=request.scope.get("aftraj.t0"))
-        emit_verdict(v, run_id, owner)
+        emit_verdict(v, run_id, owner, body)      # ids from (tenant, run); the batch places it on its step
         return _json(v)
 
     @app.get("/v1/runs/{run_id}", response_model=RunView, responses=ERRORS)

@@ -767,13 +767,12 @@ APP_JS = """// AgentForesight run page: follow the run's verdicts (SSE) and re-f
 # --------------------------------------------------------------------------- routes
 
 def verdict_emitter(svc: GatewayService):
-    """`emit(verdict, run_id, tenant)`: each new verdict as an OTel span / Langfuse score when
-    `AFTRAJ_EMIT` names them (aftraj/adapters/emit.py; a resent batch's stored verdict is not
-    emitted again); a no-op otherwise. The ids written downstream are derived from the tenant and
-    the run (two tenants' `prod-7` never share a trace). Fails open: an emitter's error is
-    logged, never raised into a request."""
-    import inspect
-
+    """`emit(verdict, run_id, tenant, body)`: each new verdict as an OTel span / Langfuse score
+    when `AFTRAJ_EMIT` names them (aftraj/adapters/emit.py; a resent batch's stored verdict is not
+    emitted again); a no-op otherwise. Every id written downstream is derived from the tenant and
+    the run (two tenants' `prod-7` never share a trace or a score); `body`, the posted batch,
+    places the verdict on the judged step's span. Fails open: an emitter's error is logged,
+    never raised into a request."""
     from aftraj.adapters.emit import from_env
     try:
         emitters = from_env()
@@ -782,15 +781,10 @@ def verdict_emitter(svc: GatewayService):
         emitters = None
     model = svc.cfg.auditor.model if svc.cfg.auditor.backend == "openai" else None
     svc.emitters = emitters
-    takes_tenant = emitters is not None and "tenant" in inspect.signature(emitters.emit).parameters
-    if emitters and not takes_tenant:
-        log.error("AFTRAJ_EMIT: this version of aftraj.adapters.emit derives ids from the run id alone (tenants "
-                  "sharing a run id would overwrite each other's verdicts downstream); verdicts are not emitted")
-        emitters = None
 
-    def emit(v, run_id: str, tenant: str) -> None:
+    def emit(v, run_id: str, tenant: str, body=None) -> None:
         if emitters and isinstance(v, dict) and v.get("accepted", 1) > 0:
-            emitters.emit(v, run_id=run_id, model=model, tenant=tenant)
+            emitters.emit(v, tenant=tenant, run_id=run_id, model=model, step=body)
     return emit
 
 

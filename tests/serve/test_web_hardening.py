@@ -506,3 +506,27 @@ def test_cpu_budget_waits_then_lets_a_read_go():
     assert 0.04 < b.wait("k") <= 0.05
     time.sleep(0.06)
     assert b.wait("k") == 0 and b.wait("other") == 0
+
+
+def test_two_tenants_same_run_id_never_share_a_downstream_trace(tmp_path, monkeypatch):
+    """Issue 45 item 1, the router's side: the gateway hands the emitter the tenant (and the
+    posted batch); before, tenant B's `prod-7` wrote the trace and score ids of tenant A's."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import aftraj.adapters.emit as emit_mod
+
+    exp = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exp))
+    monkeypatch.setattr(emit_mod, "from_env", lambda: emit_mod.Emitters([emit_mod.OtelVerdictEmitter(tp)]))
+    with TestClient(build_app(GatewayService(cfg(tmp_path)))) as c:
+        for h in (A, B):
+            assert c.post("/v1/runs", json={"run_id": "prod-7", "task": "t"}, headers=h).status_code == 201
+            assert c.post("/v1/runs/prod-7/events", json={"events": [ev("prod-7", 1)]}, headers=h).status_code == 200
+    verdicts = [s for s in exp.get_finished_spans() if s.name == emit_mod.SPAN_NAME]
+    assert len(verdicts) == 2
+    assert sorted(s.attributes.get("aftraj.tenant") for s in verdicts) == ["team-a", "team-b"]
+    assert len({s.context.trace_id for s in verdicts}) == 2 and len({s.context.span_id for s in verdicts}) == 2
