@@ -269,7 +269,11 @@ def floor_metrics(data: str | Path, trajs: Sequence[Trajectory], *, n_boot: int 
     """{floor spec: overall metrics} of every floor on `trajs`, fit on the train split beside
     `data` (thresholds on the val split beside it); without a train split (Who&When) the floors
     that fit are {"skipped": why} and the lexical rule alone is scored."""
-    floors = fit_floors(_split_or_none(data, "train"), _split_or_none(data, "val"))
+    train = _split_or_none(data, "train")
+    floors = fit_floors(train, _split_or_none(data, "val"))
+    if train is None:   # Who&When, or a file alone: say where the fitted floors can be had
+        floors = {spec: (f"no train split beside the data (fit them on a corpus: `aftraj ablation floors "
+                         f"--data DIR --ww {data}`)" if isinstance(f, str) else f) for spec, f in floors.items()}
     return score_floors(floors, trajs, n_boot=n_boot, seed=seed, keep_preds=keep_preds)
 
 

@@ -96,7 +96,7 @@ def decisive_examples(trajs: Sequence[Trajectory]) -> list[tuple[Trajectory, int
 
 class BagOfWords:
     """L2 logistic regression over binary features (`step_features` or any list of strings),
-    class-balanced, fit by full-batch Adam in numpy: deterministic, no extra dependency."""
+    class-balanced, fit by full-batch Adam on a scipy sparse matrix: deterministic, no new dependency."""
 
     def __init__(self, feats: Sequence[Sequence[str]], y: Sequence[int], *, l2: float = L2,
                  steps: int = STEPS, min_df: int = MIN_DF, max_vocab: int = MAX_VOCAB) -> None:
@@ -107,18 +107,22 @@ class BagOfWords:
         keep = sorted((f for f, c in df.items() if c >= min_df or not f.startswith("w:")),
                       key=lambda f: (-df[f], f))[:max_vocab]
         self.vocab = {f: i for i, f in enumerate(sorted(keep))}
+        from scipy.sparse import csr_matrix
+
         idx, rows = self._index(feats)
         n, v = len(y), len(self.vocab)
+        x = csr_matrix((np.ones(len(idx)), (rows, idx)), shape=(n, v))
+        xt = x.T.tocsr()
         pos = y.sum()
         sw = np.where(y == 1, n / (2 * pos), n / (2 * (n - pos))) / n    # balanced, summing to 1
         w, b = np.zeros(v), 0.0
         m, s, mb, sb = np.zeros(v), np.zeros(v), 0.0, 0.0
         lr, b1, b2, eps = 0.05, 0.9, 0.999, 1e-8
         for it in range(1, steps + 1):
-            z = np.bincount(rows, weights=w[idx], minlength=n) + b
+            z = x @ w + b
             p = 1.0 / (1.0 + np.exp(-z))
             r = sw * (p - y)
-            gw = np.bincount(idx, weights=r[rows], minlength=v) + 2 * l2 * w
+            gw = xt @ r + 2 * l2 * w
             gb = r.sum()
             m, s = b1 * m + (1 - b1) * gw, b2 * s + (1 - b2) * gw * gw
             mb, sb = b1 * mb + (1 - b1) * gb, b2 * sb + (1 - b2) * gb * gb
@@ -126,7 +130,7 @@ class BagOfWords:
             w -= lr * (m / c1) / (np.sqrt(s / c2) + eps)
             b -= lr * (mb / c1) / (math.sqrt(sb / c2) + eps)
         self.w, self.b = w, float(b)
-        z = np.bincount(rows, weights=w[idx], minlength=n) + b
+        z = x @ w + b
         self.train_accuracy = float(((z > 0) == (y == 1)).mean())
 
     def _index(self, feats: Sequence[Sequence[str]]) -> tuple[np.ndarray, np.ndarray]:
@@ -296,16 +300,29 @@ def _pct(v) -> str:
 
 def tune_threshold(floor: ReadingFloor, val: Sequence[Trajectory], max_far: float = MAX_FAR) -> dict:
     """The ALARM threshold of `floor` on `val` alone: walk every prefix (no threshold), sweep
-    candidate thresholds (quantiles of the scores, at most `GRID`, plus one above every score),
-    keep the best Exact-F1 among those with FAR ≤ max_far (`eval.metrics.pick_threshold`)."""
+    candidate thresholds (the records of each walk's running maximum score, where its outcome
+    changes; at most `GRID` of them, by quantiles; plus one above every score), keep the best
+    Exact-F1 among those with FAR ≤ max_far (`eval.metrics.pick_threshold`)."""
     from eval.metrics import pick_threshold, threshold_sweep
     from eval.walker import WalkConfig, walk
 
     floor.threshold = None
     preds = walk(floor, list(val), WalkConfig(all_prefixes=True), progress=False)
-    scores = np.array([e["confidence"] for p in preds for e in p["trace"]], dtype=float)
-    qs = np.unique(np.quantile(scores, np.linspace(0, 1, GRID)))
-    grid = sorted({round(float(q), 6) for q in qs} | {round(float(scores.max()), 6) + 1e-6})
+    # a walk's outcome changes only where a threshold passes a record of its running maximum
+    records = []
+    for p in preds:
+        top = -math.inf
+        for e in p["trace"]:
+            if e["confidence"] > top:
+                top = e["confidence"]
+                records.append(top)
+    def down(x):    # 6 decimals, rounded down: a record's own score reaches its threshold
+        return np.floor(np.asarray(x, dtype=float) * 1e6) / 1e6
+
+    rec = np.unique(down(records))
+    if len(rec) > GRID:
+        rec = np.unique(down(np.quantile(rec, np.linspace(0, 1, GRID), method="lower")))
+    grid = sorted({float(q) for q in rec} | {float(rec.max()) + 1e-5})
     sweep = threshold_sweep(preds, grid)
     pick = pick_threshold(sweep, max_far)
     return {"source": "val", "threshold": pick["threshold"], "max_far": max_far, "n_candidates": len(grid),
