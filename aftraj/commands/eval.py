@@ -151,7 +151,8 @@ def add_walk_args(p, *, audit: bool = False) -> None:
     p.add_argument("--no-progress", action="store_true",
                    help="no progress (else a bar on a terminal, a line every few seconds in a log)")
     p.add_argument("--resume", action="store_true",
-                   help="keep the trajectories already in OUT/predictions.jsonl (written as walks end) "
+                   help="keep the trajectories already in OUT/predictions.jsonl (aftraj audit: verdicts.jsonl; "
+                        "written as walks end) "
                         "and the auditor answers in OUT/calls.jsonl (written as each call returns), and "
                         "ask only for the rest; the settings must be the same (eval/resume.py)")
     p.add_argument("--overwrite", action="store_true",
