@@ -126,9 +126,40 @@ if [ -n "$PHASE" ]; then
   exit 0
 fi
 
+# ----------------------------------------------------------------------------- summary (on any exit)
+declare -A STATUS=([environment]="not run" [stage1]="not run" [stage2]="not run") SECS=([stage1]=0 [stage2]=0)
+write_summary() {   # OUT/summary.json: each phase's status and seconds, the versions that ran
+  "$PY" - "$OUT/summary.json" "$BUDGET" $((SECONDS - T0)) "$TINY" "${STATUS[environment]}" \
+    "${STATUS[stage1]}" "${SECS[stage1]}" "${STATUS[stage2]}" "${SECS[stage2]}" <<'EOF_PY' || true
+import importlib.metadata as md, json, platform, sys
+path, budget, wall, tiny, env, s1, t1, s2, t2 = sys.argv[1:]
+def version(name):
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+try:
+    import torch
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    cuda = torch.version.cuda
+except Exception as e:              # the summary is written whatever happened
+    device, cuda = f"torch failed: {e}", None
+names = ["torch", "transformers", "accelerate", "trl", "peft", "datasets", "bitsandbytes", "pyarrow", "orjson"]
+summary = {"budget_s": int(budget), "wall_s": int(wall), "tiny": tiny == "1", "device": device, "cuda": cuda,
+           "python": platform.python_version(), "environment": env,
+           "phases": {"stage1": {"status": s1, "seconds": int(t1)}, "stage2": {"status": s2, "seconds": int(t2)},
+                      "learning": {"status": "not run: does not fit one command (docs/gpu.md)", "seconds": 0}},
+           "versions": {n: version(n) for n in names}}
+json.dump(summary, open(path, "w"), indent=2)
+print(json.dumps({"environment": env, **summary["phases"]}))
+EOF_PY
+}
+trap write_summary EXIT
+
 # ----------------------------------------------------------------------------- 0. environment
 say "out $OUT, work $WORK, budget ${BUDGET} s"
 "$PY" -m pip list >"$OUT/pip-list.txt" 2>/dev/null || echo "(no pip: $("$PY" -V 2>&1))" >"$OUT/pip-list.txt"
+STATUS[environment]="failed: no CUDA device"
 if ((!TINY)); then
   "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "gpu_check: no CUDA device (--tiny: the CPU path)")'
 fi
@@ -136,18 +167,18 @@ fi
 source "$ROOT/scripts/gpu_site.sh"
 MODULES=(torch transformers accelerate yaml orjson safetensors)
 ((TINY)) || MODULES+=(bitsandbytes)
+STATUS[environment]="failed: the carried wheels did not install or a module is missing (pip-list.txt)"
 gpu_site "$WHEEL_SET" "${MODULES[@]}"
+STATUS[environment]=ready
 export GPU_SITE_DONE=1          # the phases inherit PYTHONPATH
 STAGE2_MODULES=(trl datasets peft)
 missing2="$("$PY" -c 'import importlib.util, sys
 print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))' "${STAGE2_MODULES[@]}")"
 
-declare -A STATUS SECS
 run_phase() {   # NAME SECONDS: the phase in a child process, stopped at SECONDS; its log in OUT
   local name=$1 limit=$2 t=$SECONDS rc=0
   if ((limit < 20)); then STATUS[$name]="skipped: ${limit} s left of the budget"; SECS[$name]=0; return; fi
   say "== $name (at most $limit s)"
-  set -o pipefail
   timeout --signal=TERM --kill-after=15 "$limit" bash "$0" --phase "$name" $( ((TINY)) && echo --tiny ) "$OUT" \
     2>&1 | tee "$OUT/$name.log" || rc=$?
   SECS[$name]=$((SECONDS - t))
@@ -168,30 +199,5 @@ else
   run_phase stage2 "$(left)"
 fi
 
-# ----------------------------------------------------------------------------- summary
-"$PY" - "$OUT/summary.json" "$BUDGET" $((SECONDS - T0)) "$TINY" \
-  "${STATUS[stage1]}" "${SECS[stage1]}" "${STATUS[stage2]}" "${SECS[stage2]}" <<'EOF'
-import importlib.metadata as md, json, platform, sys
-path, budget, wall, tiny, s1, t1, s2, t2 = sys.argv[1:]
-def version(name):
-    try:
-        return md.version(name)
-    except md.PackageNotFoundError:
-        return None
-try:
-    import torch
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    cuda = torch.version.cuda
-except Exception as e:              # the summary is written whatever happened
-    device, cuda = f"torch failed: {e}", None
-names = ["torch", "transformers", "accelerate", "trl", "peft", "datasets", "bitsandbytes", "pyarrow", "orjson"]
-summary = {"budget_s": int(budget), "wall_s": int(wall), "tiny": tiny == "1", "device": device, "cuda": cuda,
-           "python": platform.python_version(),
-           "phases": {"stage1": {"status": s1, "seconds": int(t1)}, "stage2": {"status": s2, "seconds": int(t2)},
-                      "learning": {"status": "not run: does not fit one command (docs/gpu.md)", "seconds": 0}},
-           "versions": {n: version(n) for n in names}}
-json.dump(summary, open(path, "w"), indent=2)
-print(json.dumps(summary["phases"]))
-EOF
 say "wall $((SECONDS - T0)) s; figures and logs in $OUT"
 [ "${STATUS[stage1]}" = passed ] && [ "${STATUS[stage2]}" = passed ]

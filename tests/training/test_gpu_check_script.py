@@ -37,6 +37,25 @@ def test_dry_run_prints_the_payload_and_the_estimated_time():
     assert "ESTIMATE" in r.stdout
 
 
+def test_a_machine_without_cuda_still_gets_its_summary(tmp_path):
+    """The environment phase fails (no CUDA here): pip-list.txt and summary.json come back anyway."""
+    if _has_cuda():
+        pytest.skip("a CUDA machine")
+    r = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "PYTHON": sys.executable, "GPU_CHECK_DIR": str(tmp_path / "w")})
+    assert r.returncode != 0 and "no CUDA device" in r.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["environment"] == "failed: no CUDA device"
+    assert summary["phases"]["stage1"]["status"] == summary["phases"]["stage2"]["status"] == "not run"
+    assert "torch" in (tmp_path / "out" / "pip-list.txt").read_text()
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def test_an_unknown_argument_is_refused():
     r = subprocess.run(["bash", str(SCRIPT), "--gpu"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "unknown argument --gpu" in r.stderr
@@ -48,6 +67,7 @@ def _check_outputs(out: Path, *, tiny: bool) -> dict:
     assert "torch" in (out / "pip-list.txt").read_text()        # the image's packages, recorded by the check
     summary = json.loads((out / "summary.json").read_text())
     assert summary["tiny"] is tiny and summary["wall_s"] <= summary["budget_s"] + 60
+    assert summary["environment"] == "ready"
     assert {k: v["status"] for k, v in summary["phases"].items() if k != "learning"} == \
         {"stage1": "passed", "stage2": "passed"}
     assert summary["versions"]["torch"]
