@@ -188,7 +188,7 @@ def load_eval_data(cfg: EvalConfig, *, labels: bool = True,
 
 
 EVAL_OUTPUTS = ("metrics.json", "predictions.jsonl", "report.md", "eval_settings.json", "calls.jsonl",
-                "verdicts.jsonl", "audit.json")
+                "verdicts.jsonl", "audit.json", "audit.md")
 
 
 def check_out(out: Path, *, resume: bool, overwrite: bool, flag: str = "--out") -> list[str]:
@@ -451,6 +451,7 @@ def _provenance(cfg: EvalConfig, applied: bool = True) -> dict:
 
 VERDICTS_FILE = "verdicts.jsonl"
 AUDIT_FILE = "audit.json"
+AUDIT_REPORT = "audit.md"
 
 
 @dataclass
@@ -494,8 +495,8 @@ def audit(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> AuditOutc
     """Score runs without gold labels (`aftraj audit`): the strict online walk of cfg.auditor over
     cfg.data (our JSONL, a corpus, Who&When, AFTraj parquet, or with `data_format` an agent
     framework's export), OUT/verdicts.jsonl (one verdict record a run, `verdict_record`, written
-    as walks end and rewritten in input order at the end), OUT/audit.json (counts and provenance)
-    and, with `emit`, every prefix's verdict as an OTel span / Langfuse score. Labels, where the
+    as walks end and rewritten in input order at the end), OUT/audit.json (counts and provenance),
+    OUT/audit.md (`write_audit_markdown`) and, with `emit`, every prefix's verdict as an OTel span / Langfuse score. Labels, where the
     data has them, are not read. `resume`, `overwrite` and the call cache as for `evaluate`."""
     import json
 
@@ -549,4 +550,37 @@ def audit(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> AuditOutc
         res.emitted = summary["emitted"] = _emit(emitters, cfg, [emitted_view(v) for v in verdicts], trajs,
                                                  auditor.label)
     (out / AUDIT_FILE).write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_audit_markdown(summary, verdicts, out / AUDIT_REPORT)
     return res
+
+
+def md_cell(v, n: int = 200) -> str:
+    """A value as one Markdown table cell: one line, `|` escaped, at most n characters."""
+    text = " ".join(str(v if v is not None else "–").split()).replace("|", "\\|")
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def write_audit_markdown(summary: dict, verdicts: list[dict], path: Path) -> None:
+    """audit.md: the counts, the alarms by agent and one row per ALARM (run, prefix, blamed step
+    and agent, reason), for a person; verdicts.jsonl holds everything."""
+    s = summary
+    lines = [f"# Audit: {s['auditor']}", "",
+             f"- data: `{s['data']}`" + (f" (read as {s['data_format']})" if s.get("data_format") else "")
+             + (f", split {s['split']}" if s.get("split") else "") + "; no gold labels read",
+             f"- {s['n_runs']} runs: **{s['n_alarm']} ALARM**, {s['n_continue']} CONTINUE "
+             f"({'every prefix scored' if s['all_prefixes'] else 'strict online walk: the first ALARM ends a run'})",
+             f"- {s['calls']} auditor calls ({s['cached_calls']} replayed from calls.jsonl), "
+             f"{s['parse_failures']} parse failures (each counts as CONTINUE), {s['errors']} endpoint errors",
+             *([f"- note: {n}" for n in s.get("auditor_notes") or []]),
+             *([f"- not applied (this auditor renders no prompt): {', '.join(s['inert_flags'])}"]
+               if s.get("inert_flags") else []), ""]
+    if s["alarms_by_agent"]:
+        lines += ["## Alarms by blamed agent", "", "| agent | ALARMs |", "|---|---|"]
+        lines += [f"| {md_cell(a)} | {n} |" for a, n in s["alarms_by_agent"].items()]
+        lines.append("")
+        lines += ["## Runs that raised an ALARM", "", "| run | at prefix | blamed step | agent | reason |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {md_cell(v['id'])} | {v['alarm_at']} | {v['step']} | {md_cell(v['agent'])} | "
+                  f"{md_cell(v['reason'] or '')} |" for v in verdicts if v["verdict"] == "ALARM"]
+        lines.append("")
+    path.write_text("\n".join(lines), encoding="utf-8")

@@ -7,7 +7,8 @@ every run of PATH: our JSONL or a corpus folder, Who&When, AFTraj parquet, or wi
 agent framework's export (autogen, smolagents, openai-agents, otel, … as `aftraj convert` reads
 them; imported runs carry no label, and none is needed here). DIR gets verdicts.jsonl (per run:
 ALARM at prefix `alarm_at` blaming `step` and `agent` with the reason, or CONTINUE; and every
-prefix's verdict under `prefixes`), audit.json (counts, alarms by agent, provenance) and
+prefix's verdict under `prefixes`), audit.json (counts, alarms by agent, provenance), audit.md
+(the same for a person: one row per ALARM) and
 calls.jsonl (every auditor answer, so `--resume` after a kill asks only for the rest). `--emit
 otel,langfuse` also sends every prefix's verdict where you already look. The flags are `aftraj
 eval`'s, less those that need labels (protocol, sample, bootstrap, AUC).
@@ -66,7 +67,7 @@ def run(args) -> int:
         print(f"  … {len(res.verdicts) - 50} more in {res.out}/verdicts.jsonl")
     if res.emitted:
         print(f"emitted {res.emitted['emitted']} verdicts to {res.emitted['to']} ({res.emitted['failures']} failures)")
-    print(f"verdicts: {res.out}/verdicts.jsonl audit.json")
+    print(f"verdicts: {res.out}/verdicts.jsonl audit.json audit.md")
     if s["calls"] and s["errors"] == s["calls"]:
         print(f"aftraj audit: every one of the {s['calls']} auditor calls failed", file=sys.stderr)
         return 3

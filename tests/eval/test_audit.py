@@ -51,6 +51,8 @@ def test_audit_scores_unlabeled_runs(unlabeled, tmp_path, capsys):
     assert summary["n_runs"] == 3 and summary["n_alarm"] == 3 and summary["calls"] == 3 + 2 + 3
     assert summary["alarms_by_agent"] == {"Solver": 2, "Verifier": 1}
     assert summary["provenance"]["command"].startswith("aftraj audit --auditor dummy:alarm-at-2")
+    md = (out / "audit.md").read_text()
+    assert "3 runs: **3 ALARM**, 0 CONTINUE" in md and "| t1 | 1 | 1 | Verifier | dummy alarm |" in md
 
     # the same walk the evaluation makes: the walker's records, less the gold fields
     from eval.auditors import get_auditor
