@@ -254,6 +254,10 @@ class ReadingFloor(Auditor):
         if ww:
             raise ValueError(f"heuristic:{self.rule}: the {what} set holds Who&When runs (e.g. {ww[0]!r}); "
                              f"Who&When is for evaluation only: fit and tune on a corpus's train and val splits")
+        sealed = [t.id for t in trajs if t.meta.get("split") == "test"]
+        if sealed:       # the test split is sealed: nothing is fit or chosen on it
+            raise ValueError(f"heuristic:{self.rule}: the {what} set holds runs of the test split (e.g. "
+                             f"{sealed[0]!r}); fit on train and choose the threshold on val")
         if not any(t.label.unsafe for t in trajs):
             raise ValueError(f"heuristic:{self.rule}: the {what} set holds no unsafe run")
 

@@ -315,6 +315,12 @@ def test_reading_floors_refuse_to_fit_or_tune_on_who_and_when():
         get_auditor("heuristic:structure", train=train, val=[*val, *ww])
     with pytest.raises(ValueError, match="unknown option"):
         get_auditor("heuristic:bow,colour=red", train=train, val=val)
+    # the test split is sealed: neither fit nor tuned on
+    _, _, test = _splits()
+    with pytest.raises(ValueError, match="val set holds runs of the test split"):
+        get_auditor("heuristic:bow", train=train, val=test)
+    with pytest.raises(ValueError, match="train set holds runs of the test split"):
+        get_auditor("heuristic:structure", train=test, val=val)
 
 
 def test_floors_run_on_who_and_when_per_subset():
