@@ -496,8 +496,9 @@ def audit(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> AuditOutc
     cfg.data (our JSONL, a corpus, Who&When, AFTraj parquet, or with `data_format` an agent
     framework's export), OUT/verdicts.jsonl (one verdict record a run, `verdict_record`, written
     as walks end and rewritten in input order at the end), OUT/audit.json (counts and provenance),
-    OUT/audit.md (`write_audit_markdown`) and, with `emit`, every prefix's verdict as an OTel span / Langfuse score. Labels, where the
-    data has them, are not read. `resume`, `overwrite` and the call cache as for `evaluate`."""
+    OUT/audit.md (`write_audit_markdown`) and, with `emit`, every prefix's verdict as an OTel span /
+    Langfuse score. Labels, where the data has them, are not read. `resume`, `overwrite` and the
+    call cache as for `evaluate`."""
     import json
 
     from eval.resume import CallCache, PredictionLog
