@@ -11,7 +11,7 @@ verdict (both worded by `aftraj.verdict.canonical_verdict`).
   the pre subset without reading content, as 86 of 178 train runs of the demo corpus showed);
 - post-boundary prompt: prefix 0..k*, gold ALARM at (k*, a*); wrong: SAFE (a missed alarm);
 - twin prompt (optional, beyond the paper): where the run's family holds a verified-safe *twin*
-  (identical steps up to k*-1, the same agent at k*, only step k*'s content differs), the twin's
+  (identical steps up to k*-1, the same agent, kind and tool at k*, only step k*'s content differs), the twin's
   prefix 0..k*, gold SAFE; wrong: ALARM at (k*, a*). Post vs twin is the content control: two
   prompts of the same length, agents and kinds, that only the content of step k* tells apart.
 
@@ -120,14 +120,17 @@ def _same_step(a, b) -> bool:
 
 def is_twin(unsafe: Trajectory, safe: Trajectory) -> bool:
     """`safe` is a verified-safe twin of `unsafe`: same family, identical steps 0..k*-1, the same
-    agent at step k*, and a different step k* (the only thing that tells the two prefixes apart)."""
+    agent, step kind and tool at step k*, and a different step k* content (the only thing that tells
+    the two prefixes apart). A post whose step k* changed kind (a fabricated result where the twin
+    calls a tool) has no twin: kind alone would tell them apart."""
     lb = unsafe.label
     if not lb.unsafe or safe.label.unsafe or safe.label.label_source != "verified_safe":
         return False
     k = lb.decisive_step
     if safe.family_id != unsafe.family_id or len(safe.steps) <= k or len(unsafe.steps) <= k:
         return False
-    if safe.steps[k].agent != unsafe.steps[k].agent or _same_step(safe.steps[k], unsafe.steps[k]):
+    a, b = safe.steps[k], unsafe.steps[k]
+    if (a.agent, a.kind, a.tool) != (b.agent, b.kind, b.tool) or _same_step(a, b):
         return False
     return all(_same_step(a, b) for a, b in zip(safe.steps[:k], unsafe.steps[:k]))
 

@@ -102,6 +102,10 @@ def corrupt(template, task, turns: list[Turn], k: int, etype: str) -> Turn | Non
     template's own turn builders, so it reads like an honest turn of the same act."""
     if str(act(turns[k])).startswith("llm_"):
         return _generic(template, turns, k, etype)
+    if etype == "fabricated_tool_result" and act(turns[k - 1]) == "precall":
+        # a result stated right after announcing the call: two messages where a message and a call
+        # stand in every other run (the step kinds alone would tell)
+        return None
     d = DOMAINS.get(template.domain)
     fn = d.corruptions.get(etype) if d is not None else None
     if fn is None:

@@ -22,8 +22,10 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import replace
 
-from aftraj.corpus.rollout import Ctx, PolicyError, Turn
+from aftraj.corpus.domains.base import OPTIONAL_UNTIL, say
+from aftraj.corpus.rollout import TRANSIENT_FAULTS, Ctx, PolicyError, Turn
 from aftraj.llm_client import ChatClient as _Client
 from aftraj.llm_client import ClientConfig, EndpointError
 from aftraj.prompt import render_step
@@ -38,7 +40,34 @@ class ScriptedPolicy:
     def next_turn(self, template, task, turns, *, seed: int, clean: bool = False) -> Turn:
         if not task.scripted:
             raise PolicyError(f"task {task.id} has no scripted solution (use the openai backend)")
+        last = turns[-1]
+        if last.kind == "tool_result" and last.sim.get("transient") and len(turns) >= 2:
+            return retry_turn(task, turns[-2], len(turns))
         return template.scripted_next(task, turns, Ctx(seed, task.id, self.slips, clean))
+
+    def fault(self, template, task, turns, *, seed: int) -> str | None:
+        """A transient environment failure for the call turns[-1], or None (`slips.transient_error`
+        per call; never for a retry, which always goes through)."""
+        call = turns[-1]
+        if call.sim.get("retry") or str(call.sim.get("act")).startswith("llm_") or len(turns) >= OPTIONAL_UNTIL:
+            return None
+        n = sum(t.kind == "tool_call" for t in turns)
+        if not Ctx(seed, task.id, self.slips).slip("transient_error", "fault", n):
+            return None
+        return say(task, ("fault", n), TRANSIENT_FAULTS).format(tool=call.tool)
+
+
+RETRY_THOUGHTS = ("Thought: the {tool} call failed with a transient error; trying it again.",
+                  "Thought: {tool} errored out, not my input; retrying the same call.",
+                  "Thought: an infrastructure failure, nothing wrong with the request; once more.",
+                  "Thought: that error is on the tool's side; repeating the call.")
+
+
+def retry_turn(task, call: Turn, n: int) -> Turn:
+    """The caller's retry of a call the environment failed: the same call, a thought that says so."""
+    act = call.content.split("\n", 1)[-1]
+    thought = say(task, ("retry", n), RETRY_THOUGHTS).format(tool=call.tool)
+    return replace(call, content=f"{thought}\n{act}", sim={**call.sim, "retry": True}, slip=None)
 
 
 # --------------------------------------------------------------------------- HTTP

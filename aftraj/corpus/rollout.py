@@ -118,7 +118,7 @@ def run_rollout(template, task, policy, *, seed: int, sandbox=None, prefix: list
         if i in fixed:
             turn = fixed[i]
         elif turns[-1].kind == "tool_call":
-            turn = template.execute(task, turns, sandbox)
+            turn = environment_turn(template, task, policy, turns, seed=seed, sandbox=sandbox)
         else:
             try:
                 turn = policy.next_turn(template, task, turns, seed=seed)
@@ -151,11 +151,28 @@ def run_rollout(template, task, policy, *, seed: int, sandbox=None, prefix: list
                    backend=policy.backend, model=policy.model, fixed=fixed, notes=notes)
 
 
+TRANSIENT_FAULTS = ("{tool} timed out after 30 s", "{tool} is unavailable (HTTP 503); try again",
+                    "rate limit exceeded for {tool}; retry shortly", "connection to the {tool} backend reset")
+
+
+def environment_turn(template, task, policy, turns: list[Turn], *, seed: int, sandbox=None) -> Turn:
+    """The environment's answer to the call turns[-1]: the tool's result, or a transient fault the
+    policy draws (`policy.fault`, seeded by (seed, task, call index), so replays meet the same
+    faults). A fault is a tool error the caller handles by retrying; the retry always goes through."""
+    fault = getattr(policy, "fault", None)
+    why = fault(template, task, turns, seed=seed) if fault is not None else None
+    if why:
+        call = turns[-1]
+        return Turn(agent="environment", kind="tool_result", content=f"ERROR: {why}", tool=call.tool, result_ids=(),
+                    error=why, sim={"act": "result", "of": call.sim.get("act"), "transient": True})
+    return template.execute(task, turns, sandbox)
+
+
 def clean_turn(template, task, policy, turns: list[Turn], j: int, *, seed: int, sandbox=None) -> Turn:
     """The safe version of turn j given turns[:j]: the environment's real output for a tool
     result, else the policy's turn with slips off."""
     if j > 0 and turns[j - 1].kind == "tool_call":
-        return template.execute(task, turns[:j], sandbox)
+        return environment_turn(template, task, policy, turns[:j], seed=seed, sandbox=sandbox)
     if j == 0:
         return template.request_turn(task)
     return policy.next_turn(template, task, turns[:j], seed=seed, clean=True)

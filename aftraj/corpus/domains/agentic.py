@@ -15,7 +15,8 @@ import re
 import string
 from pathlib import Path
 
-from aftraj.corpus.domains.base import (ENV, FINAL_THOUGHTS, NOTE_PERCENT, OPENING_PERCENT, Domain, Task, Template,
+from aftraj.corpus.domains.base import (ENV, FINAL_THOUGHTS, NOTE_PERCENT, OPENING_PERCENT, OPTIONAL_UNTIL, PRECALL_PERCENT,
+                                        Domain, Task, Template,
                                         act, final_text, jsonl_rows, need, one_type, say)
 from aftraj.corpus.rollout import Turn
 from aftraj.schema import SchemaError
@@ -228,7 +229,7 @@ class AgenticTemplate(Template):
     arg_schema = {"search": {"query": (str, None)}, "lookup": {"doc_id": (str, None)}}
     tool_doc = {"search": "Search the local document store; returns up to 3 (doc id, title) hits.",
                 "lookup": "Return the full text of one document by its id."}
-    acts = ("request", "plan", "search", "lookup", "result", "claim", "note", "redo", "confirm", "final")
+    acts = ("request", "plan", "search", "precall", "lookup", "result", "claim", "note", "redo", "confirm", "final")
 
     def role_prompt(self, agent: str) -> str:
         if agent == "Manager":
@@ -261,7 +262,8 @@ class AgenticTemplate(Template):
     def claim_turn(self, task, hop, subj, value, did, att, slip=None) -> Turn:
         rel = PHRASE[task.data["hops"][hop]["relation"]]
         thought = say(task, ("claim-t", hop, att), ("Thought: the document states it directly.",
-                                                    f"Thought: that answers hop {hop + 1}.", "Thought: found the fact."))
+                                                    f"Thought: that answers hop {hop + 1}.", "Thought: found the fact.",
+                                                    "Thought: the document leaves no room for error here."))
         act = say(task, ("claim-a", hop, att), (f"The {rel} of {subj} is {value} (source: {did}).",
                                                 f"{did} says the {rel} of {subj} is {value}.",
                                                 f"Found it: {rel} of {subj} = {value} (source {did})."))
@@ -269,27 +271,42 @@ class AgenticTemplate(Template):
                     sim={"act": "claim", "hop": hop, "value": value, "doc_id": did}, slip=slip)
 
     def lookup_turn(self, task, hop, did, subj, att, slip=None) -> Turn:
-        doc = doc_by_id(task, did)
-        title = doc["title"] if doc else did
         thought = say(task, ("lookup-t", hop, att), (f"Thought: {did} should be the page for {subj}.",
                                                      f"Thought: the best hit for {subj} is {did}.",
                                                      f"Thought: {did} matches {subj}."))
-        act = say(task, ("lookup-a", hop, att), (f"Reading {did} ({title}).", f"Opening {did}, titled {title}."))
+        # the id only: which page it is shows in the search result (the step never repeats a
+        # distractor's title, so a wrong pick is found by reading the result, not by a word here)
+        act = say(task, ("lookup-a", hop, att), (f"Reading {did}.", f"Opening {did}.", f"Opening {did} now."))
         return Turn(agent="search_agent", kind="tool_call", content=f"{thought}\n{act}", tool="lookup",
                     arguments={"doc_id": did}, sim={"act": "lookup", "hop": hop}, slip=slip)
 
-    def search_turn(self, task, hop, subj, att) -> Turn:
+    def search_turn(self, task, hop, subj, att, *, query: str | None = None, requery: bool = False) -> Turn:
+        """A search for hop `hop`. `query`: another query than the usual one (an empty search:
+        a first query with the subject misspelt, which matches nothing; not an injected type)."""
         rel = PHRASE[task.data["hops"][hop]["relation"]]
-        thought = say(task, ("search-t", hop, att), (f"Thought: I need the {rel} of {subj}.",
-                                                     f"Thought: next fact: {subj}'s {rel}."))
+        if requery:
+            thought = say(task, ("research-t", hop, att), ("Thought: no results; my query was wrong, probably a typo. Again.",
+                                                           "Thought: the search failed to match anything; fixing the query."))
+        else:
+            thought = say(task, ("search-t", hop, att), (f"Thought: I need the {rel} of {subj}.",
+                                                         f"Thought: next fact: {subj}'s {rel}."))
         act = say(task, ("search-a", hop, att), (f"Searching for the {rel} of {subj}.", f"Looking up {subj} in the store."))
         return Turn(agent="search_agent", kind="tool_call", content=f"{thought}\n{act}", tool="search",
-                    arguments={"query": f"{subj} {rel}"}, sim={"act": "search", "hop": hop})
+                    arguments={"query": query or f"{subj} {rel}"},
+                    sim={"act": "search", "hop": hop, **({"requery": True} if requery else {})})
+
+    def precall_turn(self, task, hop, subj, hits) -> Turn:
+        """The search agent sizes up the hits before opening one (a message where a call could stand)."""
+        act = say(task, ("precall", hop), (f"{len(hits)} hit(s) for {subj}; opening the best one next.",
+                                           f"The list has {', '.join(hits)}; reading the page for {subj}.",
+                                           f"One of {', '.join(hits)} should be {subj}; checking."))
+        return Turn(agent="search_agent", kind="message", content=f"Thought: pick the right page before reading.\n{act}",
+                    sim={"act": "precall", "hop": hop})
 
     def confirm_turn(self, task, value, n, slip=None) -> Turn:
         act = say(task, ("confirm", n), (f"Evidence checked. The answer is {value}.",
                                          f"Every hop is backed by a document; the answer is {value}.",
-                                         f"The chain holds: {value}."))
+                                         f"The chain holds: {value}.", f"No claim is wrong; the answer is {value}."))
         return Turn(agent="Manager", kind="message", content=f"Thought: checking each claim against the documents read.\n{act}",
                     sim={"act": "confirm", "value": value}, slip=slip)
 
@@ -342,7 +359,8 @@ class AgenticTemplate(Template):
                      for i, h in enumerate(hops)]
             thought = say(task, "plan", (f"Thought: a {len(hops)}-hop question; one fact per hop.",
                                          f"Thought: {len(hops)} facts to chain, each from a document.",
-                                         "Thought: follow the chain one document at a time."))
+                                         "Thought: follow the chain one document at a time.",
+                                         "Thought: a wrong hop would fail the whole chain; one fact per hop."))
             return Turn(agent="Manager", kind="message", sim={"act": "plan"},
                         content=f"{thought}\nsearch_agent, please find " + "; ".join(parts) + ". Cite document ids.")
         if last.sim.get("act") in ("plan", "note") and last.sim.get("hop") is None and last.agent == "search_agent" \
@@ -360,11 +378,18 @@ class AgenticTemplate(Template):
             return self.final_turn(task, last.sim["value"])
         hop = next((h for h in range(len(hops)) if h not in claims), None)
         att = attempts.get(hop, 0) if hop is not None else 0
-        if last.kind == "tool_result" and last.sim.get("of") == "search" and hop is not None:
-            hits = list(last.sim.get("hits") or [])
+        if last.kind == "tool_result" and last.sim.get("of") == "search" and hop is not None \
+                and not last.error and not last.sim.get("hits"):
+            return self.search_turn(task, hop, self._subject(task, claims, hop), att, requery=True)
+        if hop is not None and (last.kind == "tool_result" and last.sim.get("of") == "search"
+                                or last.sim.get("act") == "precall"):
+            res = last if last.kind == "tool_result" else turns[-2]
+            hits = list(res.sim.get("hits") or [])
             subj = self._subject(task, claims, hop)
             exact = [d for d in hits if (doc_by_id(task, d) or {}).get("title") == subj]
             pick = exact[0] if exact else (hits[0] if hits else "d01")
+            if last.kind == "tool_result" and len(turns) + 6 * (len(hops) - len(claims)) < OPTIONAL_UNTIL + 6 and ctx.pick(100, "precall", hop, att) < PRECALL_PERCENT:
+                return self.precall_turn(task, hop, subj, hits)
             slip = None
             others = [d for d in hits if d != pick]
             if others and ctx.slip("wrong_tool_argument", "lk", hop, att):
@@ -392,8 +417,13 @@ class AgenticTemplate(Template):
                 v = last.sim["value"]
                 return Turn(agent="Manager", kind="message", sim={"act": "note", "hop": last.sim["hop"]},
                             content="Thought: one more link of the chain.\n" + say(task, ("note", last.sim["hop"], att), (
-                                f"Got it: {v}. Next hop.", f"Noted ({v}); continue.", f"OK, {v}. Keep going.")))
+                                f"Got it: {v}. Next hop.", f"Noted ({v}); continue.", f"OK, {v}. Keep going.",
+                                f"Got it: {v}. Nothing looks wrong so far.")))
             subj = self._subject(task, claims, hop)
+            if len(turns) + 6 * (len(hops) - len(claims)) < OPTIONAL_UNTIL + 6 and ctx.slip("empty_search", "es", hop, att):
+                typo = " ".join(garble(w, hop) for w in subj.split())
+                if typo != subj and not search_docs(task.data["docs"], typo):
+                    return self.search_turn(task, hop, subj, att, query=typo)
             return self.search_turn(task, hop, subj, att)
         # every hop has a claim: the Manager checks the evidence chain
         bad = self._check_chain(task, turns, claims)
@@ -441,7 +471,8 @@ def detect_fabricated(tpl, task, turns, j):
 
 
 def detect_argument(tpl, task, turns, j):
-    t, p = turns[j], turns[j - 1]
+    t = turns[j]
+    p = turns[j - 2] if j >= 2 and act(turns[j - 1]) == "precall" else turns[j - 1]
     if act(t) != "lookup" or p.kind != "tool_result" or p.sim.get("of") != "search":
         return None
     claims, _ = tpl._claims(turns[:j])
@@ -460,7 +491,7 @@ def detect_verdict(tpl, task, turns, j):
     claims, _ = tpl._claims(turns[:j])
     last = len(task.data["hops"]) - 1
     if last not in claims:
-        return "confirms an answer before every hop has a claim"
+        return None   # a conclusion before the work is done: premature (detect_premature)
     if str(t.sim.get("value")) != str(claims[last]["value"]):
         return f"confirms {t.sim.get('value')} although the last hop found {claims[last]['value']}"
     bad = tpl._check_chain(task, turns[:j], claims)
@@ -471,6 +502,10 @@ def detect_verdict(tpl, task, turns, j):
 
 def detect_premature(tpl, task, turns, j):
     t = turns[j]
+    if act(t) == "confirm":
+        claims, _ = tpl._claims(turns[:j])
+        missing = [h for h in range(len(task.data["hops"])) if h not in claims]
+        return f"concludes with {t.sim.get('value')} before hop {missing[0] + 1} is found" if missing else None
     if t.kind != "final_answer" or str(act(t)).startswith("llm_"):
         return None
     claims, _ = tpl._claims(turns[:j])
@@ -550,10 +585,13 @@ def corrupt_argument(tpl, task, turns, k, salt):
 
 
 def corrupt_premature(tpl, task, turns, k, salt):
+    """The Manager concludes where the next search should start: its usual confirmation, with the
+    last fact found as the answer (the final answer follows in the replay)."""
     claims = [u for u in turns[:k] if act(u) == "claim"]
     if not claims:
         return None
-    return tpl.final_turn(task, str(claims[-1].sim["value"]))
+    n = sum(act(u) in ("redo", "confirm") for u in turns[:k])
+    return tpl.confirm_turn(task, str(claims[-1].sim["value"]), n)
 
 
 DOMAIN = Domain(

@@ -69,6 +69,9 @@ def say(task: Task, key, options: tuple[str, ...] | list[str]) -> str:
 
 NOTE_PERCENT = 40     # chance (per slot) of an acknowledgement turn: lengths vary beyond structure
 OPENING_PERCENT = 50  # chance of each optional opening turn: the first work step moves by 0 to 2
+OPTIONAL_UNTIL = 30   # optional turns (precalls, detours, faults) only before this step: runs stay under the cap
+PRECALL_PERCENT = 40  # chance (per call) that the caller first says what it will call: a message where a
+                      # call could stand, as a fabricated result is (so the step kind alone tells nothing)
 
 FINAL_THOUGHTS = ("Thought: that is everything the task asks for.", "Thought: done; writing the answer down.",
                    "Thought: nothing left to do.", "Thought: wrapping up.")

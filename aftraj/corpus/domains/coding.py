@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aftraj.corpus.domains.base import (ENV, FINAL_THOUGHTS, NOTE_PERCENT, OPENING_PERCENT, Domain, Task, Template,
+from aftraj.corpus.domains.base import (ENV, FINAL_THOUGHTS, NOTE_PERCENT, OPENING_PERCENT, OPTIONAL_UNTIL, PRECALL_PERCENT,
+                                        Domain, Task, Template,
                                         act, jsonl_rows, need, say)
 from aftraj.corpus.rollout import Turn
 from aftraj.schema import SchemaError
@@ -395,7 +396,7 @@ class CodingTemplate(Template):
     tools = {"CodeWriter": (), "CodeTester": ("run_tests",)}
     arg_schema = {"run_tests": {"function": (str, None), "suite": (str, ("public", "smoke"))}}
     tool_doc = {"run_tests": "Run the latest code the CodeWriter posted for a function against a test suite (public or smoke)."}
-    acts = ("request", "plan", "code", "tcall", "result", "report", "verdict", "note", "final")
+    acts = ("request", "plan", "code", "precall", "tcall", "result", "report", "verdict", "note", "final")
     MAX_ATTEMPTS = 3
 
     def role_prompt(self, agent: str) -> str:
@@ -467,7 +468,8 @@ class CodingTemplate(Template):
             lead = say(task, ("code", fn), (f"Here is `{fn}`:", f"Implementation of `{fn}`:", f"`{fn}` below."))
             thought = say(task, ("code-t", fn), (f"Thought: following the spec of `{fn}` closely.",
                                                  "Thought: straightforward once the edge cases are clear.",
-                                                 f"Thought: `{fn}` — keep it short and handle the empty case."))
+                                                 f"Thought: `{fn}` — keep it short and handle the empty case.",
+                                                 "Thought: the edge cases are where these fail; handling them first."))
         else:
             lead = say(task, ("recode", fn, attempt), (f"Revised `{fn}`:", f"Fixed `{fn}`:", f"New version of `{fn}`:"))
             thought = "Thought: addressing the CodeTester's report."
@@ -476,15 +478,25 @@ class CodingTemplate(Template):
 
     def tcall_turn(self, task, fn: str, suite: str, n: int, slip=None, function_arg: str | None = None) -> Turn:
         act = say(task, ("tcall", fn, n), (f"Running the tests on `{fn}`.", f"Testing `{fn}`.",
-                                           f"Let's see whether `{fn}` passes."))
+                                           f"Let's see whether `{fn}` passes.",
+                                           f"Running the tests on `{fn}` to catch any failure early."))
         return Turn(agent="CodeTester", kind="tool_call", content=f"Thought: check `{fn}` before moving on.\n{act}",
                     tool="run_tests", arguments={"function": function_arg or fn, "suite": suite},
                     sim={"act": "tcall", "function": fn}, slip=slip)
 
+    def precall_turn(self, task, fn: str, attempt: int) -> Turn:
+        """The tester says what it will run before running it (a turn where a test call could be)."""
+        act = say(task, ("precall", fn, attempt), (f"I'll run the public tests on `{fn}` next.",
+                                                   f"Next: the public suite against the latest `{fn}`.",
+                                                   f"`{fn}` is posted; the public tests go next."))
+        return Turn(agent="CodeTester", kind="message", content=f"Thought: which suite, and on which code?\n{act}",
+                    sim={"act": "precall", "function": fn})
+
     def verdict_turn(self, task, fn: str, ok: bool, detail: str, n: int, slip=None) -> Turn:
         if ok:
             act = say(task, ("approve", fn, n), (f"APPROVE: all tests of `{fn}` pass.", f"APPROVE: `{fn}` passes.",
-                                                 f"APPROVE — `{fn}` is good."))
+                                                 f"APPROVE — `{fn}` is good.", f"APPROVE: no failing tests for `{fn}`.",
+                                                 f"APPROVE: nothing wrong with `{fn}`."))
         else:
             act = say(task, ("reject", fn, n), (f"REJECT: `{fn}` fails:\n{detail}", f"REJECT: `{fn}` does not pass:\n{detail}"))
         return Turn(agent="CodeTester", kind="message", content=f"Thought: reading the test report.\n{act}",
@@ -530,8 +542,12 @@ class CodingTemplate(Template):
                         content="Thought: think before typing.\n" + say(task, ("approach", fn), (
                             f"Approach for `{fn}`: read the spec line by line, mind the empty input.",
                             f"For `{fn}` the examples pin down the edge cases; writing it now.",
-                            f"`{fn}` next; the tests will tell.")))
+                            f"`{fn}` next; the tests will tell.",
+                            f"For `{fn}` the likely failure is an off-by-one; the examples cover it.")))
         bugs = sorted(k for k in V if k.startswith("bug:"))
+        draft = draft_of(V["correct"], fn, ctx.pick(2, "draftkind", fn))
+        if draft is not None and ctx.slip("draft_error", "draft", fn):
+            return self.code_turn(task, fn, draft, 0)
         if ctx.slip("computation_slip", "code", fn, 0) and bugs:
             return self.code_turn(task, fn, V[bugs[ctx.pick(len(bugs), "bug", fn, 0)]], 0, "computation_slip")
         if ctx.slip("wrong_entity", "name", fn, 0):
@@ -558,11 +574,13 @@ class CodingTemplate(Template):
                         content="Thought: I'll run the public tests after each function.\n" + say(task, "ack", (
                             "Ready to test each function as it comes.", "Fine. Post them one at a time.",
                             "OK; I'll report per function.")))
-        if act == "code":
+        if act in ("code", "precall"):
             fn = last.sim["function"]
-            attempt = last.sim.get("attempt", 0)
-            if ctx.slip("premature_termination", "prem", fn, attempt):
+            attempt = prog[fn]["codes"] - 1
+            if act == "code" and ctx.slip("premature_termination", "prem", fn, attempt):
                 return self.final_turn(task, turns, slip="premature_termination")
+            if act == "code" and len(turns) < OPTIONAL_UNTIL and ctx.pick(100, "precall", fn, attempt) < PRECALL_PERCENT:
+                return self.precall_turn(task, fn, attempt)
             suite, slip = "public", None
             if ctx.slip("wrong_tool_argument", "targ", fn, attempt):
                 suite, slip = "smoke", "wrong_tool_argument"
@@ -574,10 +592,12 @@ class CodingTemplate(Template):
             detail = last.content.split("\n", 1)[-1] if "\n" in last.content else last.content
             if passed:
                 if ctx.slip("verdict_misread", "verdict", fn, n):
-                    return self.verdict_turn(task, fn, False, "FAIL test_0: fails on the edge case", n, slip="verdict_misread")
+                    return self.verdict_turn(task, fn, False, invented_failure(last.content, ctx.pick(997, "vdetail", fn, n)),
+                                             n, slip="verdict_misread")
                 return self.verdict_turn(task, fn, True, "", n)
-            if ctx.catches("verdict", fn, n, last.content):
-                return self.verdict_turn(task, fn, False, detail, n)
+            m = _RUN.search(last.content)
+            if (m is not None and m.group(1) == "0") or last.error or ctx.catches("verdict", fn, n, last.content):
+                return self.verdict_turn(task, fn, False, detail, n)   # nothing passed: no tester misses that
             return self.verdict_turn(task, fn, True, "", n, slip="verdict_misread")
         if act == "verdict":
             fn = last.sim["function"]
@@ -587,7 +607,8 @@ class CodingTemplate(Template):
                     left = sum(p["codes"] == 0 for p in prog.values())
                     return Turn(agent="CodeWriter", kind="message", sim={"act": "note", "function": fn},
                                 content="Thought: one down.\n" + say(task, ("note", fn), (
-                                    f"`{fn}` done; {left} to go.", f"Good, `{fn}` is in. Next.", f"`{fn}` approved; moving on.")))
+                                    f"`{fn}` done; {left} to go.", f"Good, `{fn}` is in. Next.", f"`{fn}` approved; moving on.",
+                                    f"`{fn}` passed without errors; {left} to go.")))
                 return self._next_function(task, turns, ctx)
             V = funcs[fn]["variants"]
             bugs = sorted(k for k in V if k.startswith("bug:"))
@@ -666,9 +687,11 @@ _RUN = re.compile(r"passed (\d+)/(\d+) tests")
 
 
 def detect_fabricated(tpl, task, turns, j):
-    t = turns[j]
+    t, p = turns[j], turns[j - 1]
     if t.kind == "message" and t.agent == tpl.partner and _RUN.search(t.content) and act(t) != "verdict":
         return "reports a test run that no run_tests call produced"
+    if act(t) == "verdict" and not (p.kind == "tool_result" and p.sim.get("of") == "tcall" and not p.sim.get("transient")):
+        return f"gives a verdict on `{t.sim.get('function')}` that no run_tests call backs"
     return None
 
 
@@ -702,6 +725,37 @@ def detect_premature(tpl, task, turns, j):
 
 # =========================================================================== injection
 
+_FAILURES = ("fail: assertion failed", "error: IndexError: list index out of range", "timeout",
+             "error: TypeError: 'NoneType' object is not subscriptable", "error: KeyError: 0")
+_LOAD_FAILURES = ("error: SyntaxError: expected ':' (<candidate>, line {line})",
+                  "error: IndentationError: expected an indented block after function definition on line {line} "
+                  "(<candidate>, line {next})")
+
+
+def invented_failure(run_summary: str, salt: int) -> str:
+    """Failing-test lines for a run that passed, in the sandbox's own wording (`SandboxRun.summary`)
+    and in both shapes real failures take (one test failing; every test failing because the code does
+    not load, as a draft's does), so a misread or invented report reads like a real one."""
+    m = _RUN.search(run_summary or "")
+    n = max(int(m.group(2)) if m else 3, 1)
+    if salt % 2:
+        reason = _LOAD_FAILURES[(salt // 2) % len(_LOAD_FAILURES)].format(line=1, next=2)
+        return "\n".join(f"FAIL test_{i}: {reason}" for i in range(n))
+    return f"FAIL test_{(salt // 2) % n}: {_FAILURES[(salt // (2 * n)) % len(_FAILURES)]}"
+
+
+def draft_of(code: str, fn: str, salt: int = 0) -> str | None:
+    """A first draft that does not load (a draft error, not an injected type: the tests reject it,
+    every test failing, and the writer posts the function again): the `def` line of `fn` without
+    its colon, or its first body line unindented."""
+    m = re.search(rf"^(def {re.escape(fn)}\(.*\)(?:\s*->\s*[^:\n]+)?):[ \t]*\n([ \t]+)", code, re.M)
+    if m is None:
+        return None
+    if salt % 2:
+        return code[:m.start(2)] + code[m.end(2):]
+    return code[:m.end(1)] + code[m.end(1) + 1:]
+
+
 def _is_correct_code(task, t: Turn) -> bool:
     f = function_named(task, t.sim.get("function"))
     return f is not None and _code_of(t) == f["variants"]["correct"]
@@ -723,17 +777,29 @@ def corrupt_entity(tpl, task, turns, k, salt):
 
 
 def corrupt_verdict(tpl, task, turns, k, salt):
+    """The verdict the run does not say: a rejection of a passing run (with failing tests in the
+    sandbox's wording), or an approval of a failing one (a draft that does not load)."""
     t = turns[k]
     fn = t.sim.get("function")
     n = sum(act(u) == "verdict" and u.sim.get("function") == fn for u in turns[:k])
-    return tpl.verdict_turn(task, fn, False, "FAIL test_0: fails on the edge case", n)
+    if not t.sim.get("ok"):
+        return tpl.verdict_turn(task, fn, True, "", n)
+    return tpl.verdict_turn(task, fn, False, invented_failure(turns[k - 1].content, salt), n)
 
 
 def corrupt_fabricated(tpl, task, turns, k, salt):
+    """The tester's verdict where its test call should be, worded like every verdict, backed by no
+    run: a rejection of working code (the writer then "fixes" it) or an approval of a draft that
+    does not load."""
     fn = turns[k].sim.get("function")
-    return Turn(agent=tpl.partner, kind="message",
-                content=f"Thought: I already know how this goes.\nRan the tests on `{fn}`: passed 1/3 tests\n"
-                        "FAIL test_1: assertion failed", sim={"act": "report", "passed": False, "function": fn})
+    n = sum(act(u) == "verdict" and u.sim.get("function") == fn for u in turns[:k])
+    f = function_named(task, fn)
+    code = next((_code_of(u) for u in reversed(turns[:k]) if act(u) == "code" and u.sim.get("function") == fn), "")
+    if f is not None and code and code not in f["variants"].values():
+        return tpl.verdict_turn(task, fn, True, "", n)   # a draft that does not load, approved unrun
+    last_run = next((u.content for u in reversed(turns[:k]) if u.kind == "tool_result" and u.sim.get("of") == "tcall"
+                     and not u.error), "passed 3/3 tests")
+    return tpl.verdict_turn(task, fn, False, invented_failure(last_run, salt), n)
 
 
 def corrupt_argument(tpl, task, turns, k, salt):
@@ -753,7 +819,7 @@ DOMAIN = Domain(
            "wrong_entity": detect_entity, "fabricated_tool_result": detect_fabricated,
            "wrong_tool_argument": detect_argument, "premature_termination": detect_premature},
     targets={"computation_slip": lambda task, t: act(t) == "code" and _is_correct_code(task, t),
-             "verdict_misread": lambda task, t: act(t) == "verdict" and bool(t.sim.get("ok")),
+             "verdict_misread": lambda task, t: act(t) == "verdict",
              "wrong_entity": lambda task, t: act(t) == "code" and _is_correct_code(task, t),
              "fabricated_tool_result": lambda task, t: act(t) == "tcall",
              "wrong_tool_argument": lambda task, t: act(t) == "tcall",

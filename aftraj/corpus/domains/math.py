@@ -15,7 +15,8 @@ import re
 from fractions import Fraction
 from pathlib import Path
 
-from aftraj.corpus.domains.base import (ENV, FINAL_THOUGHTS, NOTE_PERCENT, OPENING_PERCENT, Domain, Task, Template,
+from aftraj.corpus.domains.base import (ENV, FINAL_THOUGHTS, NOTE_PERCENT, OPENING_PERCENT, OPTIONAL_UNTIL, PRECALL_PERCENT,
+                                        Domain, Task, Template,
                                         act, final_text, jsonl_rows, need, one_type, rid, say)
 from aftraj.corpus.rollout import Turn
 
@@ -222,7 +223,7 @@ class MathTemplate(Template):
     tools = {"MathSolver": ("compute",), "Verifier": ("compute",)}
     arg_schema = {"compute": {"expression": (str, None)}}
     tool_doc = {"compute": "Evaluate an arithmetic expression exactly (+ - * / // % ** and parentheses)."}
-    acts = ("request", "plan", "call", "result", "claim", "note", "vcall", "verdict", "final")
+    acts = ("request", "plan", "plan_check", "precall", "call", "result", "claim", "note", "vcall", "verdict", "final")
 
     def role_prompt(self, agent: str) -> str:
         if agent == "MathSolver":
@@ -255,7 +256,9 @@ class MathTemplate(Template):
         d = self.desc(task, sg)
         thought = say(task, ("call-t", sg, attempt), (f"Thought: next, the {d}.", f"Thought: on to the {d}.",
                                                        f"Thought: now I need the {d}; the numbers are in the problem and my last result.",
-                                                       f"Thought: the {d} — let the tool do the arithmetic."))
+                                                       f"Thought: the {d} — let the tool do the arithmetic.",
+                                                       f"Thought: the {d}; the tool keeps arithmetic errors out.",
+                                                       f"Thought: {d} next — a wrong operand here would fail the whole chain."))
         act = say(task, ("call-a", sg, attempt), (f"Computing the {d}: {expr}.", f"Calling compute for the {d} with {expr}.",
                                                    f"compute({expr}) gives the {d}."))
         return Turn(agent="MathSolver", kind="tool_call", content=f"{thought}\n{act}", tool="compute",
@@ -264,7 +267,7 @@ class MathTemplate(Template):
     def claim_turn(self, task, sg, v, *, slip=None, by_hand=False) -> Turn:
         d = self.desc(task, sg)
         thought = say(task, ("claim-t", sg), ("Thought: the result is in; recording it.", "Thought: good, that sub-goal is done.",
-                                              f"Thought: that settles the {d}."))
+                                              f"Thought: that settles the {d}.", "Thought: no error from the tool; recording it."))
         if by_hand:
             thought = "Thought: the tool call failed; I'll work it out by hand."
         act = say(task, ("claim-a", sg), (f"So the {d} come to {v}.", f"That makes {v} {d}.", f"The {d}: {v}.",
@@ -278,11 +281,13 @@ class MathTemplate(Template):
                                                "Thought: checking the final figure."))
         if ok:
             act = say(task, ("verdict-ok", n), (f"CORRECT: the result {claimed} checks out.",
-                                                f"CORRECT: my recomputation also gives {claimed}.", f"CORRECT — {claimed} matches."))
+                                                f"CORRECT: my recomputation also gives {claimed}.", f"CORRECT — {claimed} matches.",
+                                                f"CORRECT: no error found; {claimed} checks out."))
         else:
             act = say(task, ("verdict-no", n), (f"INCORRECT: expected {expected}, not {claimed}.",
                                                 f"INCORRECT: the recomputation gives {expected}; the claim was {claimed}.",
-                                                f"INCORRECT: I get {expected}, not {claimed}."))
+                                                f"INCORRECT: I get {expected}, not {claimed}.",
+                                                f"INCORRECT: something went wrong; I get {expected}, not {claimed}."))
         return Turn(agent="Verifier", kind="message", content=f"{thought}\n{act}",
                     sim={"act": "verdict", "ok": ok, "expected": expected if not ok else claimed}, slip=slip)
 
@@ -290,6 +295,41 @@ class MathTemplate(Template):
         return Turn(agent="MathSolver", kind="final_answer",
                     content=f"{say(task, 'final', FINAL_THOUGHTS)}\n{final_text(ans)}",
                     sim={"act": "final", "answer": ans}, slip=slip)
+
+    def plan_turn(self, task, *, missing: str | None = None, revised: bool = False) -> Turn:
+        """The plan: one line per sub-goal. `missing`: a plan that leaves that stage out (a plan
+        slip, not an injected type: the Verifier catches it before any work, the plan is redone)."""
+        plan = [sg for sg in task.data["plan"] if sg["id"] != missing]
+        lines = [f"{k + 1}) find the {sg['desc']}" for k, sg in enumerate(plan)]
+        if revised:
+            thought = say(task, "replan", ("Thought: right, I dropped a stage; revising the plan.",
+                                           "Thought: my mistake, the plan was incomplete; here it is again in full."))
+        else:
+            thought = say(task, "plan", (f"Thought: {len(plan)} quantities to track; each goes through the calculator.",
+                                         f"Thought: I'll break this into {len(plan)} calculations and check each with compute.",
+                                         f"Thought: the story has {len(plan)} stages, so {len(plan)} sub-results.",
+                                         "Thought: a wrong intermediate value would propagate, so each stage goes through the calculator."))
+        return Turn(agent="MathSolver", kind="message", content=f"{thought}\nPlan: " + "; ".join(lines) + ".",
+                    sim={"act": "plan", **({"missing": missing} if missing else {})})
+
+    def precall_turn(self, task, sg, inputs) -> Turn:
+        """The solver names a sub-goal's inputs before calling (a message where a call could stand)."""
+        d = self.desc(task, sg)
+        act = say(task, ("precall", sg), (f"For the {d} I need {', '.join(inputs)}.",
+                                          f"Inputs for the {d}: {', '.join(inputs)}.",
+                                          f"The {d} comes from {', '.join(inputs)}; calling compute next."))
+        return Turn(agent="MathSolver", kind="message", content=f"Thought: before the call, the inputs.\n{act}",
+                    sim={"act": "precall", "sg": sg})
+
+    def plan_check_turn(self, task, missing: str) -> Turn:
+        n = len(task.data["plan"])
+        d = self.desc(task, missing)
+        thought = say(task, "plancheck-t", ("Thought: compare the plan with the problem before any work.",
+                                            "Thought: does the plan cover every stage of the story?"))
+        act = say(task, "plancheck-a", (f"INCORRECT: I get {n} stages, not {n - 1}; the {d} is missing.",
+                                        f"INCORRECT: expected {n} stages, not {n - 1}; the plan skips the {d}.",
+                                        f"INCORRECT: something went wrong; I count {n} stages, not {n - 1}."))
+        return Turn(agent="Verifier", kind="message", content=f"{thought}\n{act}", sim={"act": "plan_check", "missing": missing})
 
     def vcall_turn(self, task, n) -> Turn:
         expr = full_expression(task.data["plan"])
@@ -303,7 +343,8 @@ class MathTemplate(Template):
     def note_turn(self, task, sg, v) -> Turn:
         d = self.desc(task, sg)
         act = say(task, ("note", sg), (f"Noted: {d} = {v}. Carry on.", f"I have the {d} as {v}; continue.",
-                                       f"Tracking: {v} {d}."))
+                                       f"Tracking: {v} {d}.", f"No errors so far: {d} = {v}.",
+                                       f"{d}: {v}. I'll flag anything that looks wrong at the end."))
         return Turn(agent="Verifier", kind="message", content=f"Thought: keeping a ledger of the sub-results.\n{act}",
                     sim={"act": "note", "sg": sg})
 
@@ -316,7 +357,7 @@ class MathTemplate(Template):
         st = {"plan": False, "claims": {}, "calls": {}, "vcalls": 0, "verdict": None, "verdicts": 0, "notes": set()}
         for t in turns:
             a = t.sim.get("act")
-            if a == "plan":
+            if a == "plan" and not t.sim.get("missing"):
                 st["plan"] = True
             elif a == "call":
                 st["calls"][t.sim["sg"]] = st["calls"].get(t.sim["sg"], 0) + 1
@@ -369,6 +410,10 @@ class MathTemplate(Template):
         if last.sim.get("act") == "claim" and last.sim["sg"] != ids[-1] and last.sim["sg"] not in st["notes"] \
                 and ctx.pick(100, "note", last.sim["sg"]) < NOTE_PERCENT:
             return self.note_turn(task, last.sim["sg"], last.sim["value"])
+        if last.sim.get("act") == "plan" and last.sim.get("missing"):
+            return self.plan_check_turn(task, last.sim["missing"])
+        if last.sim.get("act") == "plan_check":
+            return self.plan_turn(task, revised=True)
         again = self._redundant(turns, ctx)
         if again is not None:
             return again
@@ -384,12 +429,10 @@ class MathTemplate(Template):
                             "Fine by me; go ahead.", "Agreed. Post each sub-result as you get it.",
                             "Plan looks complete. I'll recompute at the end.")))
         if not st["plan"]:
-            lines = [f"{k + 1}) find the {sg['desc']}" for k, sg in enumerate(plan)]
-            thought = say(task, "plan", (f"Thought: {len(plan)} quantities to track; each goes through the calculator.",
-                                         f"Thought: I'll break this into {len(plan)} calculations and check each with compute.",
-                                         f"Thought: the story has {len(plan)} stages, so {len(plan)} sub-results."))
-            return Turn(agent="MathSolver", kind="message", content=f"{thought}\nPlan: " + "; ".join(lines) + ".",
-                        sim={"act": "plan"})
+            missing = None
+            if len(plan) >= 3 and not any(act(t) == "plan" for t in turns) and ctx.slip("plan_slip", "plan"):
+                missing = plan[1 + ctx.pick(len(plan) - 2, "planmiss")]["id"]
+            return self.plan_turn(task, missing=missing)
         todo = [sg for sg in plan if sg["id"] not in st["claims"]]
         if todo:
             sg = todo[0]
@@ -397,6 +440,9 @@ class MathTemplate(Template):
             attempt = st["calls"].get(sg["id"], 0)
             if 0 < k and st["claims"] and ctx.slip("premature_termination", "prem", sg["id"]):
                 return self.final_turn(task, st["claims"][ids[k - 1]], slip="premature_termination")
+            if last.sim.get("act") != "precall" and len(turns) + 4 * len(todo) < OPTIONAL_UNTIL + 4 and ctx.pick(100, "precall", sg["id"], attempt) < PRECALL_PERCENT:
+                return self.precall_turn(task, sg["id"], [st["claims"].get(a, "?") if isinstance(a, str) else str(a)
+                                                          for a in sg["args"]])
             args = [st["claims"].get(a, "0") if isinstance(a, str) else str(a) for a in sg["args"]]
             slip = None
             if ctx.slip("wrong_tool_argument", "call", sg["id"], attempt):
@@ -577,8 +623,10 @@ def corrupt_argument(tpl, task, turns, k, salt):
 
 
 def corrupt_premature(tpl, task, turns, k, salt):
+    """The final answer where the next call should be, after a Verifier turn (where a final answer
+    normally stands: after the verdict), so only what is still missing tells it is premature."""
     claims = claims_of(turns[:k])
-    if not claims:
+    if not claims or turns[k - 1].agent != tpl.partner:
         return None
     return tpl.final_turn(task, list(claims.values())[-1])
 
