@@ -9,10 +9,11 @@ would hold) and tenant B's run `b-run`.
     python benchmarks/web_attack.py --rev 757a086             # the gateway of another revision, same shapes
 
 Phases: (1) quiet: B alternates `GET /ui` and a one-event `POST /v1/runs/b-run/events`,
-`--samples` of each, latency per request; (2) attack: the same while A keeps `--abandon` (20)
-fragment requests for `big` in flight, each client closing its connection `--leave-after` s
-after sending (0.2 s) and opening the next at once; the gateway's CPU seconds over the phase
-are read from /proc; (3) long run: `GET /v1/runs/big` (status and time, three times: the first
+latency per request; (2) attack: the same while A keeps `--abandon` (20) fragment requests for
+`big` in flight (from a process of its own), each client closing its connection `--leave-after`
+s after sending (0.2 s) and opening the next at once; the gateway's CPU seconds over the phase
+are read from /proc. Quiet and attack alternate `--rounds` times (`--samples` of each kind per
+phase in all), so the shared machine's drift falls on both. (3) long run: `GET /v1/runs/big` (status and time, three times: the first
 loads and folds the run) and one complete fragment request. Figure lines:
 `quiet ui_p50_ms=… ui_p99_ms=… post_p50_ms=… post_p99_ms=…`, `attack …` the same plus
 `abandoned=N gateway_cpu_s=…`, `ratio ui_p99=… post_p99=…` (target <= 2), `long get_run=…`.
@@ -88,7 +89,7 @@ def build(tmp: Path, n_events: int, n_verdicts: int) -> str:
     return url
 
 
-def start_gateway(tmp: Path, url: str, code: Path) -> tuple[subprocess.Popen, str]:
+def start_gateway(tmp: Path, url: str, code: Path, limits: dict | None = None) -> tuple[subprocess.Popen, str]:
     import yaml
 
     from serve.config import hash_key
@@ -97,7 +98,7 @@ def start_gateway(tmp: Path, url: str, code: Path) -> tuple[subprocess.Popen, st
     cfg.write_text(yaml.safe_dump({
         "kind": "gateway", "host": "127.0.0.1", "port": port, "ledger_url": url,
         "api_keys": [{"name": "a", "sha256": hash_key(KEY_A)}, {"name": "b", "sha256": hash_key(KEY_B)}],
-        "auditor": {"backend": "none"}, "limits": {"rate_per_s": 100000, "burst": 100000}}))
+        "auditor": {"backend": "none"}, "limits": {"rate_per_s": 100000, "burst": 100000, **(limits or {})}}))
     log = open(tmp / f"gw-{port}.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "aftraj.cli", "serve", "gateway", "--config", str(cfg)],
                             cwd=code, env=dict(os.environ, PYTHONPATH=str(code)), stdout=log,
@@ -155,10 +156,10 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def attackers(port: int, n: int, leave_after: float, stop, total) -> None:
+def attackers(port: int, n: int, leave_after: float, stop, total, path: str = "/ui/runs/big/fragment") -> None:
     """A's clients, in a process of their own (their threads never share B's interpreter lock)."""
     count = [0]
-    threads = [threading.Thread(target=abandon_loop, args=(port, leave_after, stop, count), daemon=True)
+    threads = [threading.Thread(target=abandon_loop, args=(port, leave_after, stop, count, path), daemon=True)
                for _ in range(n)]
     for th in threads:
         th.start()
@@ -167,8 +168,8 @@ def attackers(port: int, n: int, leave_after: float, stop, total) -> None:
     total.value = count[0]
 
 
-def abandon_loop(port: int, leave_after: float, stop, count: list) -> None:
-    req = (f"GET /ui/runs/big/fragment HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY_A}\r\n\r\n").encode()
+def abandon_loop(port: int, leave_after: float, stop, count: list, path: str) -> None:
+    req = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY_A}\r\n\r\n").encode()
     while not stop.is_set():
         try:
             s = socket.create_connection(("127.0.0.1", port), timeout=5)
@@ -184,10 +185,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=100_000)
     ap.add_argument("--verdicts", type=int, default=202_000)
-    ap.add_argument("--samples", type=int, default=150)
+    ap.add_argument("--samples", type=int, default=300, help="of each kind, per phase (quiet, attack)")
+    ap.add_argument("--rounds", type=int, default=3, help="quiet and attack phases alternate this many times")
     ap.add_argument("--abandon", type=int, default=20)
     ap.add_argument("--leave-after", type=float, default=0.2)
     ap.add_argument("--rev", help="run the gateway of this git revision (git archive) on the same ledger")
+    ap.add_argument("--path", default="/ui/runs/big/fragment",
+                    help="what A's clients ask for (a cheap path such as /healthz gives the HTTP floor)")
+    ap.add_argument("--limit", action="append", default=[], metavar="KEY=VALUE",
+                    help="a `limits:` value of the gateway's config (repeatable), e.g. web_cpu_per_s=0.05")
     ap.add_argument("--ledger", help="a ledger this script built before (sqlite:///…/ledger.db; copied, not changed)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="aftraj-web-attack-"))
@@ -206,29 +212,46 @@ def main() -> None:
             code.mkdir()
             arch = subprocess.run(["git", "-C", str(REPO), "archive", args.rev], capture_output=True, check=True).stdout
             subprocess.run(["tar", "-x", "-C", str(code)], input=arch, check=True)
-        proc, base = start_gateway(tmp, url, code)
+        import yaml
+        limits = {k: yaml.safe_load(v) for k, v in (x.split("=", 1) for x in args.limit)}
+        proc, base = start_gateway(tmp, url, code, limits)
         procs.append(proc)
         port = int(base.rsplit(":", 1)[1])
-        load = os.getloadavg()[0]
-        ui, post, codes = measure_b(base, args.samples, 1)
-        print(f"quiet ui_p50_ms={pct(ui, .5):.1f} ui_p99_ms={pct(ui, .99):.1f} post_p50_ms={pct(post, .5):.1f} "
-              f"post_p99_ms={pct(post, .99):.1f} non_2xx={sum(c >= 300 for c in codes)} load={load:.1f}", flush=True)
         import multiprocessing as mp
-        stop, total = mp.Event(), mp.Value("i", 0)
-        att = mp.Process(target=attackers, args=(port, args.abandon, args.leave_after, stop, total))
-        c0 = cpu_s(proc.pid)
-        att.start()
-        time.sleep(1.0)
-        ui2, post2, codes2 = measure_b(base, args.samples, args.samples + 1)
-        stop.set()
-        att.join(30)
-        count = [total.value]
-        c1 = cpu_s(proc.pid)
-        print(f"attack ui_p50_ms={pct(ui2, .5):.1f} ui_p99_ms={pct(ui2, .99):.1f} post_p50_ms={pct(post2, .5):.1f} "
-              f"post_p99_ms={pct(post2, .99):.1f} non_2xx={sum(c >= 300 for c in codes2)} abandoned={count[0]} "
-              f"gateway_cpu_s={c1 - c0:.1f} load={os.getloadavg()[0]:.1f}", flush=True)
-        print(f"ratio ui_p99={pct(ui2, .99) / pct(ui, .99):.2f} post_p99={pct(post2, .99) / pct(post, .99):.2f} "
-              f"(target <= 2)", flush=True)
+        quiet: dict = {"ui": [], "post": [], "codes": []}
+        attack: dict = {"ui": [], "post": [], "codes": []}
+        abandoned, cpu, seq, load0 = 0, 0.0, 1, os.getloadavg()[0]
+        per = max(1, args.samples // args.rounds)
+        for _ in range(args.rounds):            # quiet and attack interleaved: the machine's drift hits both
+            ui, post, codes = measure_b(base, per, seq)
+            seq += per
+            quiet["ui"] += ui
+            quiet["post"] += post
+            quiet["codes"] += codes
+            stop, total = mp.Event(), mp.Value("i", 0)
+            att = mp.Process(target=attackers, args=(port, args.abandon, args.leave_after, stop, total, args.path))
+            c0 = cpu_s(proc.pid)
+            att.start()
+            time.sleep(1.0)
+            ui, post, codes = measure_b(base, per, seq)
+            seq += per
+            stop.set()
+            att.join(30)
+            cpu += cpu_s(proc.pid) - c0
+            abandoned += total.value
+            attack["ui"] += ui
+            attack["post"] += post
+            attack["codes"] += codes
+        for name, d, extra in (("quiet", quiet, f"load={load0:.1f}"),
+                               ("attack", attack, f"abandoned={abandoned} gateway_cpu_s={cpu:.1f} "
+                                                  f"load={os.getloadavg()[0]:.1f}")):
+            print(f"{name} ui_p50_ms={pct(d['ui'], .5):.1f} ui_p99_ms={pct(d['ui'], .99):.1f} "
+                  f"post_p50_ms={pct(d['post'], .5):.1f} post_p99_ms={pct(d['post'], .99):.1f} "
+                  f"non_2xx={sum(c >= 300 for c in d['codes'])} {extra}", flush=True)
+        print(f"ratio ui_p99={pct(attack['ui'], .99) / pct(quiet['ui'], .99):.2f} "
+              f"post_p99={pct(attack['post'], .99) / pct(quiet['post'], .99):.2f} (target <= 2) "
+              f"ui_p50={pct(attack['ui'], .5) / pct(quiet['ui'], .5):.2f} "
+              f"post_p50={pct(attack['post'], .5) / pct(quiet['post'], .5):.2f}", flush=True)
         time.sleep(2.0)
         c2 = cpu_s(proc.pid)
         time.sleep(3.0)

@@ -150,7 +150,7 @@ class LimitsConfig:
     worker_threads: int = 16
     web_threads: int = 4             # threads for the web view's reads (apart from the ingest threads)
     web_reads_per_key: int = 2       # a key's web reads running at once (the rest wait their turn)
-    web_cpu_per_s: float = 0.1      # CPU seconds a second a key's web reads may take (then they wait)
+    web_cpu_per_s: float = 0.05     # CPU seconds a second a key's web reads may take (then they wait)
     max_connections_per_address: int = 1024  # behind a reverse proxy all clients share its address: raise it
     max_connections: int = 8192      # all addresses (kept below the process's open-file limit)
     max_pending_bodies_per_address: int = 256

@@ -77,7 +77,7 @@ FINDING_STEPS = 50              # evidence steps listed per finding
 TIMELINE_LANES = 12             # agents drawn as lanes (the others share one)
 SESSION_CACHE_S = 30.0          # a session checked within this long is not read again (sign-out elsewhere: 30 s)
 STATES = ("running", "stalled", "ended", "alarm")
-WEB_CPU_BURST_S = 1.0           # CPU seconds a key's web reads may take at once before `web_cpu_per_s` paces them
+WEB_CPU_BURST_S = 0.25          # CPU seconds a key's web reads may take at once before `web_cpu_per_s` paces them
 MAX_WEB_QUEUE = 4               # a key's web reads waiting at once; one more is refused (429) at once
 MAX_BUDGET_WAIT_S = 5.0         # a read that would wait longer for its key's CPU share is refused (429)
 
