@@ -12,6 +12,12 @@ from __future__ import annotations
 import sys
 
 
+# the listen queue: a flood of connections (20,000 half-sent requests from two addresses) filled
+# uvicorn's 2,048 and a legitimate client's SYN was dropped (retransmitted after 1, 3, 7 s); the
+# kernel caps it at net.core.somaxconn
+LISTEN_BACKLOG = 8192
+
+
 def register(sub) -> None:
     p = sub.add_parser("serve", help="serve the auditor: gateway, vLLM launcher, keys, schema")
     s = p.add_subparsers(dest="serve_cmd", required=True)
@@ -113,7 +119,7 @@ def run_gateway(args) -> int:
                                 cfg.limits.header_timeout_s, cfg.limits.max_connections_per_address,
                                 _max_connections(cfg.limits.max_connections),
                                 lambda: svc.metrics.inc("aftraj_gateway_connections_refused_total")),
-                            timeout_keep_alive=5)
+                            timeout_keep_alive=5, backlog=LISTEN_BACKLOG)
     host, bound = sock.getsockname()[:2]
     print(f"aftraj gateway: listening on http://{f'[{host}]' if ':' in host else host}:{bound} "
           f"(API /v1, web view /ui)", flush=True)
