@@ -305,10 +305,10 @@ def list_runs(svc: GatewayService, owner: str, limit: int = 50, after: str | Non
         n = min(200, SCAN_RUNS - scanned)
         rows = chunk_query(cursor, n)
         more = len(rows) == n
-        for i, row in enumerate(rows):
+        summaries = _summaries(svc, owner, [r[:3] for r in rows], now, cancel)   # a chunk's reads at once
+        for i, (row, summary) in enumerate(zip(rows, summaries)):
             scanned += 1
             cursor = position(row)
-            summary = _summaries(svc, owner, [row[:3]], now, cancel)[0]
             if state and _state_kind(summary["state"]) != state:
                 continue
             if q and q.lower() not in summary["run_id"].lower() and q.lower() not in (summary["task"] or "").lower():

@@ -450,6 +450,15 @@ def test_the_run_list_is_newest_first_filtered_and_paged(gw):
     assert [r["run_id"] for r in ended] == ["run-5"]
     found = gw.get("/v1/runs", params={"q": "NEEDLE"}, headers=A).json()["runs"]
     assert [r["run_id"] for r in found] == ["run-4"]
+    pages, after = [], None
+    while True:                                    # a filter pages on from where it stopped
+        got = gw.get("/v1/runs", params={"order": "newest", "state": "running", "limit": 2,
+                                         **({"after": after} if after else {})}, headers=A).json()
+        pages.append([r["run_id"] for r in got["runs"]])
+        after = got["next"]
+        if after is None:
+            break
+    assert pages == [["run-6", "run-4"], ["run-3", "run-2"], ["run-1", "run-0"]]
     ui = gw.get("/ui", params={"state": "ended"}, headers=A).text
     assert "run-5" in ui and "run-4" not in ui and "ended (completed)" in ui
     assert gw.get("/v1/runs", params={"state": "odd"}, headers=A).status_code == 422
