@@ -76,15 +76,20 @@ class BodyLimit:
                                                        "event_id": None, "field": None},
                                            {"Retry-After": "1", "Connection": "close"})
             self.svc.pending_bodies[addr] += 1
-        try:
-            await self._call(scope, receive, send, headers, t0, addr, expects_body)
-        finally:
-            if self.svc is not None and expects_body:
+        held = [self.svc is not None and expects_body]
+
+        def body_done() -> None:           # the body is in (or will never be): the address's count drops
+            if held[0]:
+                held[0] = False
                 self.svc.pending_bodies[addr] -= 1
                 if self.svc.pending_bodies[addr] <= 0:
                     del self.svc.pending_bodies[addr]
+        try:
+            await self._call(scope, receive, send, headers, t0, addr, expects_body, body_done)
+        finally:
+            body_done()
 
-    async def _call(self, scope, receive, send, headers, t0, addr, counted):
+    async def _call(self, scope, receive, send, headers, t0, addr, counted, body_done):
         owner = None                                   # set: a request counted in flight for this key
         path = scope.get("path", "")
         if self.svc is not None and path.startswith("/v1/"):
@@ -122,6 +127,7 @@ class BodyLimit:
                 chunks.append(body)
                 if not msg.get("more_body"):
                     break
+            body_done()
             pending = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
 
             async def replay():

@@ -1095,6 +1095,7 @@ class GatewayService:
         if self.client is not None:
             await self.client.aclose()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.web_pool.shutdown(wait=False, cancel_futures=True)
         self.ledger.close()
 
 
