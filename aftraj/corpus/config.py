@@ -107,7 +107,7 @@ class SlipConfig:
     # so a safe run may hold them: DESIGN §4 "Safe runs that look like real runs")
     transient_error: float = 0.04   # per tool call: the environment fails once (timeout, 503); the caller retries
     draft_error: float = 0.35       # coding, per function: a first draft that does not compile; the tests catch it
-    plan_slip: float = 0.25         # math: a plan that misses a stage; the Verifier rejects it, the plan is redone
+    plan_slip: float = 0.35         # math: a plan that misses a stage; the Verifier rejects it, the plan is redone
     empty_search: float = 0.08      # agentic, per hop: a first query too narrow to match; another query follows
 
     def __post_init__(self) -> None:

@@ -526,16 +526,35 @@ def _hop_context(tpl, task, turns, k):
 
 
 def garble(v: str, salt: int) -> str:
-    """A fact copied wrong: a year off by a little, a name or city with its last letter changed."""
+    """A typo (an empty search's query): a year off by a little, a word with its last letter changed."""
     if v.isdigit():
         return str(int(v) + [1, -1, 10][salt % 3])
     return v[:-1] + ("e" if v[-1] != "e" else "a")
 
 
+def misremember(task, rel: str, v: str, salt: int) -> str | None:
+    """A fact copied wrong, as a plausible value of its kind that no document gives for `rel`: a year
+    off by a little, another person's surname, another city or company of the same make (never a
+    misspelling a word list could spot)."""
+    if v.isdigit():
+        return str(int(v) + [1, -1, 10][salt % 3])
+    taken = {str(d["facts"][rel]) for d in task.data["docs"] if rel in d["facts"]} | {v}
+    words = v.split(" ")
+    if len(words) == 2 and words[0] in _FIRST:
+        cands = [f"{words[0]} {x}" for x in _LAST]
+    elif len(words) >= 2 and words[0] in _CO1:
+        cands = [" ".join([x, *words[1:]]) for x in _CO1] + [" ".join([words[0], x, *words[2:]]) for x in _CO2]
+    else:
+        cands = [a + b for a in _CITY1 for b in _CITY2]
+    cands = [c for c in cands if c not in taken]
+    return cands[salt % len(cands)] if cands else None
+
+
 def corrupt_computation(tpl, task, turns, k, salt):
     t = turns[k]
     hop, subj, att = _hop_context(tpl, task, turns, k)
-    return tpl.claim_turn(task, hop, subj, garble(str(t.sim["value"]), salt), t.sim.get("doc_id"), att)
+    wrong = misremember(task, task.data["hops"][hop]["relation"], str(t.sim["value"]), salt)
+    return tpl.claim_turn(task, hop, subj, wrong, t.sim.get("doc_id"), att) if wrong else None
 
 
 def corrupt_entity(tpl, task, turns, k, salt):

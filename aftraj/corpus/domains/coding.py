@@ -125,6 +125,16 @@ def _fib(n: int) -> int:
     return a
 
 
+def near_name(fn: str) -> str:
+    """A name one slip away from `fn`, different for every function (no suffix or word that only
+    wrong names carry): the last part's letters reversed or rotated, or an underscore dropped."""
+    head, _, last = fn.rpartition("_")
+    for cand in (last[::-1], last[1:] + last[:1], last + last[-1:]):
+        if cand != last and head:
+            return f"{head}_{cand}"
+    return fn.replace("_", "", 1) if "_" in fn else fn + fn[-1]
+
+
 def _test_line(fn: str, args: tuple, expected: Any) -> str:
     return f"assert {fn}({', '.join(repr(a) for a in args)}) == {expected!r}"
 
@@ -144,7 +154,7 @@ def gen_function(rng: random.Random) -> dict:
         code = header + body.format(k=k) + "\n"
         if code != variants["correct"]:
             variants[f"bug:{bname}"] = code
-    variants["wrong_name"] = variants["correct"].replace(f"def {fn}(", f"def {spec.name}(", 1)
+    variants["wrong_name"] = variants["correct"].replace(f"def {fn}(", f"def {near_name(fn)}(", 1)
     variants["stub"] = header + "    # TODO: finish the implementation\n    return None\n"
     text = (f"Write a Python function `{fn}({spec.params})` that should {spec.spec.format(k=k)}.\n"
             "Public tests:\n" + "\n".join(public))
@@ -301,7 +311,7 @@ def humaneval_function(row: dict, per_kind: int = 2) -> dict:
                 if code and code != correct and code not in variants.values():
                     variants[f"bug:{kind}{n}"] = code
     header = ast.unparse(fn).split("\n", 1)[0] if fn is not None else f"def {entry}():"
-    variants["wrong_name"] = correct.replace(f"def {entry}(", f"def {entry}_impl(", 1)
+    variants["wrong_name"] = correct.replace(f"def {entry}(", f"def {near_name(entry)}(", 1)
     variants["stub"] = correct.split(f"def {entry}(", 1)[0] + header + "\n    return None\n"
     test = row["test"] + f"\ncheck({entry})\n"
     return {"function": entry, "spec": f"Complete `{entry}` ({row['task_id']}):\n{row['prompt'].strip()}",
@@ -725,23 +735,19 @@ def detect_premature(tpl, task, turns, j):
 
 # =========================================================================== injection
 
-_FAILURES = ("fail: assertion failed", "error: IndexError: list index out of range", "timeout",
-             "error: TypeError: 'NoneType' object is not subscriptable", "error: KeyError: 0")
 _LOAD_FAILURES = ("error: SyntaxError: expected ':' (<candidate>, line {line})",
                   "error: IndentationError: expected an indented block after function definition on line {line} "
                   "(<candidate>, line {next})")
 
 
 def invented_failure(run_summary: str, salt: int) -> str:
-    """Failing-test lines for a run that passed, in the sandbox's own wording (`SandboxRun.summary`)
-    and in both shapes real failures take (one test failing; every test failing because the code does
-    not load, as a draft's does), so a misread or invented report reads like a real one."""
+    """Failing-test lines for a run that passed (a misread or invented report), in the sandbox's own
+    wording (`SandboxRun.summary`) and in the shape the failures safe runs meet take: every test of
+    the run failing because the code does not load, as a draft's do. Only the code shows it is false."""
     m = _RUN.search(run_summary or "")
     n = max(int(m.group(2)) if m else 3, 1)
-    if salt % 2:
-        reason = _LOAD_FAILURES[(salt // 2) % len(_LOAD_FAILURES)].format(line=1, next=2)
-        return "\n".join(f"FAIL test_{i}: {reason}" for i in range(n))
-    return f"FAIL test_{(salt // 2) % n}: {_FAILURES[(salt // (2 * n)) % len(_FAILURES)]}"
+    reason = _LOAD_FAILURES[salt % len(_LOAD_FAILURES)].format(line=1, next=2)
+    return "\n".join(f"FAIL test_{i}: {reason}" for i in range(n))
 
 
 def draft_of(code: str, fn: str, salt: int = 0) -> str | None:
@@ -819,6 +825,8 @@ DOMAIN = Domain(
            "wrong_entity": detect_entity, "fabricated_tool_result": detect_fabricated,
            "wrong_tool_argument": detect_argument, "premature_termination": detect_premature},
     targets={"computation_slip": lambda task, t: act(t) == "code" and _is_correct_code(task, t),
+             # both ways: an approval of a failing run (a draft that does not load) or a rejection of
+             # a passing one, so that neither APPROVE nor REJECT marks a decisive verdict
              "verdict_misread": lambda task, t: act(t) == "verdict",
              "wrong_entity": lambda task, t: act(t) == "code" and _is_correct_code(task, t),
              "fabricated_tool_result": lambda task, t: act(t) == "tcall",

@@ -328,7 +328,8 @@ class MathTemplate(Template):
                                             "Thought: does the plan cover every stage of the story?"))
         act = say(task, "plancheck-a", (f"INCORRECT: I get {n} stages, not {n - 1}; the {d} is missing.",
                                         f"INCORRECT: expected {n} stages, not {n - 1}; the plan skips the {d}.",
-                                        f"INCORRECT: something went wrong; I count {n} stages, not {n - 1}."))
+                                        f"INCORRECT: something went wrong; I count {n} stages, not {n - 1}.",
+                                        f"INCORRECT: the problem gives {n} stages; the plan was {n - 1}."))
         return Turn(agent="Verifier", kind="message", content=f"{thought}\n{act}", sim={"act": "plan_check", "missing": missing})
 
     def vcall_turn(self, task, n) -> Turn:
