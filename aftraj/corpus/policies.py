@@ -52,7 +52,7 @@ class ScriptedPolicy:
         if call.sim.get("retry") or str(call.sim.get("act")).startswith("llm_") or len(turns) >= OPTIONAL_UNTIL:
             return None
         n = sum(t.kind == "tool_call" for t in turns)
-        if not Ctx(seed, task.id, self.slips).slip("transient_error", "fault", n):
+        if not Ctx(seed, task.id, self.slips).detour("transient_error", "fault", n):
             return None
         return say(task, ("fault", n), TRANSIENT_FAULTS).format(tool=call.tool)
 

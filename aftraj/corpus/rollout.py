@@ -71,6 +71,12 @@ class Ctx:
             return False
         return _u(self.seed, self.task_id, "slip", kind, *slot) < self.slips.rate(kind)
 
+    def detour(self, kind: str, *slot: Any) -> bool:
+        """A handled failure (`transient_error`, `draft_error`, `plan_slip`, `empty_search`): drawn
+        like a slip but not one, so the safe version of a turn keeps it too (restoring an earlier
+        step to its safe version must not change which detours the run takes)."""
+        return _u(self.seed, self.task_id, "slip", kind, *slot) < self.slips.rate(kind)
+
     def catches(self, *slot: Any) -> bool:
         """Whether a checker notices a real problem (else it misses it: a verdict slip)."""
         if self.clean:

@@ -420,7 +420,7 @@ class AgenticTemplate(Template):
                                 f"Got it: {v}. Next hop.", f"Noted ({v}); continue.", f"OK, {v}. Keep going.",
                                 f"Got it: {v}. Nothing looks wrong so far.")))
             subj = self._subject(task, claims, hop)
-            if len(turns) + 6 * (len(hops) - len(claims)) < OPTIONAL_UNTIL + 6 and ctx.slip("empty_search", "es", hop, att):
+            if len(turns) + 6 * (len(hops) - len(claims)) < OPTIONAL_UNTIL + 6 and ctx.detour("empty_search", "es", hop, att):
                 typo = " ".join(garble(w, hop) for w in subj.split())
                 if typo != subj and not search_docs(task.data["docs"], typo):
                     return self.search_turn(task, hop, subj, att, query=typo)

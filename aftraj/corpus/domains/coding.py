@@ -556,7 +556,7 @@ class CodingTemplate(Template):
                             f"For `{fn}` the likely failure is an off-by-one; the examples cover it.")))
         bugs = sorted(k for k in V if k.startswith("bug:"))
         draft = draft_of(V["correct"], fn, ctx.pick(2, "draftkind", fn))
-        if draft is not None and ctx.slip("draft_error", "draft", fn):
+        if draft is not None and ctx.detour("draft_error", "draft", fn):
             return self.code_turn(task, fn, draft, 0)
         if ctx.slip("computation_slip", "code", fn, 0) and bugs:
             return self.code_turn(task, fn, V[bugs[ctx.pick(len(bugs), "bug", fn, 0)]], 0, "computation_slip")

@@ -431,7 +431,7 @@ class MathTemplate(Template):
                             "Plan looks complete. I'll recompute at the end.")))
         if not st["plan"]:
             missing = None
-            if len(plan) >= 3 and not any(act(t) == "plan" for t in turns) and ctx.slip("plan_slip", "plan"):
+            if len(plan) >= 3 and not any(act(t) == "plan" for t in turns) and ctx.detour("plan_slip", "plan"):
                 missing = plan[1 + ctx.pick(len(plan) - 2, "planmiss")]["id"]
             return self.plan_turn(task, missing=missing)
         todo = [sg for sg in plan if sg["id"] not in st["claims"]]
