@@ -550,7 +550,7 @@ def runs_page(data: dict, owner: str, filters: dict, now: float) -> str:
         f"<td><span class=\"state {_state_class(r['state'])}\">{_e(r['state'])}</span></td>"
         f"<td class=time title=\"{_e(_utc(r['created']))} UTC\">{_e(_utc(r['created'], '%m-%d %H:%M:%S'))}</td>"
         f"<td class=time>{_e(_ago(now - r['last_active']) + ' ago' if r['last_active'] else '')}</td>"
-        f"<td class=num>{_e(_dur(r['last_active'] - r['created']) if r['last_active'] and r['created'] else '')}</td>"
+        f"<td class=num>{_e(_dur(r['last_active'] - r['created']) if r['last_verdict'] and r['created'] else '')}</td>"
         f"<td class=num>{r['steps']}</td><td class=num>{r['verdicts']}</td><td>{_e(', '.join(r['agents']))}</td>"
         f"<td>{_e((r['task'] or '')[:120])}</td></tr>" for r in data["runs"])
     st = filters.get("state") or ""
