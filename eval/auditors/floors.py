@@ -18,6 +18,15 @@ step. Options: `heuristic:length,train=PATH` fits on PATH instead of the split f
 `--data` (`DIR/train.jsonl` beside `DIR/test.jsonl`, or the records of a folder's corpus.jsonl
 whose `meta.split` is train); a PATH file holding splits contributes its train records only.
 Runs imported by an adapter (placeholder label, meta.unlabeled) are refused by id.
+
+Beside them, the floors that read (reading.py: `heuristic:lexical`, `heuristic:bow`,
+`heuristic:structure`; fit on train, thresholds on val at FAR ≤ 20 %). `ALL_FLOORS` holds all
+five; every report shows them: `add_floors_to_report` (each `aftraj eval`'s metrics.json `floors`
+and report.md, with the run's paired difference to the best floor, `vs_best_floor`), `floor_scores`
+(a corpus build's stats.json / stats.md), the ablation's rows, and `floors_report` (`aftraj
+ablation floors --data DIR [--ww who_and_when]`: val, test, Who&When per subset, the probe's bag
+of words of step k*). On Who&When nothing is fit: only the lexical rule runs beside an evaluation
+there, the fitted floors come from a corpus (`--ww`, or `train=PATH,val=PATH`).
 """
 
 from __future__ import annotations
