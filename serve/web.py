@@ -57,7 +57,7 @@ import urllib.parse
 
 import orjson
 from fastapi import FastAPI, Header, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
 from aftraj.events import event_to_step, parse_event
 from serve.service import GatewayError, GatewayService, storage_key

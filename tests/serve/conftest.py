@@ -160,3 +160,27 @@ def gw_key() -> str:
 @pytest.fixture
 def port_factory():
     return free_port
+
+
+@pytest.fixture
+def serve_app():
+    """`serve_app(app) -> url`: the app under uvicorn on a free 127.0.0.1 port, in a thread of
+    this process (stopped at teardown): for tests that need a real server (SSE, disconnects)."""
+    import uvicorn
+
+    servers = []
+
+    def start(app) -> str:
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        threading.Thread(target=server.run, daemon=True).start()
+        t0 = time.monotonic()
+        while not server.started:
+            assert time.monotonic() - t0 < 30, "the server did not start"
+            time.sleep(0.05)
+        servers.append(server)
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for s in servers:
+        s.should_exit = True

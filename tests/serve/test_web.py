@@ -42,29 +42,21 @@ def _auditor(trigger: str):
     return handle
 
 
-@pytest.fixture
-def gateway(tmp_path):
-    import uvicorn
-
+def _web_gateway(tmp_path, serve_app, **cfg_kw) -> str:
+    """A gateway (two keys, a scripted auditor that alarms on "418") served on 127.0.0.1."""
     from serve.config import ApiKey, AuditorConfig, GatewayConfig, hash_key
     from serve.router import build_app
     from serve.service import GatewayService
     cfg = GatewayConfig(ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}",
                         api_keys=(ApiKey("team-a", hash_key(KEY)), ApiKey("team-b", hash_key(OTHER))),
                         auditor=AuditorConfig(backend="openai", base_url="http://auditor.test/v1", model="auditor",
-                                              deadline_s=5.0, tokenizer="approx"))
-    app = build_app(GatewayService(cfg, transport=httpx.MockTransport(_auditor("418"))))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    t0 = time.monotonic()
-    while not server.started:
-        assert time.monotonic() - t0 < 30, "the gateway did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
+                                              deadline_s=5.0, tokenizer="approx"), **cfg_kw)
+    return serve_app(build_app(GatewayService(cfg, transport=httpx.MockTransport(_auditor("418")))))
+
+
+@pytest.fixture
+def gateway(tmp_path, serve_app):
+    return _web_gateway(tmp_path, serve_app)
 
 
 def _events(run, steps):
@@ -306,29 +298,9 @@ def _chromium_or_skip() -> str:
 
 
 @pytest.fixture
-def trace_gateway(tmp_path):
+def trace_gateway(tmp_path, serve_app):
     """The gateway of `gateway`, with runs stalled after 2 s without an event."""
-    import uvicorn
-
-    from serve.config import ApiKey, AuditorConfig, GatewayConfig, hash_key
-    from serve.router import build_app
-    from serve.service import GatewayService
-    cfg = GatewayConfig(ledger_url=f"sqlite:///{tmp_path / 'ledger.db'}", stalled_after_s=2,
-                        api_keys=(ApiKey("team-a", hash_key(KEY)), ApiKey("team-b", hash_key(OTHER))),
-                        auditor=AuditorConfig(backend="openai", base_url="http://auditor.test/v1", model="auditor",
-                                              deadline_s=5.0, tokenizer="approx"))
-    app = build_app(GatewayService(cfg, transport=httpx.MockTransport(_auditor("418"))))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    t0 = time.monotonic()
-    while not server.started:
-        assert time.monotonic() - t0 < 30, "the gateway did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
+    return _web_gateway(tmp_path, serve_app, stalled_after_s=2)
 
 
 def _shot(b: Browser, tmp_path: Path, name: str):

@@ -124,22 +124,7 @@ def test_web_reads_count_in_flight_and_run_on_their_own_threads(tmp_path, monkey
         assert out["r"].status_code == 200 and threading.current_thread().name.startswith("MainThread")
 
 
-def _serve(app):
-    import uvicorn
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    threading.Thread(target=server.run, daemon=True).start()
-    t0 = time.monotonic()
-    while not server.started:
-        assert time.monotonic() - t0 < 30
-        time.sleep(0.05)
-    return server, port
-
-
-def test_a_web_read_stops_when_the_client_leaves(tmp_path, monkeypatch):
+def test_a_web_read_stops_when_the_client_leaves(tmp_path, monkeypatch, serve_app):
     """Before: an abandoned fragment request read and rendered the whole run anyway (20 abandoned
     requests burned 35 CPU-s)."""
     from serve import web
@@ -156,24 +141,21 @@ def test_a_web_read_stops_when_the_client_leaves(tmp_path, monkeypatch):
         seen["finished"] = True
 
     monkeypatch.setattr(web, "run_page_data", endless)
-    server, port = _serve(build_app(svc))
-    try:
-        s = socket.create_connection(("127.0.0.1", port))
-        s.sendall(f"GET /ui/runs/r/fragment HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n\r\n".encode())
-        t0 = time.monotonic()
-        while "cancel" not in seen:
-            assert time.monotonic() - t0 < 10
-            time.sleep(0.02)
-        s.close()                                    # the client leaves
-        t0 = time.monotonic()
-        while not seen["cancel"].is_set():
-            assert time.monotonic() - t0 < 2, "the read was not told that the client left"
-            time.sleep(0.02)
-        time.sleep(0.1)
-        assert "finished" not in seen and svc.inflight.get("team-a", 0) == 0
-        assert 'aftraj_gateway_web_reads_abandoned_total 1' in svc.metrics.render()
-    finally:
-        server.should_exit = True
+    port = int(serve_app(build_app(svc)).rsplit(":", 1)[1])
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(f"GET /ui/runs/r/fragment HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY_A}\r\n\r\n".encode())
+    t0 = time.monotonic()
+    while "cancel" not in seen:
+        assert time.monotonic() - t0 < 10
+        time.sleep(0.02)
+    s.close()                                    # the client leaves
+    t0 = time.monotonic()
+    while not seen["cancel"].is_set():
+        assert time.monotonic() - t0 < 2, "the read was not told that the client left"
+        time.sleep(0.02)
+    time.sleep(0.1)
+    assert "finished" not in seen and svc.inflight.get("team-a", 0) == 0
+    assert 'aftraj_gateway_web_reads_abandoned_total 1' in svc.metrics.render()
 
 
 # --------------------------------------------------------------------------- 45.6 sign-in
