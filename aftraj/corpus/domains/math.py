@@ -218,6 +218,9 @@ def generate(n: int, seed: int, **_) -> list[Task]:
 
 # =========================================================================== template
 
+LEDGER_PERCENT = 35   # a run whose Verifier noted results on the way may end on its sign-off, no recomputation
+
+
 class MathTemplate(Template):
     name, domain, lead, partner = "math_solver_verifier", "math", "MathSolver", "Verifier"
     tools = {"MathSolver": ("compute",), "Verifier": ("compute",)}
@@ -311,6 +314,17 @@ class MathTemplate(Template):
                                          "Thought: a wrong intermediate value would propagate, so each stage goes through the calculator."))
         return Turn(agent="MathSolver", kind="message", content=f"{thought}\nPlan: " + "; ".join(lines) + ".",
                     sim={"act": "plan", **({"missing": missing} if missing else {})})
+
+    def ledger_check_turn(self, task, sg, v) -> Turn:
+        """The Verifier signs off on the last result against the sub-results it noted on the way,
+        without a recomputation: the run's answer follows at once (a Verifier turn before a final
+        answer, as a premature answer after a note also is)."""
+        d = self.desc(task, sg)
+        act = say(task, ("ledger", sg), (f"The {d}: {v}. That was the last stage, and every sub-result I noted checks out.",
+                                         f"Last stage done ({d} = {v}); the ledger has every stage, no error in it.",
+                                         f"{d}: {v}. All stages are in my ledger; go ahead and answer."))
+        return Turn(agent="Verifier", kind="message", content=f"Thought: keeping a ledger of the sub-results.\n{act}",
+                    sim={"act": "note", "sg": sg, "ledger_check": True})
 
     def precall_turn(self, task, sg, inputs) -> Turn:
         """The solver names a sub-goal's inputs before calling (a message where a call could stand)."""
@@ -408,6 +422,11 @@ class MathTemplate(Template):
             vd = st["verdict"]
             ans = vd["expected"] if not vd.get("ok") else st["claims"].get(ids[-1], vd.get("expected"))
             return self.final_turn(task, ans)
+        if last.sim.get("act") == "note" and last.sim.get("ledger_check"):
+            return self.final_turn(task, st["claims"][ids[-1]])
+        if last.sim.get("act") == "claim" and last.sim["sg"] == ids[-1] and st["vcalls"] == 0 \
+                and len(st["notes"] - {"givens"}) >= 2 and ctx.pick(100, "ledger") < LEDGER_PERCENT:
+            return self.ledger_check_turn(task, last.sim["sg"], last.sim["value"])
         if last.sim.get("act") == "claim" and last.sim["sg"] != ids[-1] and last.sim["sg"] not in st["notes"] \
                 and ctx.pick(100, "note", last.sim["sg"]) < NOTE_PERCENT:
             return self.note_turn(task, last.sim["sg"], last.sim["value"])
