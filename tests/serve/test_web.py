@@ -342,6 +342,8 @@ def test_the_trace_view_in_a_real_browser(trace_gateway, tmp_path):
             evs = _events("pens", PLAN + SLIP)
             for j, e in enumerate(evs):
                 e["ts"] = t0 + 2.5 * j
+                if j == 0:                  # the planner's model call: its tokens and cost
+                    e["usage"] = {"input_tokens": 812, "output_tokens": 40, "cost_usd": 0.0021, "model": "m"}
                 gw.post_events("pens", [e])
             gw.create_run("write a report", run_id="hooked")             # as a hook does: no agents named
             long_text = "The findings, in full. " + " ".join(["alpha beta gamma"] * 300) + " THE-END"
@@ -397,6 +399,8 @@ def test_the_trace_view_in_a_real_browser(trace_gateway, tmp_path):
         assert all(re.fullmatch(r"\d\d:\d\d:\d\d\.\d{3}", x) for x in times), times
         deltas = b.js("[...document.querySelectorAll('#timeline tr[data-step]')].map(r => r.cells[2].innerText)")
         assert deltas == ["", "2.5 s", "2.5 s", "2.5 s"]
+        tokens = b.js("[...document.querySelectorAll('#timeline tr[data-step]')].map(r => r.cells[6].innerText)")
+        assert tokens == ["812→" + "40\n$0.0021", "", "", ""], tokens
         assert all(" ms" in x for x in b.js("[...document.querySelectorAll('#timeline .verdict')].map(c => c.innerText)"))
         assert b.js("document.querySelectorAll('#lanes circle.mark').length") == 4
         assert b.js("document.querySelectorAll('#lanes line.handoff').length") == 1      # planner -> calculator
