@@ -400,7 +400,7 @@ def test_the_trace_view_in_a_real_browser(trace_gateway, tmp_path):
         deltas = b.js("[...document.querySelectorAll('#timeline tr[data-step]')].map(r => r.cells[2].innerText)")
         assert deltas == ["", "2.5 s", "2.5 s", "2.5 s"]
         tokens = b.js("[...document.querySelectorAll('#timeline tr[data-step]')].map(r => r.cells[6].innerText)")
-        assert tokens == ["812→" + "40\n$0.0021", "", "", ""], tokens
+        assert tokens == ["812→40\n$0.0021", "", "", ""], tokens
         assert all(" ms" in x for x in b.js("[...document.querySelectorAll('#timeline .verdict')].map(c => c.innerText)"))
         assert b.js("document.querySelectorAll('#lanes circle.mark').length") == 4
         assert b.js("document.querySelectorAll('#lanes line.handoff').length") == 1      # planner -> calculator
