@@ -465,15 +465,19 @@ detect_entity = one_type(_claim_problem, "wrong_entity")
 
 def detect_fabricated(tpl, task, turns, j):
     t, p = turns[j], turns[j - 1]
-    if act(t) == "claim" and not (p.kind == "tool_result" and p.sim.get("of") == "lookup"):
+    if act(t) == "claim" and not (p.kind == "tool_result" and p.sim.get("of") == "lookup" and not p.error):
         return "states a fact that no lookup returned"
     return None
 
 
 def detect_argument(tpl, task, turns, j):
     t = turns[j]
-    p = turns[j - 2] if j >= 2 and act(turns[j - 1]) == "precall" else turns[j - 1]
-    if act(t) != "lookup" or p.kind != "tool_result" or p.sim.get("of") != "search":
+    if act(t) != "lookup":
+        return None
+    # the search this lookup follows (past an announcement of the call, or a fault and its retry)
+    p = next((u for u in reversed(turns[:j]) if u.kind == "tool_result" and u.sim.get("of") in ("search", "lookup")
+              and not u.sim.get("transient")), None)
+    if p is None or p.sim.get("of") != "search":
         return None
     claims, _ = tpl._claims(turns[:j])
     subj = tpl._subject(task, claims, t.sim["hop"])

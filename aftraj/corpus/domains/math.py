@@ -510,7 +510,7 @@ def detect_computation(tpl, task, turns, j):
         return None
     if not p.error and not _num_eq(t.sim["value"], p.content):
         return f"claims {t.sim['value']} where compute returned {p.content.strip()}"
-    if p.error and j >= 2:
+    if p.error and j >= 2 and not p.sim.get("transient"):   # after a fault the call is retried, never worked by hand
         expr = next(iter((turns[j - 2].arguments or {}).values()), None)
         if isinstance(expr, str) and not _num_eq(t.sim["value"], expr):
             return f"claims {t.sim['value']} for {expr} worked by hand"
@@ -519,7 +519,7 @@ def detect_computation(tpl, task, turns, j):
 
 def detect_fabricated(tpl, task, turns, j):
     t, p = turns[j], turns[j - 1]
-    if act(t) == "claim" and p.kind != "tool_result":
+    if act(t) == "claim" and (p.kind != "tool_result" or p.sim.get("transient")):
         return f"states a result for the {tpl.desc(task, t.sim['sg'])} that no compute call produced"
     return None
 

@@ -12,7 +12,10 @@ from aftraj.corpus.rollout import run_rollout
 from aftraj.corpus.tasks import generate_tasks
 from aftraj.corpus.templates import TEMPLATES
 
-POLICY = ScriptedPolicy(SlipConfig(computation_slip=0.08, wrong_entity=0.08, catch_rate=0.5))
+# slips only: the handled detours (faults, drafts, plan checks, empty searches) lengthen runs and so
+# multiply the runs with several slips, which no single restoration flips (rightly not accepted)
+POLICY = ScriptedPolicy(SlipConfig(computation_slip=0.08, wrong_entity=0.08, catch_rate=0.5, transient_error=0.0,
+                                   draft_error=0.0, plan_slip=0.0, empty_search=0.0))
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +43,10 @@ def test_scripted_diagnosis_labels_the_first_unrecovered_slip(failures, sandbox)
             assert entry["replay"]["flipped"] and all(entry["verifier"].values())
         else:
             assert d.reason
-    assert accepted >= 0.6 * len(failures) and len(failures) >= 15
+    # half at least: a run whose every step is announced before its call (40 %) has more slip slots,
+    # and a failure with several unrecovered slips is rightly not accepted (no single restoration
+    # flips it); 57 % on 2026-12-04 (0.6 before the announcements, issue 43)
+    assert accepted >= 0.5 * len(failures) and len(failures) >= 15
 
 
 class _WrongJudge(ScriptedJudge):
