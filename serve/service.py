@@ -688,7 +688,16 @@ class GatewayService:
             early.append((v, data))
 
         try:
-            added, before = self.ledger.append_batch(events, then=with_events)
+            try:
+                added, before = self.ledger.append_batch(events, then=with_events)
+            except LedgerError as e:
+                # Another process may have committed these very events between the ledger's two
+                # reads (the stored ids, then the run's last seq: two statements under PostgreSQL's
+                # READ COMMITTED), so an identical resend looks out of order: once, read again (a
+                # batch really out of order fails the same way).
+                if e.code != "out_of_order" or early:
+                    raise
+                added, before = self.ledger.append_batch(events, then=with_events)
         except LedgerError as e:
             i = next((j for j, ev in enumerate(events) if e.message.find(repr(ev.event_id)) >= 0), None)
             raise GatewayError(409, f"{e.code}: {e.message}".replace(f"{r.key!r}", f"{r.run_id!r}"),

@@ -529,3 +529,27 @@ def test_two_tenants_same_run_id_never_share_a_downstream_trace(tmp_path, monkey
     assert len(verdicts) == 2
     assert sorted(s.attributes.get("aftraj.tenant") for s in verdicts) == ["team-a", "team-b"]
     assert len({s.context.trace_id for s in verdicts}) == 2 and len({s.context.span_id for s in verdicts}) == 2
+
+
+def test_an_identical_batch_committed_by_another_process_meanwhile_is_a_duplicate(gw, monkeypatch):
+    """Two processes storing the same batch on PostgreSQL: the loser's first read may find none
+    of its ids stored and then the winner's last seq (one run of the `postgres` test in ~16 saw
+    a 409 out_of_order for an identical resend). The gateway reads once more."""
+    from aftraj.ledger import LedgerError
+
+    gw.post("/v1/runs", json={"run_id": "r", "task": "t"}, headers=A)
+    assert gw.post("/v1/runs/r/events", json={"events": [ev("r", 1)]}, headers=A).status_code == 200
+    real, calls = gw.svc.ledger.append_batch, []
+
+    def racing(events, then=None):
+        calls.append(len(events))
+        if len(calls) == 1:
+            raise LedgerError("seq 1 of event 'r/1' is not after the run's last seq 1", code="out_of_order",
+                              field="seq")
+        return real(events, then=then)
+
+    monkeypatch.setattr(gw.svc.ledger, "append_batch", racing)
+    v = gw.post("/v1/runs/r/events", json={"events": [ev("r", 1)]}, headers=A)
+    assert v.status_code == 200 and v.json()["duplicates"] == 1 and calls == [1, 1]
+    bad = gw.post("/v1/runs/r/events", json={"events": [ev("r", 1, "other content")]}, headers=A)
+    assert bad.status_code == 409                  # a real conflict is still one
