@@ -365,9 +365,10 @@ class StepReading:
       `[… N tokens cut …]` line between (the tag is never cut);
     - `max_tokens`: when adding step t would take the current segment past it, a new segment
       starts: the opening, `<coverage>steps 0 to j-1 not shown</coverage>`, and the blocks of
-      steps j..t, j the earliest step such that this fits in half of `max_tokens` (so a new
-      segment starts at most every ~max_tokens/2 tokens). A step's score is read in the segment
-      that holds it when it arrives.
+      steps j..t, where steps j..t-1 are the most recent whose blocks fit in `keep_tokens`
+      (0: step t alone). A step's score is read in the segment that holds it when it arrives.
+      The opening is the same in every segment, so an auditor keeps its KV and a new segment
+      costs the coverage line, the kept steps and step t: with keep_tokens 0, about one event.
 
         r = StepReading(tok, traj)
         for step in traj.steps:
@@ -376,7 +377,7 @@ class StepReading:
     """
 
     def __init__(self, tok, traj: Trajectory, *, max_step_tokens: int | None = None,
-                 max_tokens: int | None = None, reference_answer: bool = False) -> None:
+                 max_tokens: int | None = None, keep_tokens: int = 0, reference_answer: bool = False) -> None:
         from aftraj.tokens import chat_prompt_text, text_ids
 
         self.tok, self.traj_id = tok, traj.id
@@ -392,7 +393,9 @@ class StepReading:
         self.decisions = step_decision_ids(tok)
         if max_step_tokens is not None and max_step_tokens < len(self.tag) + 16:
             raise ValueError(f"max_step_tokens must be >= {len(self.tag) + 16}, got {max_step_tokens}")
-        self.max_step_tokens, self.max_tokens = max_step_tokens, max_tokens
+        if keep_tokens < 0:
+            raise ValueError(f"keep_tokens must be >= 0, got {keep_tokens}")
+        self.max_step_tokens, self.max_tokens, self.keep_tokens = max_step_tokens, max_tokens, keep_tokens
         self.blocks: list[list[int]] = []          # each step's block ids (tag included)
         self.segments: list[StepSegment] = []
         self.cut_steps = 0                          # steps whose block was cut to max_step_tokens
@@ -438,13 +441,11 @@ class StepReading:
         return seg.ids[fed_from:], fed_from == 0
 
     def _restart(self, t: int) -> StepSegment:
-        half = self.max_tokens // 2
-        j, size = t, len(self.blocks[t])
-        cov = lambda j: self._ids(f"<coverage>steps 0 to {j - 1} not shown</coverage>\n")   # noqa: E731
-        while j > 0 and len(self.opening) + len(cov(j - 1)) + size + len(self.blocks[j - 1]) <= half:
+        j, size = t, 0
+        while j > 0 and size + len(self.blocks[j - 1]) <= self.keep_tokens:
             j -= 1
             size += len(self.blocks[j])
-        ids = list(self.opening) + (cov(j) if j > 0 else [])
+        ids = list(self.opening) + (self._ids(f"<coverage>steps 0 to {j - 1} not shown</coverage>\n") if j else [])
         seg = StepSegment(j, ids, [], [])
         for i in range(j, t + 1):
             seg.block_starts.append(len(seg.ids))
@@ -452,7 +453,8 @@ class StepReading:
             seg.tags.append(len(seg.ids) - 1)
         if len(seg.ids) > self.max_tokens:
             raise ValueError(f"trajectory {self.traj_id!r}: step {t} alone takes the step-tagged reading to "
-                             f"{len(seg.ids)} tokens, over max_tokens={self.max_tokens}; set max_step_tokens")
+                             f"{len(seg.ids)} tokens, over max_tokens={self.max_tokens}; set max_step_tokens "
+                             f"(or a smaller keep_tokens)")
         return seg
 
     def where(self, t: int) -> tuple[int, int]:

@@ -3,7 +3,7 @@ first runs of a corpus's train split (as many unsafe as safe), runs a minute and
 and the projection for every train run of the corpus (an estimate from the measured rate and the
 split's token count, labelled so). Nothing is exported (max_steps stops before the end).
 
-    python benchmarks/steps_train.py --data /tmp/lead/base2k --runs 40
+    python benchmarks/steps_train.py --data /tmp/lead/base2k --runs 16 --threads 1
 """
 
 from __future__ import annotations
@@ -21,9 +21,13 @@ def main() -> int:
     p.add_argument("--data", required=True, help="a corpus folder (train.jsonl)")
     p.add_argument("--runs", type=int, default=40, help="runs trained (half unsafe, half safe)")
     p.add_argument("--model", default=None)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (1: on a loaded 2-core machine two spinning threads were 10x slower)")
     a = p.parse_args()
 
     import torch
+
+    torch.set_num_threads(a.threads)
 
     from aftraj.prompt import step_reading
     from aftraj.readers import load_trajectories
@@ -52,17 +56,21 @@ def main() -> int:
         last = t.label.decisive_step if t.label.unsafe else None
         total += sum(len(s.ids) for s in step_reading(tok, t, last, **cfg.reading()).segments)
     tokenize_all_s = time.perf_counter() - t1
-    tok_per_s = d["tokens"] / d["train_s"]
+    tok_per_s = d["tokens_trained"] / d["train_s"]
     proj = total / tok_per_s
     print(json.dumps({
-        "runs_trained": d["runs_trained"], "steps": d["steps"], "tokens": d["tokens"], "train_s": d["train_s"],
+        "runs_trained": d["runs_trained"], "steps": d["steps"], "tokens_trained": d["tokens_trained"],
+        "trunk_tokens_run": d.get("trunk_tokens_run"), "trunk_tokens_reused": d.get("trunk_tokens_reused"),
+        "train_s": d["train_s"],
         "runs_per_minute": d["runs_per_minute"], "tokens_per_s": round(tok_per_s, 1),
         "mixed_precision": d["mixed_precision"], "torch_threads": torch.get_num_threads(),
+        "load_avg_1m": round(os.getloadavg()[0], 1),
         "peak_rss_gib": d["peak_rss_gib"], "wall_s_with_setup": round(wall, 1),
         "split_runs": len(trajs), "split_tokens": total, "tokenize_split_s": round(tokenize_all_s, 1),
         "estimate_one_epoch_all_runs_min": round(proj / 60, 1),
         "estimate_note": "split tokens / measured tokens a second (training only; plus tokenising, and "
-                         "scoring the val split in float32)"}))
+                         "scoring the val split in float32); shared beginnings make the real rate per token higher "
+                         "where more twins share a step"}))
     return 0
 
 

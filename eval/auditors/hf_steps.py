@@ -84,7 +84,8 @@ class HFStepsAuditor(Auditor):
                  device: str | None = None, threshold: float | None = None,
                  decision_threshold: float | None = None, reason: str = "generate",
                  reason_max_new_tokens: int = 256, mixed_precision: str = "no",
-                 max_tokens: int | None = None, max_step_tokens: int | None = None, **kw) -> None:
+                 max_tokens: int | None = None, max_step_tokens: int | None = None,
+                 keep_tokens: int | None = None, **kw) -> None:
         super().__init__(arg, **kw)
         from eval.auditors.hf import load_model
 
@@ -108,7 +109,8 @@ class HFStepsAuditor(Auditor):
         self.threshold, self.reason = float(thr), reason
         self.uncalibrated = threshold is None and decision_threshold is None and self.calibration is None
         self.bounds = {"max_tokens": max_tokens or reading.get("max_tokens"),
-                       "max_step_tokens": max_step_tokens or reading.get("max_step_tokens")}
+                       "max_step_tokens": max_step_tokens or reading.get("max_step_tokens"),
+                       "keep_tokens": keep_tokens if keep_tokens is not None else reading.get("keep_tokens", 0)}
         if self.bounds["max_tokens"] is None:
             from eval.auditors.hf import context_length
 
@@ -128,19 +130,28 @@ class HFStepsAuditor(Auditor):
         return base + " (uncalibrated: threshold 0)" if self.uncalibrated else base
 
     # --------------------------------------------------------------- scores
-    def _feed(self, s: _Session, ids: list[int], restarted: bool) -> float:
+    def _feed(self, s: _Session, ids: list[int], restarted: bool) -> tuple[float, int]:
+        """Feed `ids` (a new segment's whole ids when `restarted`) onto the session's cache; returns
+        (step's log-odds, tokens of the segment that were already in the cache)."""
         import torch
 
         from eval.auditors.hf import new_cache
 
         if restarted:
-            s.cache, s.fed = new_cache(self.model.config), 0
+            n_open = len(s.reading.opening)
+            if s.cache is not None and s.fed >= n_open:        # a new segment: the opening's KV is kept
+                if s.fed > n_open:
+                    s.cache.crop(n_open - s.fed)
+                s.fed, ids = n_open, ids[n_open:]
+            else:
+                s.cache, s.fed = new_cache(self.model.config), 0
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         pos = torch.arange(s.fed, s.fed + len(ids), device=self.device)[None]
         out = self.model(input_ids=x, position_ids=pos, **past(self.model, s.cache), use_cache=True, logits_to_keep=1)
+        reused = s.fed
         s.fed += len(ids)
         lp = torch.log_softmax(out.logits[0, -1].float(), -1)
-        return float(lp[self.decisions[1]] - lp[self.decisions[0]])
+        return float(lp[self.decisions[1]] - lp[self.decisions[0]]), reused
 
     def scores(self, traj, t: int) -> tuple[list[float], int, int]:
         """The log-odds of steps 0..t (feeding the steps not fed yet), the tokens of t's segment
@@ -157,9 +168,10 @@ class HFStepsAuditor(Auditor):
               masked_gqa(self.device.type == "cpu")):
             while len(s.scores) <= t:
                 ids, restarted = s.reading.add(traj.steps[len(s.scores)])
-                if restarted:
-                    cached = 0
-                s.scores.append(self._feed(s, ids, restarted))
+                score, reused = self._feed(s, ids, restarted)
+                s.scores.append(score)
+                if restarted:               # what the new segment took from the cache: the opening, or nothing
+                    cached = reused
         return s.scores[: t + 1], s.fed, cached
 
     def audit(self, traj, t) -> AuditResult:

@@ -70,7 +70,8 @@ class VLLMStepsAuditor(Auditor):
         thr = threshold if threshold is not None else decision_threshold
         self.threshold = float(thr if thr is not None else (self.calibration or {}).get("threshold", 0.0))
         self.uncalibrated = thr is None and self.calibration is None
-        self.bounds = {"max_tokens": reading.get("max_tokens"), "max_step_tokens": reading.get("max_step_tokens")}
+        self.bounds = {"max_tokens": reading.get("max_tokens"), "max_step_tokens": reading.get("max_step_tokens"),
+                       "keep_tokens": reading.get("keep_tokens", 0)}
         self.decisions = step_decision_ids(self.tok)
         self.top_logprobs, self.endpoint = top_logprobs, endpoint.rstrip("/")
         self.client = ChatClient(ClientConfig.from_env(self.endpoint, api_key_env, deadline_s=timeout,

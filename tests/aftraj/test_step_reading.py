@@ -65,8 +65,9 @@ def test_the_reading_is_the_prompts_blocks_with_a_tag_after_each_step():
     assert render(traj, 4)[1]["content"].startswith(render_header(traj) + render_step(traj.steps[0]))
 
 
-@pytest.mark.parametrize("bounds", [{}, {"max_step_tokens": 48}, {"max_step_tokens": 48, "max_tokens": 560}],
-                         ids=["whole", "truncated-steps", "segments"])
+@pytest.mark.parametrize("bounds", [{}, {"max_step_tokens": 48}, {"max_step_tokens": 48, "max_tokens": 560},
+                                    {"max_step_tokens": 48, "max_tokens": 560, "keep_tokens": 100}],
+                         ids=["whole", "truncated-steps", "segments", "segments-keeping-steps"])
 def test_score_at_t_from_the_whole_run_equals_the_run_cut_after_t(noisy, bounds):
     model, tok = noisy
     decisions = step_decision_ids(tok)
@@ -94,12 +95,20 @@ def test_score_at_t_from_the_whole_run_equals_the_run_cut_after_t(noisy, bounds)
 
 def test_segments_start_with_a_coverage_line_and_keep_recent_steps(tiny_tokenizer):
     traj = _long_run()
-    r = step_reading(tiny_tokenizer, traj, max_step_tokens=48, max_tokens=560)
+    r = step_reading(tiny_tokenizer, traj, max_step_tokens=48, max_tokens=560, keep_tokens=100)
     assert len(r.segments) >= 2
     later = r.segments[1]
     text = tiny_tokenizer.decode(later.ids)
     assert f"<coverage>steps 0 to {later.first - 1} not shown</coverage>" in text
     assert all(len(s.ids) <= 560 for s in r.segments)
+    assert later.ids[:len(r.opening)] == r.opening                    # every segment opens the same way
+    first_scored = r.scored(1)[0][0]
+    assert later.first < first_scored                                   # kept steps are context only
+    kept = later.block_starts[first_scored - later.first] - later.block_starts[0]
+    assert 0 < kept <= 100
+    plain = step_reading(tiny_tokenizer, traj, max_step_tokens=48, max_tokens=560)
+    assert all(s.first == t for s, (t, _) in zip(plain.segments[1:], [plain.scored(i)[0] for i in
+                                                                       range(1, len(plain.segments))]))
     # every step is scored once, in the segment it arrived in
     assert [t for i in range(len(r.segments)) for t, _ in r.scored(i)] == list(range(len(traj.steps)))
 

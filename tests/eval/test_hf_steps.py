@@ -25,7 +25,9 @@ def _whole_run_scores(model, tok, traj, bounds):
 
 
 @pytest.mark.parametrize("bounds", [{"max_tokens": 4096, "max_step_tokens": 512},
-                                    {"max_tokens": 560, "max_step_tokens": 48}], ids=["one-segment", "segments"])
+                                    {"max_tokens": 560, "max_step_tokens": 48},
+                                    {"max_tokens": 560, "max_step_tokens": 48, "keep_tokens": 100}],
+                         ids=["one-segment", "segments", "segments-keeping-steps"])
 def test_incremental_scores_equal_one_forward_over_the_run(noisy_tiny, bounds):
     model, tok = noisy_tiny
     aud = get_auditor("hf-steps", model=model, tokenizer=tok, reason="none", threshold=1e9, **bounds)
@@ -34,8 +36,10 @@ def test_incremental_scores_equal_one_forward_over_the_run(noisy_tiny, bounds):
         got = [aud.audit(traj, t) for t in range(len(traj.steps))]
         assert [r.decision_log_odds for r in got] == pytest.approx(want, abs=1e-4)
         assert all(not r.alarm for r in got)
-        # each event feeds only its own step: the tokens already cached grow with the run
-        assert all(b.cached_tokens == a.prompt_tokens or b.cached_tokens == 0 for a, b in zip(got, got[1:]))
+        # each event feeds only its own step (a new segment: the opening's KV is kept)
+        n_open = len(aud.sessions[traj.id].reading.opening)
+        assert all(b.cached_tokens in (a.prompt_tokens, n_open) for a, b in zip(got, got[1:]))
+        assert got[0].cached_tokens == 0
         aud.end(traj)
     assert len({round(v, 3) for v in want}) > 1
 

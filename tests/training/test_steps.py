@@ -80,7 +80,7 @@ def test_padded_forward_equals_each_run_alone(tiny_tokenizer, tiny_model_dir, co
     assert len({len(s) for r in group for s in r.segs}) > 1            # the rows are padded
     assert any(len(r.segs) > 1 for r in runs)                          # and some runs have 2 segments
     with torch.no_grad():
-        together = row_logits(model, group)
+        together = row_logits(model, group, padded=True)
         for r, lg in zip(group, together):
             torch.testing.assert_close(lg, row_logits(model, [r])[0], atol=1e-4, rtol=1e-4)
         multi = next(r for r in runs if len(r.segs) > 1)
@@ -129,6 +129,8 @@ def test_step_one_loss_is_its_closed_form(tiny_tokenizer, tiny_model_dir, corpus
         m = float((lu[alarm_tok] - lu[safe_tok]) - (ls[alarm_tok] - ls[safe_tok]))
         twin += 1.5 * math.log1p(math.exp(-m)) / len(pairs)
     assert first["loss"] == pytest.approx(ce + twin, rel=1e-4, abs=1e-5)
+    # the frozen bottom ran from shared beginnings (the template and system prompt, a twin's steps)
+    assert res.data["trunk_tokens_reused"] > res.data["trunk_tokens_run"] / 10
     assert res.final_dir is None and res.data["steps"] == 1          # stopped by max_steps: no export
 
 

@@ -43,6 +43,9 @@ class StepsConfig(ModelConfig):
     synthetic_trajectories: int = 12
     max_tokens: int = 4096
     max_step_tokens: int | None = 512
+    # a new segment re-reads the most recent steps that fit in keep_tokens before the new one (0:
+    # the new step alone; the auditor's cost of a new segment is then about one event's)
+    keep_tokens: int = 0
     after_kstar: str = "skip"
     max_unsafe_runs: int | None = None
     max_safe_runs: int | None = None
@@ -79,13 +82,17 @@ class StepsConfig(ModelConfig):
             v = getattr(self, k)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 raise ConfigError(f"must be null or an integer >= 1, got {v!r}", key=k)
-        for k in ("max_unsafe_runs", "max_safe_runs", "max_heldout_runs", "save_steps", "warmup_steps"):
+        for k in ("max_unsafe_runs", "max_safe_runs", "max_heldout_runs", "save_steps", "warmup_steps",
+                  "keep_tokens"):
             v = getattr(self, k)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
                 raise ConfigError(f"must be null or an integer >= 0, got {v!r}", key=k)
         if self.max_step_tokens is not None and self.max_step_tokens * 2 > self.max_tokens:
             raise ConfigError(f"must be at most half of max_tokens ({self.max_tokens}), got {self.max_step_tokens}",
                               key="max_step_tokens")
+        if self.keep_tokens * 2 > self.max_tokens:
+            raise ConfigError(f"must be at most half of max_tokens ({self.max_tokens}), got {self.keep_tokens}",
+                              key="keep_tokens")
         if self.after_kstar not in AFTER_KSTAR:
             raise ConfigError(f"must be one of {', '.join(AFTER_KSTAR)}, got {self.after_kstar!r}", key="after_kstar")
         if not (self.alarm_weight == "balanced" or (isinstance(self.alarm_weight, (int, float))
@@ -108,7 +115,8 @@ class StepsConfig(ModelConfig):
     def reading(self) -> dict:
         """The step-tagged reading's bounds (`aftraj.prompt.StepReading` keywords), which the
         auditor must read with too: exported as final/steps_reading.json."""
-        return {"max_tokens": self.max_tokens, "max_step_tokens": self.max_step_tokens}
+        return {"max_tokens": self.max_tokens, "max_step_tokens": self.max_step_tokens,
+                "keep_tokens": self.keep_tokens}
 
     def to_dict(self) -> dict:
         return asdict(self)

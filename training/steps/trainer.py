@@ -124,28 +124,130 @@ def weights(runs: list[StepRun], alarm_weight) -> float:
     return float(alarm_weight)
 
 
-def row_logits(model, runs: list[StepRun]) -> list:
-    """Per run, the (rows, vocab) next-token logits at its rows' tags: every segment of `runs` in
-    one forward (right-padded, pads masked: a causal model's real tokens never see the pads after
-    them), the head at the tags only."""
+def row_logits(model, runs: list[StepRun], *, padded: bool = False) -> list:
+    """Per run, the (rows, vocab) next-token logits at its rows' tags, the head at the tags only.
+    Each segment its own forward (the causal kernel, no mask: on CPU a masked forward takes the
+    slow attention path), or with `padded` every segment of `runs` in one right-padded forward,
+    pads masked (a causal model's real tokens never see the pads after them: the same logits)."""
     import torch
 
     device = next(model.parameters()).device
     seqs = [(ri, si, s) for ri, r in enumerate(runs) for si, s in enumerate(r.segs)]
-    width = max(len(s) for _, _, s in seqs)
-    keep = sorted({pos for r in runs for _, pos, _, _ in r.rows})
-    col = {p: j for j, p in enumerate(keep)}
-    if len(seqs) == 1:
-        ids, mask = torch.tensor([seqs[0][2]], device=device), None
-    else:
-        pad = 0
-        ids = torch.tensor([s + [pad] * (width - len(s)) for _, _, s in seqs], device=device)
+    at: dict[tuple[int, int], object] = {}
+    if padded and len(seqs) > 1:
+        width = max(len(s) for _, _, s in seqs)
+        keep = sorted({pos for r in runs for _, pos, _, _ in r.rows})
+        col = {p: j for j, p in enumerate(keep)}
+        ids = torch.tensor([s + [0] * (width - len(s)) for _, _, s in seqs], device=device)
         mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for _, _, s in seqs], device=device)
-    out = model(input_ids=ids, attention_mask=mask, use_cache=False,
-                logits_to_keep=torch.tensor(keep, device=device)).logits
-    row_of = {(ri, si): b for b, (ri, si, _) in enumerate(seqs)}
-    return [out[[row_of[(ri, si)] for si, _, _, _ in r.rows], [col[p] for _, p, _, _ in r.rows]]
-            for ri, r in enumerate(runs)]
+        out = model(input_ids=ids, attention_mask=mask, use_cache=False,
+                    logits_to_keep=torch.tensor(keep, device=device)).logits
+        row_of = {(ri, si): b for b, (ri, si, _) in enumerate(seqs)}
+        return [out[[row_of[(ri, si)] for si, _, _, _ in r.rows], [col[p] for _, p, _, _ in r.rows]]
+                for ri, r in enumerate(runs)]
+    for ri, si, s in seqs:
+        keep = [pos for sj, pos, _, _ in runs[ri].rows if sj == si]
+        if keep:
+            out = model(input_ids=torch.tensor([s], device=device), use_cache=False,
+                        logits_to_keep=torch.tensor(keep, device=device)).logits[0]
+            at[(ri, si)] = out
+    res = []
+    for ri, r in enumerate(runs):
+        parts = [at[(ri, si)] for si in range(len(r.segs)) if (ri, si) in at]
+        res.append(torch.cat(parts) if len(parts) > 1 else parts[0])
+    return res
+
+
+class _Stop(Exception):
+    """Raised by the hook at the first trainable layer: the frozen bottom has run."""
+
+
+class Trunk:
+    """The frozen bottom of the model (below the top `n_top` layers) run once a token, its KV cache
+    and the top's input features of the last sequence kept, so the next sequence runs the bottom
+    on its own tokens after their common beginning only: every run opens with the same chat
+    template and system prompt (~380 SmolLM2 tokens of ~2,000), and a run and its twin (one
+    optimizer step, one after the other) share every step before k*. The top layers then run on
+    the whole sequence's features, with autograd (`top_layers_only`); the bottom never has any.
+    Equal to a plain forward (tests/training/test_steps.py recomputes step 1's loss from plain
+    forwards of each cut run)."""
+
+    def __init__(self, model, n_top: int, min_shared: int = 16):
+        from aftraj.scoring import decoder_layers
+
+        self.model, self.n_top, self.min_shared = model, n_top, min_shared
+        self.layers = decoder_layers(model)[1]
+        self.ids: list[int] = []
+        self.cache = None
+        self.feats = None
+        self.reused = self.computed = 0            # bottom tokens taken from the cache / run
+
+    def features(self, ids: list[int]):
+        """(1, len(ids), d): the input of the first trainable layer at every token, no grad."""
+        import os
+
+        import torch
+        from transformers import DynamicCache
+
+        from aftraj.scoring import past
+
+        n = next((j for j, (x, y) in enumerate(zip(self.ids, ids)) if x != y), min(len(self.ids), len(ids)))
+        n = min(n, len(ids) - 1)
+        if self.cache is None or n < self.min_shared:
+            self.cache, n = DynamicCache(config=self.model.config), 0
+        elif self.cache.get_seq_length() > n:
+            self.cache.crop(n - self.cache.get_seq_length())     # negative: tokens to drop (every transformers 5)
+        seen = []
+
+        def grab(_m, a, kw):
+            seen.append((a[0] if a else kw["hidden_states"]).detach())
+            raise _Stop
+
+        device = next(self.model.parameters()).device
+        hook = self.layers[len(self.layers) - self.n_top].register_forward_pre_hook(grab, with_kwargs=True)
+        # transformers' SDPA copies grouped KV heads under a mask unless told not to (a cache with
+        # several new tokens is that case): eval/auditors/hf.py's masked_gqa, for the bottom's forward
+        gqa = os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA")
+        os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1" if device.type == "cpu" else (gqa or "0")
+        try:
+            with torch.no_grad():
+                self.model(input_ids=torch.tensor([ids[n:]], device=device),
+                           position_ids=torch.arange(n, len(ids), device=device)[None],
+                           **past(self.model, self.cache), use_cache=True)
+        except _Stop:
+            pass
+        finally:
+            hook.remove()
+            if gqa is None:
+                os.environ.pop("TRANSFORMERS_SDPA_FORCE_GQA", None)
+            else:
+                os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = gqa
+        feats = seen[0] if n == 0 else torch.cat([self.feats[:, :n], seen[0]], dim=1)
+        self.ids, self.feats = list(ids), feats
+        self.reused += n
+        self.computed += len(ids) - n
+        return feats
+
+    def row_logits(self, runs: list[StepRun]) -> list:
+        """`row_logits` (one forward a segment) with the bottom from `features`."""
+        import torch
+
+        from aftraj.scoring import top_layers_only
+
+        device = next(self.model.parameters()).device
+        res = []
+        for r in runs:
+            parts = []
+            for si, s in enumerate(r.segs):
+                keep = [pos for sj, pos, _, _ in r.rows if sj == si]
+                if not keep:
+                    continue
+                feats = self.features(s)
+                with top_layers_only(self.model, self.n_top):
+                    parts.append(self.model(inputs_embeds=feats, position_ids=torch.arange(len(s), device=device)[None],
+                                            use_cache=False, logits_to_keep=torch.tensor(keep, device=device)).logits[0])
+            res.append(torch.cat(parts) if len(parts) > 1 else parts[0])
+        return res
 
 
 def log_odds(logp, decisions: tuple[int, int]):
@@ -191,7 +293,9 @@ class _Checkpoint:
 
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.acc is not None:
-            self.acc.save_state(str(self.dir / "accelerate"))
+            self.acc.save_state(str(self.dir / "accelerate"))           # the (sharded) model
+            torch.save({"opt": opt.state_dict(), "sched": sched.state_dict(), "rng": torch.get_rng_state()},
+                       self.dir / f"rank{self.acc.process_index}.pt")     # this rank's optimizer shards
         else:
             trainable = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
             torch.save({"trainable": trainable, "opt": opt.state_dict(), "sched": sched.state_dict(),
@@ -207,6 +311,13 @@ class _Checkpoint:
         meta = json.loads((self.dir / "trainer.json").read_text())
         if self.acc is not None:
             self.acc.load_state(str(self.dir / "accelerate"))
+            mine = self.dir / f"rank{self.acc.process_index}.pt"
+            if not mine.is_file():
+                raise UsageError(f"{mine}: no optimizer state for this rank: resume with the same number of processes")
+            st = torch.load(mine, weights_only=False)
+            opt.load_state_dict(st["opt"])
+            sched.load_state_dict(st["sched"])
+            torch.set_rng_state(st["rng"])
         else:
             st = torch.load(self.dir / "state.pt", weights_only=False)
             params = dict(model.named_parameters())
@@ -268,12 +379,14 @@ def train(cfg: StepsConfig, *, progress: bool = False, resume: bool = False) -> 
                    else sum(p.numel() for p in model.parameters()))
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if acc is not None:
+        # the optimizer over the *prepared* model's parameters: FSDP1 (use_orig_params: false)
+        # replaces them with flat shards, and accelerate remaps an earlier optimizer for FSDP2 only
+        # (training/stage1/trainer.py does the same); its state is saved per rank (_Checkpoint)
+        model = acc.prepare(model)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     sched = get_cosine_schedule_with_warmup(opt, cfg.warmup_steps, total)
-    if acc is not None:
-        model, opt, sched = acc.prepare(model, opt, sched)
-        params = [p for p in model.parameters() if p.requires_grad]
     ckpt = _Checkpoint(out, acc)
     step, history = 0, []
     if resume:
@@ -281,9 +394,11 @@ def train(cfg: StepsConfig, *, progress: bool = False, resume: bool = False) -> 
             raise UsageError(f"{ckpt.dir}: no checkpoint to resume from (save_steps: {cfg.save_steps})")
         step, history = ckpt.load(model, opt, sched)
     rank, world = (acc.process_index, acc.num_processes) if acc is not None else (0, 1)
+    # one process with frozen layers: the bottom once a token, shared beginnings once (Trunk)
+    trunk = Trunk(model, cfg.trainable_layers) if acc is None and cfg.trainable_layers else None
     stop = total if cfg.max_steps is None else min(total, cfg.max_steps)
     t1 = time.perf_counter()
-    runs_done = 0
+    runs_done = tokens_done = 0
     model.train()
     with (out / "metrics.jsonl").open("a" if resume else "w", encoding="utf-8") as log:
         while step < stop:
@@ -300,7 +415,10 @@ def train(cfg: StepsConfig, *, progress: bool = False, resume: bool = False) -> 
             for f in range(n_fwd):
                 g, scale = (mine[f], 1.0) if f < len(mine) else (batch[0], 0.0)
                 with autocast(cfg.mixed_precision, device):
-                    logits = row_logits(model, [runs[i] for i in g])
+                    # under FSDP every rank must run the same number of forwards: a group is one
+                    # (padded) forward whatever its segments
+                    logits = (trunk.row_logits([runs[i] for i in g]) if trunk is not None
+                              else row_logits(model, [runs[i] for i in g], padded=acc is not None))
                 loss, lp = 0.0, {}
                 for i, lg in zip(g, logits):
                     lp[i] = torch.log_softmax(lg.float(), -1)
@@ -324,6 +442,7 @@ def train(cfg: StepsConfig, *, progress: bool = False, resume: bool = False) -> 
                     loss.backward()
                 loss_sum += float(loss.detach()) / world
                 runs_done += len(g) if scale else 0
+                tokens_done += sum(runs[i].tokens for i in g) if scale else 0
             if acc is not None:
                 gnorm = float(acc.clip_grad_norm_(params, cfg.max_grad_norm))
                 loss_sum = float(acc.reduce(torch.tensor(loss_sum, device=device), "sum"))
@@ -350,7 +469,10 @@ def train(cfg: StepsConfig, *, progress: bool = False, resume: bool = False) -> 
             if cfg.save_steps and step % cfg.save_steps == 0 and step < total:
                 ckpt.save(model, opt, sched, step, history)
     train_s = time.perf_counter() - t1
-    data.update(steps=step, runs_trained=runs_done * world, train_s=round(train_s, 1),
+    if trunk is not None:
+        data.update(trunk_tokens_run=trunk.computed, trunk_tokens_reused=trunk.reused)
+    data.update(steps=step, runs_trained=runs_done * world, tokens_trained=tokens_done * world,
+                train_s=round(train_s, 1),
                 runs_per_minute=round(60 * runs_done * world / train_s, 2) if train_s > 0 else None,
                 mixed_precision=resolve_mixed_precision(cfg.mixed_precision), trainable_parameters=n_trainable,
                 device=device.type)
@@ -366,8 +488,14 @@ def train(cfg: StepsConfig, *, progress: bool = False, resume: bool = False) -> 
         if main:
             (final / "steps_reading.json").write_text(json.dumps(reading, indent=1) + "\n", encoding="utf-8")
         if cfg.heldout_split and main:
-            data["heldout"] = score_heldout(acc.unwrap_model(model) if acc is not None else model, tok, cfg,
-                                            decisions, out, progress=progress)
+            scorer = model
+            if acc is not None:     # the shards gathered into final/: one process reads it whole
+                from transformers import AutoModelForCausalLM
+
+                scorer = AutoModelForCausalLM.from_pretrained(final, dtype=getattr(torch, cfg.export_dtype)).to(device)
+            data["heldout"] = score_heldout(scorer.eval(), tok, cfg, decisions, out, progress=progress)
+        if acc is not None:
+            acc.wait_for_everyone()
     data["peak_rss_gib"] = round(_rss_gib(), 2)
     if device.type == "cuda":
         data["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
@@ -391,9 +519,11 @@ def score_heldout(model, tok, cfg: StepsConfig, decisions, out: Path, *, progres
     by_id = {t.id: t for t in trajs}
     runs, counts = select_runs(trajs, tok, cfg, (cfg.max_heldout_runs, cfg.max_heldout_runs), every_step=True)
     t0, rows = time.perf_counter(), []
+    trunk = Trunk(model, cfg.trainable_layers) if cfg.trainable_layers else None
     with torch.no_grad():
         for n, r in enumerate(runs):
-            lo = log_odds(torch.log_softmax(row_logits(model, [r])[0].float(), -1), decisions).tolist()
+            lg = trunk.row_logits([r])[0] if trunk is not None else row_logits(model, [r])[0]
+            lo = log_odds(torch.log_softmax(lg.float(), -1), decisions).tolist()
             steps = by_id[r.traj_id].steps
             rows += [{"id": r.traj_id, "t": t, "alarm": t == r.k, "step_agent": steps[t].agent,
                       "log_odds": round(v, 4)} for (_, _, t, _), v in zip(r.rows, lo)]
