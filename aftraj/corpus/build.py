@@ -542,7 +542,7 @@ def stats_markdown(s: dict) -> str:
     for d, p in list(s["per_domain"].items()) + [("all", t)]:
         lines.append(f"- {d}: {p['slip_rejections_by_type'] or 'none'}")
     lines += ["", f"## Judge: {t['judge']} ({t['judge_note']})", "",
-              "## Content-blind floors on the test split (fit on train)", "",
+              "## Floors on the test split (fit on train, thresholds on val)", "",
               "| floor | n | Exact-F1 | Step-Acc | Agent-Acc | FAR |", "|---|---|---|---|---|---|"]
     for spec, g in (t.get("floors_on_test") or {}).items():
         lines.append(f"| {spec} | {g['n']} | {g['exact_f1']} | {g['step_acc']} | {g['agent_acc']} | {g['far']} |")
