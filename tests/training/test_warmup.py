@@ -170,3 +170,31 @@ def test_parse_check_keeps_at_most_the_cap_of_failures(tiny_model_dir, tmp_path,
     res = wt.check_model(cfg)
     assert sum(res["failure_codes"].values()) == 2      # the random tiny model never parses
     assert len(res["failures"]) == 1
+
+
+def test_parse_check_decodes_plain_greedy_whatever_the_checkpoint_says(tiny_model_dir, tmp_path, monkeypatch):
+    """A checkpoint's generation_config (Qwen2.5-7B-Instruct's sets repetition_penalty 1.05) must not
+    change the parse check's decoding: it is plain greedy, as the evaluation's (issue 46)."""
+    import shutil
+
+    import training.warmup.trainer as wt
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model_dir)
+    gc = json.loads((model_dir / "generation_config.json").read_text())
+    (model_dir / "generation_config.json").write_text(json.dumps({**gc, "repetition_penalty": 1.05, "top_k": 20}))
+    seen = []
+    from transformers.generation.utils import GenerationMixin
+
+    real = GenerationMixin.generate
+
+    def spy(self, *a, **kw):
+        out = real(self, *a, **kw)
+        seen.append(self._prepare_generation_config(None, **kw)[0].repetition_penalty)
+        return out
+
+    monkeypatch.setattr(GenerationMixin, "generate", spy)
+    cfg = load_warmup_config(CONFIGS / "warmup" / "tiny-cpu.yaml",
+                             {"model": str(model_dir), "output_dir": str(tmp_path / "raw")})
+    wt.check_model(cfg)
+    assert seen and all(p == 1.0 for p in seen), seen

@@ -88,7 +88,10 @@ def parse_check(model, tok, prefixes, *, budget: int, max_new_tokens: int, count
         with torch.no_grad():
             gen = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                  do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad_id,
-                                 eos_token_id=tok.eos_token_id)
+                                 eos_token_id=tok.eos_token_id,
+                                 # plain greedy, as the evaluation decodes: never the checkpoint's own
+                                 # generation_config (Qwen2.5's sets repetition_penalty 1.05)
+                                 repetition_penalty=1.0, no_repeat_ngram_size=0)
         text = tok.decode(gen[0, len(ids):], skip_special_tokens=True)
         v = parse_verdict(text, t)
         if isinstance(v, ParseFailure):
