@@ -21,6 +21,8 @@ def main() -> int:
     p.add_argument("--data", required=True, help="a corpus folder (train.jsonl)")
     p.add_argument("--runs", type=int, default=40, help="runs trained (half unsafe, half safe)")
     p.add_argument("--model", default=None)
+    p.add_argument("--mixed-precision", choices=("no", "bf16", "auto"), default=None,
+                   help="override the config's mixed_precision")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (1: on a loaded 2-core machine two spinning threads were 10x slower)")
     a = p.parse_args()
@@ -41,6 +43,8 @@ def main() -> int:
             "heldout_split": None, "save_steps": 0, "warmup_steps": 0}
     if a.model:
         over["model"] = a.model
+    if a.mixed_precision:
+        over["mixed_precision"] = a.mixed_precision
     cfg = load_steps_config(a.config, over)
     cfg.max_steps = -(-a.runs // cfg.runs_per_step)
     t0 = time.perf_counter()

@@ -54,7 +54,7 @@ def walk_part(model, tok, trajs, bounds, reencode_runs: int = 1) -> dict:
     gen.audit(trajs[0], 0), gen.end(trajs[0]), steps.audit(trajs[0], 0), steps.end(trajs[0])   # warm
     rows = []
     for traj in trajs:
-        rec = {"id": traj.id, "steps": len(traj.steps)}
+        rec = {"id": traj.id, "n_steps": len(traj.steps)}
         pairs = [("generation", gen), ("steps", steps)]
         if len(rows) < reencode_runs:
             pairs.insert(0, ("reencode", scratch))
@@ -79,7 +79,7 @@ def walk_part(model, tok, trajs, bounds, reencode_runs: int = 1) -> dict:
     tot = {n: {k: sum(r[n][k] for r in rows) for k in keys} for n in ("generation", "steps")}
     re_tok = sum(r["reencode_tokens_computed"] for r in rows)
     re_rows = [r for r in rows if "reencode" in r]
-    return {"runs": len(rows), "prefixes": sum(r["steps"] for r in rows), "totals": tot,
+    return {"runs": len(rows), "prefixes": sum(r["n_steps"] for r in rows), "totals": tot,
             "ratio_vs_kv_reusing_generation_walk": {k: round(tot["steps"][k] / tot["generation"][k], 4)
                                                     for k in ("wall_s", "tokens_computed")},
             "reencode_tokens_computed": re_tok,
@@ -93,12 +93,15 @@ def walk_part(model, tok, trajs, bounds, reencode_runs: int = 1) -> dict:
 
 def long_runs(trajs, n_events: int, repeats: int):
     """`repeats` runs of n_events steps: the test runs' steps one after another (re-indexed),
-    each long run starting from a different test run, under that run's task."""
+    each long run starting from a different test run, under that run's task, and periodic with
+    period n_events - 15, so the events around step 10 (5..14) and the last ten (n-10..n-1) hold
+    the same steps: the two windows differ by the run's length only, not by their steps' sizes."""
     pool = [s for t in trajs for s in t.steps]
+    period = n_events - 15
     out = []
     for r in range(repeats):
         start = sum(len(t.steps) for t in trajs[:r])
-        steps = [dataclasses.replace(pool[(start + i) % len(pool)], index=i) for i in range(n_events)]
+        steps = [dataclasses.replace(pool[(start + i % period) % len(pool)], index=i) for i in range(n_events)]
         out.append(dataclasses.replace(trajs[r], id=f"long-{r}", steps=steps))
     return out
 
@@ -147,7 +150,7 @@ def main() -> int:
     p.add_argument("--max-steps", type=int, default=24)
     p.add_argument("--part", choices=("walk", "latency", "both"), default="both")
     p.add_argument("--events", type=int, default=200)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (1: on a loaded 2-core machine two spinning threads were 10x slower)")
     p.add_argument("--reencode-runs", type=int, default=1,

@@ -20,8 +20,9 @@ HFAuditor`, the ALARM side forced at its decision token), and its reason (or its
 the ALARM's reason; `reason: none` skips it.
 
 The threshold comes from MODEL/steps_calibration.json (chosen on val at FAR <= 20 %,
-eval/step_calibration.py), or `threshold=` (CLI `--decision-threshold`); the reading's bounds and
-decision tokens from MODEL/steps_reading.json. Without a calibration the threshold is 0 (the two
+eval/step_calibration.py), or `threshold=` (CLI `--decision-threshold`); the reading's bounds,
+decision tokens and the precision the calibration was scored in (the default `mixed_precision`)
+from MODEL/steps_reading.json. Without a calibration the threshold is 0 (the two
 tokens' argmax), said in `label`.
 """
 
@@ -83,7 +84,7 @@ class HFStepsAuditor(Auditor):
     def __init__(self, arg: str | None = None, *, model=None, tokenizer=None, dtype: str = "float32",
                  device: str | None = None, threshold: float | None = None,
                  decision_threshold: float | None = None, reason: str = "generate",
-                 reason_max_new_tokens: int = 256, mixed_precision: str = "no",
+                 reason_max_new_tokens: int = 256, mixed_precision: str | None = None,
                  max_tokens: int | None = None, max_step_tokens: int | None = None,
                  keep_tokens: int | None = None, **kw) -> None:
         super().__init__(arg, **kw)
@@ -119,7 +120,11 @@ class HFStepsAuditor(Auditor):
         if reading.get("decision_ids") and tuple(reading["decision_ids"]) != self.decisions:
             raise ValueError(f"{folder}: steps_reading.json's decision ids {reading['decision_ids']} are not this "
                              f"tokenizer's {list(self.decisions)}")
-        self.mixed_precision, self.reason_max_new_tokens = mixed_precision, reason_max_new_tokens
+        # the precision the calibration's scores were computed in, unless told otherwise
+        self.mixed_precision = mixed_precision or reading.get("mixed_precision", "no")
+        if self.mixed_precision not in ("no", "bf16", "auto"):
+            raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'auto', got {self.mixed_precision!r}")
+        self.reason_max_new_tokens = reason_max_new_tokens
         self.device = next(self.model.parameters()).device
         self.sessions: dict[str, _Session] = {}
         self._reasoner = None

@@ -102,6 +102,9 @@ def test_a_trained_checkpoint_carries_its_calibration(tiny_model_dir, tmp_path):
     assert len(rows) == sum(len(t.steps) for t in val)                # every step of every held-out run
     aud = get_auditor("hf-steps", model=str(tmp_path / "run" / "final"), reason="none")
     assert aud.threshold == cal["threshold"] and "uncalibrated" not in aud.label
+    reading = json.loads((tmp_path / "run" / "final" / "steps_reading.json").read_text())
+    assert reading["max_tokens"] == 2048 and aud.bounds["max_tokens"] == 2048
+    assert aud.mixed_precision == reading["mixed_precision"] == "no"     # scored as calibrated
     for traj in val[:2]:
         got = [aud.audit(traj, t).decision_log_odds for t in range(len(traj.steps))]
         want = [r["log_odds"] for r in rows if r["id"] == traj.id]

@@ -14,7 +14,7 @@ activations whatever the corpus). The head runs at the tags only (`logits_to_kee
 
 Writes OUT/config.json, OUT/data.json (rows, tokens, timings), OUT/metrics.jsonl (one line a logged
 step), OUT/checkpoint/ (with `save_steps`), OUT/heldout_steps.jsonl (with `heldout_split`: every
-held-out run's log-odds at every step, float32, from one forward a segment), OUT/final/ (the model,
+held-out run's log-odds at every step, in `score_precision`, one forward a segment), OUT/final/ (the model,
 `AutoModelForCausalLM.from_pretrained`, with final/steps_reading.json: the reading's bounds and
 decision tokens the `hf-steps` auditor reads with).
 """
@@ -480,7 +480,8 @@ def train(cfg: StepsConfig, *, progress: bool = False, resume: bool = False) -> 
     final = None
     if step >= total:
         reading = {"version": STEP_READING_VERSION, "tag": STEP_TAG, "decision_words": list(STEP_DECISIONS),
-                   "decision_ids": list(decisions), **cfg.reading()}
+                   "decision_ids": list(decisions), **cfg.reading(),
+                   "mixed_precision": resolve_mixed_precision(cfg.score_precision)}
         if acc is not None:
             final = save_final(cfg, acc, model, tok, out / "final")
         else:
@@ -505,8 +506,8 @@ def train(cfg: StepsConfig, *, progress: bool = False, resume: bool = False) -> 
 
 
 def score_heldout(model, tok, cfg: StepsConfig, decisions, out: Path, *, progress: bool = False) -> dict:
-    """Every step of every held-out run (`heldout_split` of the corpus folder), float32, one
-    forward a segment: OUT/heldout_steps.jsonl, one row a step ({id, t, alarm, step_agent,
+    """Every step of every held-out run (`heldout_split` of the corpus folder), in
+    `score_precision` (the auditor's default precision then), one forward a segment: OUT/heldout_steps.jsonl, one row a step ({id, t, alarm, step_agent,
     log_odds}), what the walk's calibration reads."""
     import torch
 
@@ -518,9 +519,12 @@ def score_heldout(model, tok, cfg: StepsConfig, decisions, out: Path, *, progres
     trajs = load_trajectories(hp, "jsonl")
     by_id = {t.id: t for t in trajs}
     runs, counts = select_runs(trajs, tok, cfg, (cfg.max_heldout_runs, cfg.max_heldout_runs), every_step=True)
+    from aftraj.scoring import autocast
+
     t0, rows = time.perf_counter(), []
     trunk = Trunk(model, cfg.trainable_layers) if cfg.trainable_layers else None
-    with torch.no_grad():
+    device = next(model.parameters()).device
+    with torch.no_grad(), autocast(cfg.score_precision, device):
         for n, r in enumerate(runs):
             lg = trunk.row_logits([r])[0] if trunk is not None else row_logits(model, [r])[0]
             lo = log_odds(torch.log_softmax(lg.float(), -1), decisions).tolist()
@@ -535,6 +539,7 @@ def score_heldout(model, tok, cfg: StepsConfig, decisions, out: Path, *, progres
     from training.prefixes.trainer import auc
 
     return {"split": cfg.heldout_split, **counts, "score_s": round(time.perf_counter() - t0, 1),
+            "score_precision": cfg.score_precision,
             "auc_k_vs_safe_rows": auc([x["log_odds"] for x in rows if x["alarm"]],
                                       [x["log_odds"] for x in rows if not x["alarm"]
                                        and (by_id[x["id"]].label.unsafe is False
