@@ -16,8 +16,10 @@ from training.steps.cli import add_arguments  # noqa: F401  (the train command r
 def run(args) -> int:
     from training.steps.cli import summary, train_from_args
 
+    import os
+
     cfg, res = train_from_args(args)
-    if res is None:
+    if res is None or os.environ.get("RANK", "0") != "0":      # under accelerate launch: the main process reports
         return 0
     out = summary(res)
     if res.final_dir is not None and cfg.heldout_split and (res.output_dir / "heldout_steps.jsonl").is_file():
