@@ -25,7 +25,10 @@ cd "$ROOT"
 # --- variables (override any from the environment)
 : "${OUT:=runs/paper}"                                   # everything the run writes
 : "${MODEL:=/models/Qwen2.5-7B-Instruct}"               # base model, a local folder
-: "${PYTHON:=$ROOT/.venv/bin/python}"                   # the project's environment
+# the project's environment: .venv when set up here, else the python3 on PATH (a pip install elsewhere)
+if [ -z "${PYTHON:-}" ]; then
+  if [ -x "$ROOT/.venv/bin/python" ]; then PYTHON="$ROOT/.venv/bin/python"; else PYTHON="$(command -v python3)"; fi
+fi
 : "${VLLM_PYTHON:=$ROOT/.venv-vllm-gpu/bin/python}"     # GPU vLLM (corpus, sampling, serving)
 : "${VERL_PYTHON:=$ROOT/.venv-verl/bin/python}"         # verl's environment (stage 2, merge)
 # (1) corpus: the agents' policy and the judge behind one OpenAI-compatible endpoint
@@ -184,6 +187,8 @@ fi
 echo "== 5. evaluation ($SERVE_CONFIG as $SERVED_NAME at $SERVE_URL; corpus test split and $WW_DATA)"
 declare -A DATA=([corpus]="$OUT/corpus" [ww]="$WW_DATA")
 declare -A SPLIT=([corpus]="--split=test" [ww]="--split=all")
+# an evaluation killed mid-walk left its folder: continue it (eval refuses an existing folder otherwise)
+resume_if() { if [ -e "$1" ]; then echo --resume; fi; }
 if ! { skip "$EVAL/corpus-auditor/metrics.json" "eval corpus" && skip "$EVAL/ww-auditor/metrics.json" "eval ww"; }; then
   start_server vllm-auditor "$SERVE_URL" "${AFTRAJ[@]}" serve vllm --config "$OUT/configs/serve.yaml" \
     --log "$OUT/logs/vllm-auditor.server.log"
@@ -192,7 +197,7 @@ if ! { skip "$EVAL/corpus-auditor/metrics.json" "eval corpus" && skip "$EVAL/ww-
     # the training budget, counted with the served checkpoint's tokenizer (the merged folder holds it)
     step "${AFTRAJ[@]}" eval --auditor openai --endpoint "$SERVE_URL" --api-model "$SERVED_NAME" \
       --model "$OUT/stage2/final" --budget "$RENDER_BUDGET" --max-new-tokens "$RESPONSE_TOKENS" \
-      --data "${DATA[$d]}" "${SPLIT[$d]}" --concurrency "$EVAL_CONCURRENCY" --out "$EVAL/$d-auditor" --no-progress
+      --data "${DATA[$d]}" "${SPLIT[$d]}" --concurrency "$EVAL_CONCURRENCY" --out "$EVAL/$d-auditor" $(resume_if "$EVAL/$d-auditor") --no-progress
   done
   stop_server
 fi
@@ -201,7 +206,7 @@ for spec in rules heuristic:position-prior heuristic:length; do
     [[ $d == ww && $spec == heuristic:* ]] && continue      # floors fit on a train split: none in Who&When
     name="$d-${spec#heuristic:}"
     skip "$EVAL/$name/metrics.json" "eval $name" && continue
-    step "${AFTRAJ[@]}" eval --auditor "$spec" --data "${DATA[$d]}" "${SPLIT[$d]}" --out "$EVAL/$name" --no-progress
+    step "${AFTRAJ[@]}" eval --auditor "$spec" --data "${DATA[$d]}" "${SPLIT[$d]}" --out "$EVAL/$name" $(resume_if "$EVAL/$name") --no-progress
   done
 done
 step "${AFTRAJ[@]}" eval compare "$EVAL/corpus-auditor" "$EVAL/corpus-rules" "$EVAL/corpus-position-prior" \
