@@ -60,7 +60,7 @@ def main() -> int:
         last = t.label.decisive_step if t.label.unsafe else None
         total += sum(len(s.ids) for s in step_reading(tok, t, last, **cfg.reading()).segments)
     tokenize_all_s = time.perf_counter() - t1
-    tok_per_s = d["tokens_trained"] / d["train_s"]
+    tok_per_s = d["tokens_trained"] / max(d["train_s"], 1e-3)
     proj = total / tok_per_s
     print(json.dumps({
         "runs_trained": d["runs_trained"], "steps": d["steps"], "tokens_trained": d["tokens_trained"],

@@ -472,7 +472,7 @@ def train(cfg: StepsConfig, *, progress: bool = False, resume: bool = False) -> 
     if trunk is not None:
         data.update(trunk_tokens_run=trunk.computed, trunk_tokens_reused=trunk.reused)
     data.update(steps=step, runs_trained=runs_done * world, tokens_trained=tokens_done * world,
-                train_s=round(train_s, 1),
+                train_s=round(train_s, 3),
                 runs_per_minute=round(60 * runs_done * world / train_s, 2) if train_s > 0 else None,
                 mixed_precision=resolve_mixed_precision(cfg.mixed_precision), trainable_parameters=n_trainable,
                 device=device.type)
