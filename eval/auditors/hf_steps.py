@@ -62,9 +62,10 @@ def read_calibration(folder: str | Path | None) -> tuple[dict, dict | None]:
 
 
 def offset_of(cal: dict | None, traj, t: int) -> float:
-    """The calibration's offset for step t (per agent, when the calibration kept offsets)."""
+    """The calibration's offset for step t: its run's domain and the step's agent
+    (`eval.step_calibration.offset_key`), when the calibration kept offsets."""
     offs = (cal or {}).get("offsets") or {}
-    return float(offs.get(traj.steps[t].agent, 0.0))
+    return float(offs.get(f"{traj.domain}/{traj.steps[t].agent}", 0.0))
 
 
 @dataclass
