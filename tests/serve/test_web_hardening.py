@@ -54,7 +54,9 @@ def fill(svc: GatewayService, owner: str, run: str, n: int, batch: int = 500, co
 
 @pytest.fixture
 def gw(tmp_path):
-    svc = GatewayService(cfg(tmp_path))
+    # the CPU pacing of web reads has its own test (web_cpu_per_s below); here a slow or busy
+    # machine's page renders must not spend a key's share and turn a read into a 429
+    svc = GatewayService(cfg(tmp_path, limits=LimitsConfig(web_cpu_per_s=1000.0)))
     with TestClient(build_app(svc)) as c:
         c.svc = svc
         yield c
