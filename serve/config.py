@@ -24,7 +24,7 @@ from aftraj.config import ConfigError, build, need, need_int, need_number, read_
 
 ACTIONS = ("none", "warn", "pause", "halt")
 DEFAULT_BUDGET = 8160      # prompt tokens: stage 1's 8192 - 32
-AUDITOR_BACKENDS = ("none", "openai")
+AUDITOR_BACKENDS = ("none", "openai")     # or the name of any registered auditor (eval.auditors), in process
 
 
 def hash_key(key: str) -> str:
@@ -47,8 +47,14 @@ class ApiKey:
 
 @dataclass(frozen=True)
 class AuditorConfig:
-    """The model behind the verdicts: `none` (the fold's findings only) or an OpenAI-compatible
-    endpoint (vLLM). `budget`: prompt tokens for the rendering
+    """The model behind the verdicts: `none` (the fold's findings only), an OpenAI-compatible
+    endpoint (`openai`: vLLM, the normal prompt a verdict), or a registered auditor run in the
+    gateway's process (`hf-steps`, `vllm-steps`, `rules`, …: `aftraj eval --list-auditors`), built
+    with `options` as its constructor's keyword arguments (`{model: RUN/final}` for `hf-steps`: one
+    incremental forward an event). An in-process auditor answers one prefix at a time on a thread
+    of its own, within `deadline_s`; it keeps state for at most `max_sessions` runs (the least
+    recently audited is ended past it, and a run the gateway evicts is ended too: `hf-steps` holds
+    a run's KV cache, ~190 MB for 4,096 SmolLM2 tokens). `budget`: prompt tokens for the rendering
     (`aftraj.tokens.prompt_budget(max_prompt_tokens)` of the served stage, e.g. 8160 for 8192: the
     one rule), counted with the tokenizer in `tokenizer` (the served model's folder)."""
 
@@ -63,9 +69,23 @@ class AuditorConfig:
     budget: int | None = None
     tokenizer: str | None = None
     max_response_bytes: int = 4 * 1024 * 1024
+    options: dict = field(default_factory=dict)
+    max_sessions: int = 64
 
     def __post_init__(self) -> None:
-        need(self.backend in AUDITOR_BACKENDS, "backend", f"must be one of {AUDITOR_BACKENDS}, got {self.backend!r}")
+        need(isinstance(self.backend, str) and bool(self.backend), "backend",
+             f"must be one of {AUDITOR_BACKENDS} or a registered auditor's name, got {self.backend!r}")
+        if self.backend not in AUDITOR_BACKENDS:
+            from eval.auditors import available_auditors
+
+            known = available_auditors()
+            need(self.backend in known, "backend", f"must be one of {AUDITOR_BACKENDS} or a registered auditor "
+                                                   f"({', '.join(sorted(known))}), got {self.backend!r}")
+        need(isinstance(self.options, dict) and all(isinstance(k, str) and k.isidentifier() for k in self.options),
+             "options", "must be a mapping of the auditor's keyword arguments (identifiers)")
+        need(not self.options or self.backend not in AUDITOR_BACKENDS, "options",
+             f"only an in-process auditor takes options, not backend {self.backend!r}")
+        need_int(self.max_sessions, "max_sessions", 1)
         if self.backend == "openai":
             need(isinstance(self.base_url, str) and self.base_url.startswith(("http://", "https://")),
                  "base_url", f"must be an http(s) URL, got {self.base_url!r}")

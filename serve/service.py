@@ -20,6 +20,12 @@ client (`aftraj.llm_client`). The answer is the verdict for that prefix, the fol
 their evidence, and an intervention action. If the auditor is off, slow past `deadline_s` or
 down, the verdict says `auditor: unavailable` (decision from the fold's deterministic rules):
 never a silent CONTINUE. A batch that adds nothing new (a resend) gets the stored verdict back.
+An in-process auditor (`auditor.backend: hf-steps`, any registered name) is asked instead of the
+client: prefix t of the run (its id the storage key, so tenants never share its state) on one
+thread of its own, within the same deadline; `hf-steps` feeds only the new step onto the run's KV
+cache, so the cost of an event does not grow with the run, and the reason is generated only when
+the score crosses. The runs it keeps state for are bounded (`auditor.max_sessions`) and ended
+when the gateway evicts them.
 
 Nothing blocking runs on the event loop: body parsing and validation, every database call, the
 fold, rendering and parsing the auditor's reply run on the service's thread pool
@@ -64,10 +70,18 @@ from aftraj.schema import Label, SchemaError, Trajectory
 from aftraj.tokens import approx_tokens
 from aftraj.verdict import ParseFailure, parse_verdict
 from aftraj.views import observer_view
-from serve.config import GatewayConfig, hash_key
+from serve.config import AUDITOR_BACKENDS, GatewayConfig, hash_key
 from serve.protocol import RunCreate, RunCreated
 
 log = logging.getLogger("aftraj.gateway")
+
+
+class AuditorUnavailable(Exception):
+    """An in-process auditor gave no answer (`AuditResult.error`); `kind` as the client's errors."""
+
+    def __init__(self, kind: str, message: str | None):
+        super().__init__(message or kind)
+        self.kind = kind
 
 
 class GatewayError(Exception):
@@ -310,7 +324,16 @@ class GatewayService:
         self.web_counts: dict[tuple[str, str], tuple[int | None, int]] = {}   # (table, run) -> (max seq, rows)
         a = cfg.auditor
         self.client = None
+        self.auditor = None            # an in-process auditor (`auditor.backend`: its registered name)
         self.count_tokens = approx_tokens
+        if a.backend not in AUDITOR_BACKENDS:
+            from eval.auditors import get_auditor
+
+            self.auditor = get_auditor(a.backend, **a.options)
+            # one thread: a model is not shared between threads, and the runs it keeps state for
+            # (`audited`, least recently audited first) are touched there only
+            self.audit_pool = ThreadPoolExecutor(1, thread_name_prefix="aftraj-auditor")
+            self.audited: OrderedDict[str, Trajectory] = OrderedDict()
         if a.backend == "openai":
             from aftraj.llm_client import ChatClient, ClientConfig
 
@@ -331,6 +354,38 @@ class GatewayService:
             log.warning("auditor.tokenizer is not set: the %d-token budget is counted approximately (3 characters "
                         "a token); give the served model's folder to render over-budget prompts as training did",
                         a.budget)
+
+    @property
+    def asks(self) -> bool:
+        """An auditor model answers each prefix (else the fold alone, inside the events' commit)."""
+        return self.client is not None or self.auditor is not None
+
+    def _audit_here(self, key: str, traj: Trajectory, t: int):
+        """On the auditor's thread: prefix t of the run stored under `key`; past `max_sessions`
+        runs, the least recently audited one is ended (its state, e.g. a KV cache, freed)."""
+        self.audited[key] = traj
+        self.audited.move_to_end(key)
+        while len(self.audited) > self.cfg.auditor.max_sessions:
+            _, old = self.audited.popitem(last=False)
+            self.auditor.end(old)
+        return self.auditor.audit(traj, t)
+
+    def _end_here(self, key: str) -> None:
+        """On the auditor's thread: the run left the gateway's cache; end the auditor's state."""
+        old = self.audited.pop(key, None)
+        if old is not None:
+            self.auditor.end(old)
+
+    def _audit_view(self, r: _Run) -> Trajectory:
+        """The run as the in-process auditor reads it: its id is the storage key (the tenant's
+        and the run's), so runs of two tenants with one run_id never share the auditor's state."""
+        traj = self.trajectory(r)
+        view = object.__new__(Trajectory)
+        for f in _TRAJ_FIELDS:
+            object.__setattr__(view, f, getattr(traj, f))
+        object.__setattr__(view, "id", r.key)
+        object.__setattr__(view, "steps", traj.steps)
+        return view
 
     async def _off(self, fn, *args):
         """Run blocking work (database, parsing, fold, rendering) on the service's threads."""
@@ -513,6 +568,8 @@ class GatewayService:
             del self.runs[r.key]
             self.cached_bytes -= r.counted
             r.counted = 0
+            if self.auditor is not None:
+                self.audit_pool.submit(self._end_here, r.key)
 
     def _sweep(self) -> None:
         """Evict least recently used runs past the cache's bounds, and idle ones (never a run
@@ -679,7 +736,7 @@ class GatewayService:
             if new_agents:
                 conn.execute(self._insert_ignore(self.run_agents_table),
                              [{"run_id": r.key, "agent": a} for a in new_agents])
-            if self.client is not None or sum(added) != len(events) or before.get(r.key) != r.state.last_seq:
+            if self.asks or sum(added) != len(events) or before.get(r.key) != r.state.last_seq:
                 return
             self._fold_new(r, events, checked)
             v, data = self._answer(r, len(events), 0, t0)
@@ -714,7 +771,7 @@ class GatewayService:
         else:
             self._catch_up(r)              # another process (or a resend): read the ledger
         stored = self._stored_verdict(r.key, r.state.last_seq) if n_new == 0 else None
-        if stored is not None or self.client is not None:
+        if stored is not None or self.asks:
             return added, stored, None, None
         v, data = self._answer(r, n_new, len(added) - n_new, t0)
         try:
@@ -829,6 +886,14 @@ class GatewayService:
                 conf = None
         return v, None, conf
 
+    @staticmethod
+    def _read_result(res):
+        """An in-process auditor's AuditResult as (verdict, error, confidence, (prompt, cached
+        tokens)): an endpoint error is raised as the openai path's are (auditor: unavailable)."""
+        if res.verdict is None:
+            raise AuditorUnavailable(res.error_kind or "error", res.error)
+        return res.verdict, None, res.confidence, (res.prompt_tokens, res.cached_tokens)
+
     def _verdict_head(self, r: _Run, seq: int):
         findings = [self._finding(r, f) for f in r.state.findings]
         fold_alarm = next((d for f, d in zip(r.state.findings, findings) if f.alarm), None)
@@ -861,7 +926,7 @@ class GatewayService:
     async def _verdict(self, r: _Run, seq: int, t0: float) -> dict:
         base, decision, status, score, fold_alarm = self._verdict_head(r, seq)
         t = base["t"]
-        if self.client is not None and t >= 0:
+        if self.asks and t >= 0:
             status = "unavailable"
             a = self.cfg.auditor
             left = t0 + a.deadline_s - time.perf_counter()   # one deadline from arrival, lock wait included
@@ -869,15 +934,25 @@ class GatewayService:
                 if left < MIN_AUDIT_S:
                     raise TimeoutError
                 async with asyncio.timeout(left):
-                    rendered = await self._off(self._render, r, t)
-                    body = {"model": a.model, "messages": rendered.messages, "temperature": a.temperature,
-                            "max_tokens": a.max_tokens}
-                    if a.top_logprobs:
-                        body.update(logprobs=True, top_logprobs=a.top_logprobs)
-                    m0 = time.perf_counter()
-                    c = await self.client.acomplete(body)
-                    base["model_latency_ms"] = round(1000 * (time.perf_counter() - m0), 3)
-                    v, err, conf = await self._off(self._read_reply, c.text, c.logprobs, t)
+                    if self.auditor is not None:
+                        # past the deadline the answer is dropped, the thread finishes it (and the
+                        # next prefix waits for it): one run's walk, one model, in order
+                        m0 = time.perf_counter()
+                        res = await asyncio.get_running_loop().run_in_executor(
+                            self.audit_pool, self._audit_here, r.key, self._audit_view(r), t)
+                        base["model_latency_ms"] = round(1000 * (time.perf_counter() - m0), 3)
+                        v, err, conf, usage = self._read_result(res)
+                    else:
+                        rendered = await self._off(self._render, r, t)
+                        body = {"model": a.model, "messages": rendered.messages, "temperature": a.temperature,
+                                "max_tokens": a.max_tokens}
+                        if a.top_logprobs:
+                            body.update(logprobs=True, top_logprobs=a.top_logprobs)
+                        m0 = time.perf_counter()
+                        c = await self.client.acomplete(body)
+                        base["model_latency_ms"] = round(1000 * (time.perf_counter() - m0), 3)
+                        v, err, conf = await self._off(self._read_reply, c.text, c.logprobs, t)
+                        usage = (c.usage.prompt_tokens, c.usage.cached_tokens)
             except TimeoutError:
                 base["auditor_error"] = (f"no verdict within the {a.deadline_s:g} s deadline (counted from the "
                                          f"request's arrival, the wait for the run's lock included)")
@@ -887,7 +962,7 @@ class GatewayService:
                 base["auditor_error"] = f"{type(e).__name__}" + (f" ({kind})" if kind else "")
                 log.warning("run %s: auditor error: %s: %s", r.key, type(e).__name__, e)
             else:
-                base.update(prompt_tokens=c.usage.prompt_tokens, cached_tokens=c.usage.cached_tokens)
+                base.update(prompt_tokens=usage[0], cached_tokens=usage[1])
                 if v is None:
                     status, base["auditor_error"] = "parse_failure", err
                 elif isinstance(v, ParseFailure):
@@ -1103,6 +1178,9 @@ class GatewayService:
     async def aclose(self) -> None:
         if self.client is not None:
             await self.client.aclose()
+        if self.auditor is not None:
+            self.audit_pool.shutdown(wait=True, cancel_futures=True)
+            self.auditor.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.web_pool.shutdown(wait=False, cancel_futures=True)
         self.ledger.close()
