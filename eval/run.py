@@ -257,9 +257,11 @@ def _build(cfg: EvalConfig):
                               all_prefixes=cfg.all_prefixes, parser=cfg.parser, lookahead=cfg.lookahead)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    for key in ("decision_threshold", "decision_finish", "mixed_precision"):   # the hf auditor's own flags
-        if getattr(cfg, key) is not None and name != "hf":
-            raise UsageError(f"--{key.replace('_', '-')} applies to the hf auditor only, not {cfg.auditor!r}")
+    for key, takes in (("decision_threshold", ("hf", "hf-steps", "vllm-steps")), ("decision_finish", ("hf",)),
+                       ("mixed_precision", ("hf", "hf-steps"))):     # the model auditors' own flags
+        if getattr(cfg, key) is not None and name not in takes:
+            raise UsageError(f"--{key.replace('_', '-')} applies to the {' and '.join(takes)} auditors only, "
+                             f"not {cfg.auditor!r}")
     emitters = None
     if cfg.emit:     # checked before the walk: an unknown name fails at once
         from aftraj.adapters.emit import from_spec

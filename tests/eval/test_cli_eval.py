@@ -109,12 +109,15 @@ def test_hf_backend_on_jsonl(tiny_model_dir, tmp_path, make_traj, torch_one_thre
 
 @pytest.mark.parametrize("flag, value", [("--decision-threshold", "1.5"), ("--decision-finish", "canonical"),
                                          ("--mixed-precision", "bf16")])
-def test_the_decision_flags_are_for_the_hf_auditor_only(tmp_path, make_traj, capsys, flag, value):
+def test_the_decision_flags_are_for_the_model_auditors_only(tmp_path, make_traj, capsys, flag, value):
     data = tmp_path / "set.jsonl"
     write_jsonl([make_traj(0, 4, 2)], data)
     assert main(["eval", "--auditor", "dummy:gold", "--data", str(data), "--out", str(tmp_path / "o"),
                  flag, value, "--no-progress"]) == 2
-    assert f"{flag} applies to the hf auditor only" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{flag} applies to the hf" in err and "not 'dummy:gold'" in err
+    # the step-scored auditor takes a threshold too (`--decision-threshold` beside its calibration)
+    assert ("hf-steps" in err) == (flag in ("--decision-threshold", "--mixed-precision"))
     assert not (tmp_path / "o" / "predictions.jsonl").exists()
 
 
