@@ -46,7 +46,7 @@ def test_report_rows_come_from_the_runs_evaluations(quick_run):
     md = (report / "ablation.md").read_text()
     assert "builtin:tiny-qwen2" in md and "seed 0" in md and "## Wall time per phase" in md
     for phase in ("corpus", "warmup", "stage 1", "stage 2", "stage 1 + 2", "every prefix",
-                  "tune threshold every prefix"):
+                  "tune threshold every prefix", "step-scored"):
         assert f"| {phase} |" in md
     # the every-prefix row's threshold came from its held-out rows (no val walk), and both of its
     # walks decided at it
@@ -56,6 +56,12 @@ def test_report_rows_come_from_the_runs_evaluations(quick_run):
     for target in ("heldout", "ww"):
         m = json.loads((out / "ablation" / "eval" / target / "every_prefix" / "metrics.json").read_text())
         assert m["provenance"]["auditor_settings"]["decision_threshold"] == th["pick"]["threshold"], target
+    # the step-scored row walked with hf-steps at the threshold stored with its checkpoint
+    cal = json.loads((out / "ablation" / "steps" / "final" / "steps_calibration.json").read_text())
+    for target in ("heldout", "ww"):
+        m = json.loads((out / "ablation" / "eval" / target / "step-scored" / "metrics.json").read_text())
+        assert m["auditor"].startswith("hf-steps"), m["auditor"]
+    assert "- step-scored (not in the paper):" in md and f"threshold {cal['threshold']}" in md
     assert (report / "compare-heldout" / "compare.md").is_file()
     assert "Report: " in stdout
 
@@ -70,6 +76,9 @@ def test_training_phases_ran_their_steps(quick_run):
     assert (out / "ablation" / "stage1" / "final" / "config.json").is_file()
     assert json.loads((out / "ablation" / "stage12" / "selection.json").read_text())["chosen"]
     for row in cfg.model_rows:                                    # quick.yaml keeps the probe on
+        if row in ab.STEP_ROWS:                                   # read through its tagged reading: not probed
+            assert not (out / "ablation" / "probe" / ab.row_slug(row)).exists()
+            continue
         probe = json.loads((out / "ablation" / "probe" / ab.row_slug(row) / "probe.json").read_text())
         assert probe["summary"]["n_runs"] >= 1
 

@@ -104,17 +104,20 @@ def add_walk_args(p, *, audit: bool = False) -> None:
     p.add_argument("--timeout", type=float, default=120.0,
                    help="openai: total deadline per call in seconds (retries included)")
     p.add_argument("--retries", type=int, default=4, help="openai: retries per call")
-    p.add_argument("--max-new-tokens", type=int, default=1024, help="generation budget per call")
+    p.add_argument("--max-new-tokens", type=int, default=1024,
+                   help="generation budget per call (hf-steps: the reason generated on a crossing, at most 256; "
+                        "0: no reason, the score's line: the walk's metrics do not read it)")
     p.add_argument("--budget", type=int, help="prompt token budget (the fold's view beyond it)")
     p.add_argument("--decision-threshold", type=float, metavar="LOG_ODDS",
                    help="hf: at the decision token choose ALARM iff log p(ALARM) - log p(SAFE) >= this "
-                        "(tune it on a validation walk: `aftraj eval tune-threshold`); default: greedy")
+                        "(tune it on a validation walk: `aftraj eval tune-threshold`); default: greedy. "
+                        "hf-steps, vllm-steps: instead of the threshold stored with the checkpoint")
     p.add_argument("--decision-finish", choices=("model", "canonical"),
                    help="hf: after the decision token, 'model' (default) lets the model write the rest; "
                         "'canonical' writes the canonical completion of the side chosen there (SAFE, or "
                         "ALARM at step t blaming step t's agent): for a row trained on the decision token only")
     p.add_argument("--mixed-precision", choices=("no", "bf16", "auto"),
-                   help="hf: run the forwards under bf16 autocast (float32 weights); auto: where the device "
+                   help="hf, hf-steps: run the forwards under bf16 autocast (float32 weights); auto: where the device "
                         "computes bf16 natively (a CUDA GPU, a CPU with AVX512-BF16/AMX); default float32 "
                         "(a threshold tuned in one precision is read in the same one; bf16 moves the decision "
                         "log-odds by more than a post-vs-twin gap: see aftraj probe --help)")

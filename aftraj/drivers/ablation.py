@@ -49,8 +49,13 @@ import yaml
 from aftraj.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[2]
-MODEL_ROWS = ("raw base", "warmed base", "stage 1", "stage 2", "stage 1 + 2", "every prefix")
+MODEL_ROWS = ("raw base", "warmed base", "stage 1", "stage 2", "stage 1 + 2", "every prefix", "step-scored")
 PREFIXES_FROM = ("warmed base", "stage 1")
+STEPS_FROM = ("raw base", "warmed base", "stage 1")
+# rows read through the step-tagged reading (`hf-steps`), not the normal prompt: not probed (the
+# probe reads the normal prompt's decision token), walked at their own stored calibration
+STEP_ROWS = ("step-scored",)
+OPT_IN_ROWS = ("every prefix", "step-scored")
 THRESHOLD_FROM = ("val walk", "heldout rows")
 # the floors (content-blind: position prior, length; reading: error words, a bag of words over
 # single steps, an agent/step-kind n-gram rule; eval/auditors/floors.py, reading.py), then `rules`
@@ -71,7 +76,7 @@ class AblationConfig:
     corpus_config: str = "configs/corpus/demo-small.yaml"
     model: str = "builtin:smollm2-135m"
     # which trained rows to build and evaluate (the demo skips some to fit its time)
-    model_rows: list = field(default_factory=lambda: list(MODEL_ROWS[:-1]))   # "every prefix" is opt-in
+    model_rows: list = field(default_factory=lambda: [r for r in MODEL_ROWS if r not in OPT_IN_ROWS])
     warmup_config: str = "configs/warmup/smollm2-135m-cpu.yaml"
     stage1_config: str = "configs/stage1/smollm2-135m-cpu.yaml"
     stage2_config: str = "configs/stage2/smollm2-135m-cpu.yaml"
@@ -80,6 +85,14 @@ class AblationConfig:
     prefixes_config: str = "configs/prefixes/smollm2-135m-cpu.yaml"
     prefixes_from: str = "warmed base"
     prefixes_set: list = field(default_factory=list)
+    # the "step-scored" row (training/steps, NOT in the paper; issue 44): the decision at every
+    # step's tag of the run read once, trained on every train run from `steps_from`, its threshold
+    # chosen on val and stored with the checkpoint; walked by `hf-steps` (one incremental forward
+    # an event; a reason of at most `step_reason_tokens` generated on a crossing)
+    steps_config: str = "configs/steps/smollm2-135m-cpu.yaml"
+    steps_from: str = "raw base"
+    steps_set: list = field(default_factory=list)
+    step_reason_tokens: int = 64           # the reason its walks generate on a crossing (0: none)
     # rows whose walks decide at a decision threshold (`aftraj eval --decision-threshold`) tuned by
     # `aftraj eval tune-threshold` (FAR <= 20 %) on val: "val walk", a walk of every prefix of
     # `threshold_sample` val runs; "heldout rows", the "every prefix" row only, on its training run's
@@ -165,6 +178,16 @@ class AblationConfig:
                 raise ConfigError(f"must be null (every model row) or a list of rows among {list(MODEL_ROWS)}, "
                                   f"got {self.walk_rows!r}", key="walk_rows")
             self.walk_rows = [r for r in MODEL_ROWS if r in self.walk_rows]   # table order
+        if not isinstance(self.step_reason_tokens, int) or isinstance(self.step_reason_tokens, bool) \
+                or self.step_reason_tokens < 0:
+            raise ConfigError(f"must be an integer >= 0 (0: no reason), got {self.step_reason_tokens!r}",
+                              key="step_reason_tokens")
+        if self.steps_from not in STEPS_FROM:
+            raise ConfigError(f"must be one of {list(STEPS_FROM)}, got {self.steps_from!r}", key="steps_from")
+        if any(r in STEP_ROWS for r in self.threshold_rows + self.canonical_finish_rows):
+            raise ConfigError(f"{list(STEP_ROWS)} decide at the threshold stored with their checkpoint (chosen on "
+                              f"val as they train): not a row of threshold_rows or canonical_finish_rows",
+                              key="threshold_rows")
         if self.prefixes_from not in PREFIXES_FROM:
             raise ConfigError(f"must be one of {list(PREFIXES_FROM)}, got {self.prefixes_from!r}", key="prefixes_from")
         if not isinstance(self.threshold_rows, list) or any(r not in self.model_rows for r in self.threshold_rows):
@@ -182,12 +205,12 @@ class AblationConfig:
         if not isinstance(self.canonical_finish_rows, list) or any(r not in MODEL_ROWS for r in self.canonical_finish_rows):
             raise ConfigError(f"must be a list of rows among {list(MODEL_ROWS)}, got {self.canonical_finish_rows!r}",
                               key="canonical_finish_rows")
-        for k in ("warmup_set", "stage1_set", "stage2_set", "prefixes_set"):
+        for k in ("warmup_set", "stage1_set", "stage2_set", "prefixes_set", "steps_set"):
             v = getattr(self, k)
             if not isinstance(v, list) or not all(isinstance(x, str) and "=" in x for x in v):
                 raise ConfigError(f"must be a list of KEY=VALUE strings, got {v!r}", key=k)
         for k in ("corpus_config", "warmup_config", "stage1_config", "stage2_config", "prefixes_config",
-                  "rules_policy"):
+                  "steps_config", "rules_policy"):
             if not (REPO / getattr(self, k)).is_file() and not Path(getattr(self, k)).is_file():
                 raise ConfigError(f"no such file: {getattr(self, k)}", key=k)
 
@@ -342,14 +365,16 @@ class Ablation:
         r.run("corpus", ["corpus", "build", "--config", c.corpus_config, "--out", str(self.corpus),
                          "--no-progress"], clean=self.corpus)
         base = self.base_model()
-        r.run("warmup", ["train", "warmup", "--config", c.warmup_config, "--data", str(self.corpus),
-                         "--model", str(base), "--out", str(self.out / "warmup"), "--no-progress",
-                         *(["--max-steps", str(c.warmup_steps)] if c.warmup_steps else []),
-                         *_sets(c.warmup_set)], clean=self.out / "warmup")
-        warmed = self.out / "warmup" / "final"
         rows = c.model_rows
+        warmed = self.out / "warmup" / "final"
+        if self.needs_warmup:
+            r.run("warmup", ["train", "warmup", "--config", c.warmup_config, "--data", str(self.corpus),
+                             "--model", str(base), "--out", str(self.out / "warmup"), "--no-progress",
+                             *(["--max-steps", str(c.warmup_steps)] if c.warmup_steps else []),
+                             *_sets(c.warmup_set)], clean=self.out / "warmup")
         models = {"raw base": base, "warmed base": warmed}
-        if "stage 1" in rows or "stage 1 + 2" in rows or ("every prefix" in rows and c.prefixes_from == "stage 1"):
+        if ("stage 1" in rows or "stage 1 + 2" in rows or ("every prefix" in rows and c.prefixes_from == "stage 1")
+                or ("step-scored" in rows and c.steps_from == "stage 1")):
             r.run("stage 1", ["train", "stage1", "--config", c.stage1_config, "--data", str(self.corpus),
                               "--model", str(warmed), "--out", str(self.out / "stage1"), "--no-progress",
                               *_steps_args(c.stage1_steps, c.stage1_save_steps), *_sets(c.stage1_set)],
@@ -374,22 +399,28 @@ class Ablation:
                                    "--model", str(models[c.prefixes_from]), "--out", str(self.out / "prefixes"),
                                    "--no-progress", *_sets(c.prefixes_set)], clean=self.out / "prefixes")
             models["every prefix"] = self.out / "prefixes" / "final"
+        if "step-scored" in rows:
+            r.run("step-scored", ["train", "steps", "--config", c.steps_config, "--data", str(self.corpus),
+                                  "--model", str(models[c.steps_from]), "--out", str(self.out / "steps"),
+                                  "--no-progress", *_sets(c.steps_set)], clean=self.out / "steps")
+            models["step-scored"] = self.out / "steps" / "final"
         models = {k: v for k, v in models.items() if k in rows}
-        heldout = self.probe_data() if c.probe or c.linear_probe_rows else None
+        probed = {k: v for k, v in models.items() if k not in STEP_ROWS}
+        heldout = self.probe_data() if (c.probe and probed) or c.linear_probe_rows else None
         lim = ["--max-post-tokens", str(c.probe_max_post_tokens)] if c.probe_max_post_tokens else []
         lim += ["--mixed-precision", c.probe_mixed_precision] if c.probe_mixed_precision != "no" else []
-        if c.probe and models:     # teacher forcing, held-out unsafe runs; one phase, the rows' shared layers once
-            (first, path), *rest = models.items()
-            if r.done(f"probe {', '.join(models)}") is None:
-                for row in models:
+        if c.probe and probed:     # teacher forcing, held-out unsafe runs; one phase, the rows' shared layers once
+            (first, path), *rest = probed.items()
+            if r.done(f"probe {', '.join(probed)}") is None:
+                for row in probed:
                     self.count_test(row, "probes")
-            r.run(f"probe {', '.join(models)}",
+            r.run(f"probe {', '.join(probed)}",
                   ["probe", "--model", str(path), "--data", str(heldout), "--split", "all",
                    "--out", str(self.out / "probe" / row_slug(first)),
                    *(a for row, p in rest for a in ("--also", str(p), str(self.out / "probe" / row_slug(row)))),
                    "--n-boot", str(c.n_boot), "--seed", str(c.seed), *lim], clean=self.out / "probe")
-        if c.probe and models:
-            self.bow_probe(models)
+        if c.probe and probed:
+            self.bow_probe(probed)
         for row in c.linear_probe_rows:      # is the content signal in the frozen representation at all?
             d = self.out / "linear_probe" / row_slug(row)
             if r.done(f"linear probe {row}") is None:
@@ -407,6 +438,13 @@ class Ablation:
             self.evaluate(row)
         wall = time.perf_counter() - t_all
         return self.write_report(models, wall)
+
+    @property
+    def needs_warmup(self) -> bool:
+        """The format warm-up runs when a row is built from the warmed base."""
+        c = self.cfg
+        return (any(r not in ("raw base", *STEP_ROWS) for r in c.model_rows)
+                or ("step-scored" in c.model_rows and c.steps_from != "raw base"))
 
     def probe_data(self) -> Path:
         """OUT/probe-data/heldout.jsonl: the val and test families' runs (held out from training),
@@ -483,6 +521,9 @@ class Ablation:
             data, n = ["--data", str(self.corpus), "--split", "val"], c.val_sample
         common = [*data, "--sample", str(n), "--sample-seed", str(c.seed), "--n-boot", str(c.n_boot),
                   "--seed", str(c.seed), "--no-progress"]
+        if model is not None and row in STEP_ROWS:
+            return ["--auditor", "hf-steps", "--model", str(model), "--max-new-tokens", str(c.step_reason_tokens),
+                    *common]
         if model is not None:
             return ["--auditor", "hf", "--model", str(model), "--max-new-tokens", str(c.max_new_tokens),
                     "--max-in-flight", str(c.eval_batch), *common]
@@ -639,6 +680,7 @@ class Ablation:
             "warmup": json.loads(warm.read_text()) if warm.is_file() else None,
             "preferences": stats(self.out / "stage1"),
             "every_prefix": (json.loads(f.read_text()) if (f := self.out / "prefixes" / "data.json").is_file() else None),
+            "step_scored": (json.loads(f.read_text()) if (f := self.out / "steps" / "data.json").is_file() else None),
             "thresholds": {row: json.loads(f.read_text())["pick"] for row in self.cfg.threshold_rows
                            if (f := self.out / "eval" / "val" / f"{row_slug(row)}-threshold" / "threshold.json").is_file()},
             "selection": selections,
@@ -744,7 +786,7 @@ def goal_lines(summary: dict) -> list[str]:
     floor = floors[best] if best else 0.0
     paired = ((summary.get("vs_best_floor") or {}).get("heldout") or {}).get("rows") or {}
     out = []
-    for k in ("stage 1", "stage 2", "stage 1 + 2", "every prefix"):
+    for k in ("stage 1", "stage 2", "stage 1 + 2", "every prefix", "step-scored"):
         if k not in rows:
             continue
         ov = rows[k]["overall"]
@@ -819,6 +861,16 @@ def render_markdown(s: dict) -> str:
                      + (f" (raw base {_pct(w.get('base_parse_rate'))})" if w.get("base_parse_rate") is not None else ""))
     if s.get("preferences"):
         lines.append(f"- stage-1 preference pairs: `{json.dumps(s['preferences'], sort_keys=True)}`")
+    st = s.get("step_scored") or {}
+    if st:
+        cal = st.get("calibration") or {}
+        lines.append(f"- step-scored (not in the paper): {st.get('runs_trained')} train runs ({st.get('unsafe')} unsafe, "
+                     f"{st.get('safe')} safe), {st.get('tokens_trained')} tokens in {st.get('steps')} steps, "
+                     f"{st.get('runs_per_minute')} runs a minute ({st.get('mixed_precision')}); threshold "
+                     f"{cal.get('threshold')} chosen on {cal.get('val', {}).get('n_runs')} val runs at FAR "
+                     f"{_pct(cal.get('val', {}).get('far'))} (val Exact-F1 {_pct(cal.get('val', {}).get('exact_f1'))})"
+                     + (f", offsets kept for {len(cal['offsets'])} (domain, agent) pairs"
+                        if cal.get("offsets") and (cal.get("offsets_check") or {}).get("kept") else ""))
     for row, sel in s["selection"].items():
         scored = ", ".join(f"{'final' if x['step'] is None else 'step ' + str(x['step'])}: "
                            f"F1 {_pct(x['exact_f1'])} FAR {_pct(x['far'])}" for x in sel["scored"]) or "one candidate"

@@ -17,7 +17,8 @@ threshold; the ALARM names step t and its agent (the decision is about prefix 0.
 that tipped it is t). Tier 2, only on a crossing (`reason: generate`, the default): the same
 checkpoint answers the normal prompt for prefix t through the generative path (`eval.auditors.hf.
 HFAuditor`, the ALARM side forced at its decision token), and its reason (or its raw text) becomes
-the ALARM's reason; `reason: none` skips it.
+the ALARM's reason (at most `reason_max_new_tokens`, 256, and at most `--max-new-tokens` new
+tokens); `reason: none` (or `--max-new-tokens 0`) skips it.
 
 The threshold comes from MODEL/steps_calibration.json (chosen on val at FAR <= 20 %,
 eval/step_calibration.py), or `threshold=` (CLI `--decision-threshold`); the reading's bounds,
@@ -85,7 +86,8 @@ class HFStepsAuditor(Auditor):
     def __init__(self, arg: str | None = None, *, model=None, tokenizer=None, dtype: str = "float32",
                  device: str | None = None, threshold: float | None = None,
                  decision_threshold: float | None = None, reason: str = "generate",
-                 reason_max_new_tokens: int = 256, mixed_precision: str | None = None,
+                 reason_max_new_tokens: int = 256, max_new_tokens: int | None = None,
+                 mixed_precision: str | None = None,
                  max_tokens: int | None = None, max_step_tokens: int | None = None,
                  keep_tokens: int | None = None, **kw) -> None:
         super().__init__(arg, **kw)
@@ -102,6 +104,8 @@ class HFStepsAuditor(Auditor):
             raise ValueError("hf-steps auditor needs a model folder: --model PATH (or hf-steps:PATH)")
         if reason not in ("generate", "none"):
             raise ValueError(f"reason must be 'generate' or 'none', got {reason!r}")
+        if max_new_tokens == 0:           # `aftraj eval --max-new-tokens 0`: tier 1 only
+            reason = "none"
         reading, self.calibration = read_calibration(folder if folder and Path(folder).expanduser().is_dir() else None)
         thr = threshold if threshold is not None else decision_threshold
         if thr is None:
@@ -125,7 +129,9 @@ class HFStepsAuditor(Auditor):
         self.mixed_precision = mixed_precision or reading.get("mixed_precision", "no")
         if self.mixed_precision not in ("no", "bf16", "auto"):
             raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'auto', got {self.mixed_precision!r}")
-        self.reason_max_new_tokens = reason_max_new_tokens
+        # the reason's budget: at most `reason_max_new_tokens`, and at most the walk's
+        # `max_new_tokens` (`aftraj eval --max-new-tokens`) when it is given
+        self.reason_max_new_tokens = min(reason_max_new_tokens, max_new_tokens or reason_max_new_tokens)
         self.device = next(self.model.parameters()).device
         self.sessions: dict[str, _Session] = {}
         self._reasoner = None

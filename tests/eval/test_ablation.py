@@ -202,7 +202,7 @@ def test_goal_lines_check_both_sides():
 
 def test_goal_lines_skip_rows_not_built():
     s = _summary({"warmed base": 0.2, "stage 1": 0.3}, {})
-    for k in ("stage 2", "stage 1 + 2", "every prefix"):
+    for k in ("stage 2", "stage 1 + 2", "every prefix", "step-scored"):
         del s["results"]["heldout"][k]
     lines = ab.goal_lines(s)
     assert len(lines) == 1 and lines[0].startswith("- stage 1:")
@@ -590,3 +590,43 @@ def test_ablation_floors_prints_the_floors_table_of_a_corpus(demo_build, tmp_pat
     assert res["test"]["heuristic:bow"]["tuning"]["source"] == "val"
     assert main(["ablation", "floors", "--data", str(tmp_path / "nowhere")]) == 2
     assert main(["ablation", "--out", str(tmp_path / "x")]) == 2          # --config is still required
+
+
+def test_the_step_scored_row_trains_on_its_source_walks_with_hf_steps_and_is_not_probed(tmp_path, monkeypatch):
+    # the phases' commands: from the raw base nothing else trains (no warm-up), the walks are
+    # `hf-steps` at the checkpoint's own calibration (no threshold phase), and the probe (which
+    # reads the normal prompt) leaves the row out
+    cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
+                         {"model_rows": ["step-scored"], "threshold_rows": [], "canonical_finish_rows": [],
+                          "linear_probe_rows": [], "steps_config": "configs/steps/tiny-cpu.yaml",
+                          "steps_set": ["max_unsafe_runs=4"]})
+    a = ab.Ablation(cfg, tmp_path / "out", echo=False)
+    calls = []
+
+    def fake_run(name, argv, *, clean=None):
+        calls.append((name, argv))
+        return {"phase": name, "wall_s": 0.0}
+    monkeypatch.setattr(a.r, "run", fake_run)
+    monkeypatch.setattr(a, "base_model", lambda: tmp_path / "base")
+    monkeypatch.setattr(a, "write_report", lambda models, wall: models)
+    models = a.run()
+    assert models == {"step-scored": tmp_path / "out" / "steps" / "final"}
+    by = dict(calls)
+    assert "warmup" not in by and "stage 1" not in by and not any(n.startswith("probe") for n in by)
+    train = by["step-scored"]
+    assert train[:2] == ["train", "steps"] and train[train.index("--model") + 1] == str(tmp_path / "base")
+    assert train[train.index("--config") + 1] == "configs/steps/tiny-cpu.yaml" and "max_unsafe_runs=4" in train
+    for target in ("heldout", "ww"):
+        walk = by[f"eval {target} step-scored"]
+        assert walk[walk.index("--auditor") + 1] == "hf-steps" and "--decision-threshold" not in walk
+        assert walk[walk.index("--model") + 1] == str(tmp_path / "out" / "steps" / "final")
+    # from the warmed base the warm-up runs first
+    cfg2 = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
+                          {"model_rows": ["step-scored"], "steps_from": "warmed base", "threshold_rows": [],
+                           "canonical_finish_rows": [], "linear_probe_rows": []})
+    assert ab.Ablation(cfg2, tmp_path / "o2", echo=False).needs_warmup
+    with pytest.raises(ConfigError, match="steps_from"):
+        ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {"steps_from": "stage 2"})
+    with pytest.raises(ConfigError, match="threshold_rows"):
+        ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
+                       {"model_rows": ["step-scored"], "threshold_rows": ["step-scored"], "canonical_finish_rows": []})

@@ -119,3 +119,16 @@ def test_bad_calibration_file_is_a_clear_error(tiny_model_dir, tmp_path):
     (m / "steps_calibration.json").write_text(json.dumps({"threshold": "high"}))
     with pytest.raises(ValueError, match=r"steps_calibration.json: field 'threshold' must be a finite number"):
         get_auditor("hf-steps", model=str(m))
+
+
+def test_the_walks_max_new_tokens_bounds_the_reason_and_zero_skips_it(noisy_tiny, monkeypatch):
+    model, tok = noisy_tiny
+    traj = synthetic_trajectories(1, seed=5)[0]
+    assert get_auditor("hf-steps", model=model, tokenizer=tok, max_new_tokens=12).reason_max_new_tokens == 12
+    assert get_auditor("hf-steps", model=model, tokenizer=tok, max_new_tokens=1024).reason_max_new_tokens == 256
+    aud = get_auditor("hf-steps", model=model, tokenizer=tok, max_new_tokens=0, threshold=-1e9)
+    from eval.auditors.hf import HFAuditor
+
+    monkeypatch.setattr(HFAuditor, "audit", lambda *a: pytest.fail("no reason is generated at --max-new-tokens 0"))
+    r = aud.audit(traj, 0)
+    assert r.alarm and r.completion_tokens == 0 and "threshold" in r.verdict.reason
