@@ -69,6 +69,54 @@ def offset_of(cal: dict | None, traj, t: int) -> float:
     return float(offs.get(f"{traj.domain}/{traj.steps[t].agent}", 0.0))
 
 
+class DecisionHead:
+    """log p(ALARM) - log p(SAFE) from the decoder's last hidden state: the two tokens' rows of the
+    output embedding (the softmax's normaliser cancels), so an event never runs the head over the
+    whole vocabulary (SmolLM2: 49,152 rows, under bf16 autocast most of an event's time)."""
+
+    def __init__(self, decoder, weight, bias):
+        self.decoder, self.weight, self.bias = decoder, weight, bias
+
+    def log_odds(self, h) -> float:
+        import torch.nn.functional as F
+
+        z = F.linear(h, self.weight, self.bias).float()[0]
+        return float(z[1] - z[0])
+
+
+def decision_head(model, decisions: tuple[int, int]) -> DecisionHead | None:
+    """The two-row head of a causal LM whose logits are a plain linear map of the decoder's output
+    (Llama, Qwen2, SmolLM2, …); None where the logits are more (soft-capping, scaling): the full
+    head then."""
+    cfg = getattr(model, "config", None)
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if (out is None or decoder is None or getattr(cfg, "final_logit_softcapping", None)
+            or getattr(cfg, "logit_scale", None) not in (None, 1, 1.0) or type(out).__name__ != "Linear"):
+        return None
+    rows = list(decisions)
+    return DecisionHead(decoder, out.weight[rows], None if out.bias is None else out.bias[rows])
+
+
+def bf16_linears(model, mixed_precision: str, device) -> int:
+    """Store the decoder layers' linear weights in bf16 when `mixed_precision` resolves to bf16
+    (autocast then casts nothing: the same bf16 numbers every forward, without the cast); the
+    norms, the embeddings and the head stay float32. Returns how many were converted."""
+    import torch
+
+    from aftraj.scoring import decoder_layers, resolve_mixed_precision
+
+    if resolve_mixed_precision(mixed_precision) != "bf16" or getattr(device, "type", device) != "cpu":
+        return 0
+    n = 0
+    for layer in decoder_layers(model)[1]:
+        for m in layer.modules():
+            if isinstance(m, torch.nn.Linear) and m.weight.dtype == torch.float32:
+                m.to(torch.bfloat16)
+                n += 1
+    return n
+
+
 @dataclass
 class _Session:
     reading: StepReading
@@ -133,6 +181,12 @@ class HFStepsAuditor(Auditor):
         # `max_new_tokens` (`aftraj eval --max-new-tokens`) when it is given
         self.reason_max_new_tokens = min(reason_max_new_tokens, max_new_tokens or reason_max_new_tokens)
         self.device = next(self.model.parameters()).device
+        self.head = decision_head(self.model, self.decisions)
+        if path is not None and model is None or isinstance(model, (str, Path)):
+            # a model this auditor loaded (no one else runs it): under bf16 autocast its decoder's
+            # linear weights are cast to bf16 at every forward; stored in bf16 once they are the
+            # same numbers (autocast's cast is the same rounding), without the per-event cast
+            bf16_linears(self.model, self.mixed_precision, self.device)
         self.sessions: dict[str, _Session] = {}
         self._reasoner = None
 
@@ -159,8 +213,12 @@ class HFStepsAuditor(Auditor):
                 s.cache, s.fed = new_cache(self.model.config), 0
         x = torch.tensor([ids], dtype=torch.long, device=self.device)
         pos = torch.arange(s.fed, s.fed + len(ids), device=self.device)[None]
-        out = self.model(input_ids=x, position_ids=pos, **past(self.model, s.cache), use_cache=True, logits_to_keep=1)
         reused = s.fed
+        if self.head is not None:       # the two decision rows of the head, not the vocabulary's
+            out = self.head.decoder(input_ids=x, position_ids=pos, **past(self.model, s.cache), use_cache=True)
+            s.fed += len(ids)
+            return self.head.log_odds(out.last_hidden_state[0, -1:]), reused
+        out = self.model(input_ids=x, position_ids=pos, **past(self.model, s.cache), use_cache=True, logits_to_keep=1)
         s.fed += len(ids)
         lp = torch.log_softmax(out.logits[0, -1].float(), -1)
         return float(lp[self.decisions[1]] - lp[self.decisions[0]]), reused
