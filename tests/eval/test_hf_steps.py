@@ -132,3 +132,22 @@ def test_the_walks_max_new_tokens_bounds_the_reason_and_zero_skips_it(noisy_tiny
     monkeypatch.setattr(HFAuditor, "audit", lambda *a: pytest.fail("no reason is generated at --max-new-tokens 0"))
     r = aud.audit(traj, 0)
     assert r.alarm and r.completion_tokens == 0 and "threshold" in r.verdict.reason
+
+
+def test_an_owned_model_under_bf16_keeps_its_linears_in_bf16_with_the_same_scores(tiny_model_dir):
+    """`bf16_linears`: a model the auditor loaded itself, read under bf16 autocast, stores its
+    decoder's linear weights in bf16 once (autocast would cast them every event): the same
+    log-odds as the float32 weights under autocast; norms, embeddings and the head stay float32."""
+    from eval.auditors.hf import load_model
+
+    traj = synthetic_trajectories(1, seed=6)[0]
+    owned = get_auditor("hf-steps", model=str(tiny_model_dir), reason="none", threshold=1e9, mixed_precision="bf16")
+    dtypes = {n: p.dtype for n, p in owned.model.named_parameters()}
+    assert any(d == torch.bfloat16 for n, d in dtypes.items() if "layers." in n and n.endswith("proj.weight"))
+    assert all(d == torch.float32 for n, d in dtypes.items() if "norm" in n or "embed" in n or "lm_head" in n)
+    model, tok = load_model(str(tiny_model_dir), dtype="float32")
+    shared = get_auditor("hf-steps", model=model, tokenizer=tok, reason="none", threshold=1e9, mixed_precision="bf16")
+    assert all(p.dtype == torch.float32 for p in shared.model.parameters())    # not its model: untouched
+    got = [owned.audit(traj, t).decision_log_odds for t in range(len(traj.steps))]
+    want = [shared.audit(traj, t).decision_log_odds for t in range(len(traj.steps))]
+    assert got == pytest.approx(want, abs=1e-4)
