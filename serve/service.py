@@ -236,7 +236,9 @@ def storage_key(owner: str, run_id: str) -> str:
 
 
 class GatewayService:
-    def __init__(self, cfg: GatewayConfig, *, transport=None):
+    def __init__(self, cfg: GatewayConfig, *, transport=None, auditor=None):
+        """`auditor`: the in-process auditor `cfg.auditor.backend` names (an `eval.auditors.Auditor`
+        built by the caller: `build_auditor`), when the backend is neither none nor openai."""
         import sqlalchemy as sa
 
         from aftraj.detectors import default_policy, load_policy
@@ -327,9 +329,13 @@ class GatewayService:
         self.auditor = None            # an in-process auditor (`auditor.backend`: its registered name)
         self.count_tokens = approx_tokens
         if a.backend not in AUDITOR_BACKENDS:
-            from eval.auditors import get_auditor
+            if auditor is None:
+                from aftraj.config import ConfigError
 
-            self.auditor = get_auditor(a.backend, **a.options)
+                raise ConfigError(f"{a.backend!r} is an in-process auditor: build it and pass it "
+                                  f"(GatewayService(cfg, auditor=…); `aftraj serve gateway` does, with "
+                                  f"eval.auditors.get_auditor(backend, **options))", key="auditor.backend")
+            self.auditor = auditor
             # one thread: a model is not shared between threads, and the runs it keeps state for
             # (`audited`, least recently audited first) are touched there only
             self.audit_pool = ThreadPoolExecutor(1, thread_name_prefix="aftraj-auditor")

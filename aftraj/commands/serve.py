@@ -50,6 +50,27 @@ def _load(path, kind):
     return cfg
 
 
+def build_auditor(a):
+    """The in-process auditor an `auditor:` section names (`backend`: a registered auditor, its
+    `options` as keyword arguments), or None for `none` and `openai`. An unknown name or option is
+    a ConfigError naming the key."""
+    from aftraj.config import ConfigError
+    from serve.config import AUDITOR_BACKENDS
+
+    if a.backend in AUDITOR_BACKENDS:
+        return None
+    from eval.auditors import available_auditors, get_auditor
+
+    known = available_auditors()
+    if a.backend not in known:
+        raise ConfigError(f"must be one of {AUDITOR_BACKENDS} or a registered auditor ({', '.join(known)}), "
+                          f"got {a.backend!r}", key="auditor.backend")
+    try:
+        return get_auditor(a.backend, **a.options)
+    except (TypeError, ValueError, FileNotFoundError) as e:
+        raise ConfigError(f"{a.backend} auditor: {e}", key="auditor.options") from None
+
+
 def _service(cfg, source=None):
     """The gateway's service; a ledger URL that names no installed database driver, a database
     that cannot be reached, or an `auditor.tokenizer` that is not a folder, is a usage error
@@ -63,7 +84,7 @@ def _service(cfg, source=None):
     from aftraj.config import ConfigError
 
     try:
-        return GatewayService(cfg)
+        return GatewayService(cfg, auditor=build_auditor(cfg.auditor))
     except ConfigError as e:           # a config value the service could not use: name the file too
         raise ConfigError(e.message, key=e.key, source=e.source or source) from None
     except (sa.exc.ArgumentError, sa.exc.NoSuchModuleError) as e:

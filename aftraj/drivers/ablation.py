@@ -627,6 +627,9 @@ class Ablation:
         sel_file.write_text(json.dumps(sel, indent=1) + "\n")
         return Path(best["model"])
 
+    def _step_scored(self) -> dict | None:
+        return _step_scored_of(self.out)
+
     def _probe_rows(self, models: dict) -> dict:
         """{row: probe summary} for every probed model row, then the content-blind rules."""
         return _probe_rows_of(self.out, models)
@@ -680,7 +683,7 @@ class Ablation:
             "warmup": json.loads(warm.read_text()) if warm.is_file() else None,
             "preferences": stats(self.out / "stage1"),
             "every_prefix": (json.loads(f.read_text()) if (f := self.out / "prefixes" / "data.json").is_file() else None),
-            "step_scored": (json.loads(f.read_text()) if (f := self.out / "steps" / "data.json").is_file() else None),
+            "step_scored": self._step_scored(),
             "thresholds": {row: json.loads(f.read_text())["pick"] for row in self.cfg.threshold_rows
                            if (f := self.out / "eval" / "val" / f"{row_slug(row)}-threshold" / "threshold.json").is_file()},
             "selection": selections,
@@ -695,6 +698,17 @@ class Ablation:
             "samples": {t: {k: rows["rules"]["overall"][k] for k in ("n", "n_safe", "n_unsafe")}
                         for t, rows in res.items()},
         }
+
+
+def _step_scored_of(out: Path) -> dict | None:
+    """The step-scored run's data.json with the calibration stored in its checkpoint."""
+    f = out / "steps" / "data.json"
+    if not f.is_file():
+        return None
+    d = json.loads(f.read_text())
+    cal = out / "steps" / "final" / "steps_calibration.json"
+    d["calibration"] = json.loads(cal.read_text()) if cal.is_file() else None
+    return d
 
 
 def _probe_rows_of(out: Path, models) -> dict:

@@ -61,6 +61,13 @@ def _cfg(tmp_path, model_dir, **auditor) -> GatewayConfig:
                          api_keys=(ApiKey("a", hash_key(KEY_A)), ApiKey("b", hash_key(KEY_B))), auditor=a)
 
 
+def _service(cfg):
+    """The gateway as `aftraj serve gateway` builds it: the in-process auditor from the config."""
+    from aftraj.commands.serve import build_auditor
+
+    return GatewayService(cfg, auditor=build_auditor(cfg.auditor))
+
+
 def _post(c, run, i, content, agent="solver", headers=A):
     r = c.post(f"/v1/runs/{run}/events", headers=headers, json={"events": [
         {"event_id": f"{run}/{i}", "seq": i, "kind": "message", "agent": agent, "payload": {"content": content}}]})
@@ -79,7 +86,7 @@ def _logit(p: float) -> float:
 
 
 def test_every_event_scores_as_a_fresh_reading_of_the_run_and_tenants_do_not_share(tmp_path, steps_model):
-    svc = GatewayService(_cfg(tmp_path, steps_model, threshold=1e9))
+    svc = _service(_cfg(tmp_path, steps_model, threshold=1e9))
     with TestClient(build_app(svc)) as c:
         _new_run(c)
         got = [_post(c, "r1", i + 1, text, "solver" if i % 2 == 0 else "checker") for i, text in enumerate(CONTENT)]
@@ -102,14 +109,14 @@ def test_every_event_scores_as_a_fresh_reading_of_the_run_and_tenants_do_not_sha
 
 def test_a_crossing_alarms_naming_the_step_and_its_agent(tmp_path, steps_model):
     (tmp_path / "probe").mkdir()
-    probe = GatewayService(_cfg(tmp_path / "probe", steps_model, threshold=1e9))
+    probe = _service(_cfg(tmp_path / "probe", steps_model, threshold=1e9))
     with TestClient(build_app(probe)) as c:
         _new_run(c)
         lo = [_logit(_post(c, "r1", i + 1, text, "solver" if i % 2 == 0 else "checker")["confidence"])
               for i, text in enumerate(CONTENT)]
     t = next(t for t in range(1, len(lo)) if lo[t] > max(lo[:t]) + 1e-3)
     thr = (lo[t] + max(lo[:t])) / 2
-    svc = GatewayService(_cfg(tmp_path, steps_model, threshold=thr))
+    svc = _service(_cfg(tmp_path, steps_model, threshold=thr))
     with TestClient(build_app(svc)) as c:
         _new_run(c)
         got = [_post(c, "r1", i + 1, text, "solver" if i % 2 == 0 else "checker") for i, text in enumerate(CONTENT[: t + 1])]
@@ -119,7 +126,7 @@ def test_a_crossing_alarms_naming_the_step_and_its_agent(tmp_path, steps_model):
 
 
 def test_sessions_are_bounded_and_ended_when_the_gateway_evicts_a_run(tmp_path, steps_model):
-    svc = GatewayService(_cfg(tmp_path, steps_model, threshold=1e9, max_sessions=2))
+    svc = _service(_cfg(tmp_path, steps_model, threshold=1e9, max_sessions=2))
     with TestClient(build_app(svc)) as c:
         for run in ("r1", "r2", "r3"):
             _new_run(c, run)
@@ -134,7 +141,7 @@ def test_sessions_are_bounded_and_ended_when_the_gateway_evicts_a_run(tmp_path, 
 
 
 def test_a_slow_auditor_answers_within_the_deadline_with_the_fold(tmp_path, steps_model):
-    svc = GatewayService(_cfg(tmp_path, steps_model, threshold=1e9, deadline_s=0.5))
+    svc = _service(_cfg(tmp_path, steps_model, threshold=1e9, deadline_s=0.5))
     release = threading.Event()
     real = svc.auditor.audit
     svc.auditor.audit = lambda traj, t: (release.wait(10), real(traj, t))[1]
@@ -147,9 +154,17 @@ def test_a_slow_auditor_answers_within_the_deadline_with_the_fold(tmp_path, step
         release.set()
 
 
-def test_config_names_what_is_wrong():
+def test_config_names_what_is_wrong(tmp_path, steps_model):
+    from aftraj.commands.serve import build_auditor
+
     with pytest.raises(ConfigError, match="backend"):
-        AuditorConfig(backend="no-such-auditor")
+        AuditorConfig(backend="No Such Auditor")
+    with pytest.raises(ConfigError, match="auditor.backend"):        # checked where the gateway is built
+        build_auditor(AuditorConfig(backend="no-such-auditor"))
+    with pytest.raises(ConfigError, match="auditor.options"):
+        build_auditor(AuditorConfig(backend="hf-steps", options={"model": str(tmp_path / "missing")}))
+    with pytest.raises(ConfigError, match="auditor.backend"):        # the service needs the built auditor
+        GatewayService(_cfg(tmp_path, steps_model))
     with pytest.raises(ConfigError, match="options"):
         AuditorConfig(backend="openai", base_url="http://x/v1", model="m", options={"model": "x"})
     with pytest.raises(ConfigError, match="options"):
