@@ -385,13 +385,7 @@ class GatewayService:
     def _audit_view(self, r: _Run) -> Trajectory:
         """The run as the in-process auditor reads it: its id is the storage key (the tenant's
         and the run's), so runs of two tenants with one run_id never share the auditor's state."""
-        traj = self.trajectory(r)
-        view = object.__new__(Trajectory)
-        for f in _TRAJ_FIELDS:
-            object.__setattr__(view, f, getattr(traj, f))
-        object.__setattr__(view, "id", r.key)
-        object.__setattr__(view, "steps", traj.steps)
-        return view
+        return self.trajectory(r, as_id=r.key)
 
     async def _off(self, fn, *args):
         """Run blocking work (database, parsing, fold, rendering) on the service's threads."""
@@ -647,7 +641,7 @@ class GatewayService:
             new.append(step)
         self._grow(r, new)
 
-    def trajectory(self, r: _Run) -> Trajectory:
+    def trajectory(self, r: _Run, *, as_id: str | None = None) -> Trajectory:
         """The run so far as a Trajectory. The first one is built (and validated) by the
         schema's constructor; later ones copy its fields with the longer steps tuple and skip
         the per-step re-validation (O(run length) a request): the gateway's steps are built by
@@ -659,11 +653,15 @@ class GatewayService:
                               source="gateway", task=r.task, steps=tuple(r.steps),
                               label=Label("SAFE", "external"))
             r.traj = traj
-            return traj
+            if as_id is None:
+                return traj
+            base = traj
         traj = object.__new__(Trajectory)
         for f in _TRAJ_FIELDS:
             object.__setattr__(traj, f, getattr(base, f))
         object.__setattr__(traj, "steps", tuple(r.steps))
+        if as_id is not None:        # one copy, under another id (`_audit_view`)
+            object.__setattr__(traj, "id", as_id)
         return traj
 
     # ------------------------------------------------------------------ events
