@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -149,3 +152,40 @@ def misbehaving_server():
     s = RawServer()
     yield s
     s.close()
+
+
+@pytest.fixture
+def postgres():
+    """A throw-away PostgreSQL (Debian's `postgresql` package) on a free local port, data in a
+    temporary directory, trust auth on 127.0.0.1; stopped afterwards (tests marked `postgres`)."""
+    import tempfile
+
+    bindir = "/usr/lib/postgresql/15/bin"
+    initdb = shutil.which("initdb") or f"{bindir}/initdb"
+    pg_ctl = shutil.which("pg_ctl") or f"{bindir}/pg_ctl"
+    if not os.path.exists(initdb):
+        pytest.fail("PostgreSQL is not installed: apt-get install postgresql (the `postgres` marker needs it)")
+    home = Path(tempfile.mkdtemp(prefix="aftraj-pg-"))   # outside pytest's root-only tmp tree
+    data = home / "pgdata"
+    data.mkdir()
+    as_user = []
+    if os.geteuid() == 0:             # postgres refuses to run as root: use the package's user
+        shutil.chown(home, "postgres")
+        shutil.chown(data, "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    subprocess.run(as_user + [initdb, "-D", str(data), "-A", "trust", "-U", "postgres"], check=True,
+                   capture_output=True)
+    log = home / "pg.log"
+    r = subprocess.run(as_user + [pg_ctl, "-D", str(data), "-l", str(log), "-w", "start", "-o",
+                                  f"-p {port} -k {data} -c listen_addresses=127.0.0.1"],
+                       capture_output=True, text=True)
+    if r.returncode:
+        pytest.fail(f"PostgreSQL did not start: {r.stderr} {log.read_text() if log.exists() else ''}")
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(as_user + [pg_ctl, "-D", str(data), "-w", "-m", "immediate", "stop"], capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)

@@ -4,12 +4,8 @@ stopped by an ALARM, `kill -9` in the middle of 10,000 events from 20 runs, and 
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -124,41 +120,6 @@ def _assert_runs_stored(rows, last_acked: dict, slack: int = 0) -> None:
 
 
 # --------------------------------------------------------------------------- PostgreSQL
-
-@pytest.fixture
-def postgres(tmp_path, port_factory):
-    """A throw-away PostgreSQL (Debian's `postgresql` package) on a free local port, data in a
-    temporary directory, trust auth on 127.0.0.1; stopped afterwards."""
-    bindir = "/usr/lib/postgresql/15/bin"
-    initdb = shutil.which("initdb") or f"{bindir}/initdb"
-    pg_ctl = shutil.which("pg_ctl") or f"{bindir}/pg_ctl"
-    if not os.path.exists(initdb):
-        pytest.fail("PostgreSQL is not installed: apt-get install postgresql (the `postgres` marker needs it)")
-    import tempfile
-
-    home = Path(tempfile.mkdtemp(prefix="aftraj-pg-"))   # outside pytest's root-only tmp tree
-    data = home / "pgdata"
-    data.mkdir()
-    as_user = []
-    if os.geteuid() == 0:             # postgres refuses to run as root: use the package's user
-        shutil.chown(home, "postgres")
-        shutil.chown(data, "postgres")
-        as_user = ["runuser", "-u", "postgres", "--"]
-    port = port_factory()
-    subprocess.run(as_user + [initdb, "-D", str(data), "-A", "trust", "-U", "postgres"], check=True,
-                   capture_output=True)
-    log = home / "pg.log"
-    r = subprocess.run(as_user + [pg_ctl, "-D", str(data), "-l", str(log), "-w", "start", "-o",
-                                  f"-p {port} -k {data} -c listen_addresses=127.0.0.1"],
-                       capture_output=True, text=True)
-    if r.returncode:
-        pytest.fail(f"PostgreSQL did not start: {r.stderr} {log.read_text() if log.exists() else ''}")
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
-    finally:
-        subprocess.run(as_user + [pg_ctl, "-D", str(data), "-w", "-m", "immediate", "stop"], capture_output=True)
-        shutil.rmtree(home, ignore_errors=True)
-
 
 @pytest.mark.postgres
 def test_two_gateway_processes_share_one_postgres_ledger(gateway_process, postgres, tmp_path):
