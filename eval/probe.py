@@ -274,7 +274,7 @@ def _alarm_of(p) -> Verdict:
     return p.gold if p.gold.alarm else p.wrong
 
 
-def _beats(records: list[dict], a: str, b: str, key: str, n_boot: int, seed: int, *,
+def beats(records: list[dict], a: str, b: str, key: str, n_boot: int, seed: int, *,
            matched_only: bool = False) -> dict:
     """Share of records where a's score exceeds b's (ties one half), with its interval;
     `matched_only`: the kind-matched pairs only (a record without `kind_matched` counts as matched)."""
@@ -298,11 +298,11 @@ def summarize(records: list[dict], *, n_boot: int, seed: int, key: str = "decisi
     from eval.metrics import ratio_with_ci
 
     out = {"n_runs": len(records),
-           "post_beats_twin": _beats(records, "post", "twin", key, n_boot, seed, matched_only=True),
-           "post_beats_twin_all_pairs": _beats(records, "post", "twin", key, n_boot, seed),
+           "post_beats_twin": beats(records, "post", "twin", key, n_boot, seed, matched_only=True),
+           "post_beats_twin_all_pairs": beats(records, "post", "twin", key, n_boot, seed),
            # twin pairs left out of the headline: the twin differs in step k*'s kind (or tool)
            "kind_unmatched_pairs": sum(1 for r in records if r.get("kind_matched") is False),
-           "post_beats_pre": _beats(records, "post", "pre", key, n_boot, seed)}
+           "post_beats_pre": beats(records, "post", "pre", key, n_boot, seed)}
     for sub in ("pre", "post", "twin"):
         vals = [r[sub][key] for r in records if sub in r]
         right = [float((v > 0) if sub == "post" else (v < 0)) for v in vals]
@@ -312,11 +312,11 @@ def summarize(records: list[dict], *, n_boot: int, seed: int, key: str = "decisi
     return out
 
 
-def _breakdown(records: list[dict], field: str, n_boot: int, seed: int) -> dict:
+def breakdown(records: list[dict], field: str, n_boot: int, seed: int) -> dict:
     groups: dict[str, list[dict]] = {}
     for r in records:
         groups.setdefault(str(r.get(field)), []).append(r)
-    return {g: _beats(rs, "post", "twin", "decision", n_boot, seed, matched_only=True)
+    return {g: beats(rs, "post", "twin", "decision", n_boot, seed, matched_only=True)
             for g, rs in sorted(groups.items())}
 
 
@@ -345,8 +345,8 @@ def probe(trajs: Sequence[Trajectory], score: Scorer, *, budget: int | None,
     summary = summarize(runs, n_boot=n_boot, seed=seed)
     if runs and all("full" in r.get("post", {}) for r in runs):
         summary["full_sequence"] = summarize(runs, n_boot=n_boot, seed=seed, key="full")
-    summary["by_domain"] = _breakdown(runs, "domain", n_boot, seed)
-    summary["by_error_type"] = _breakdown(runs, "error_type", n_boot, seed)
+    summary["by_domain"] = breakdown(runs, "domain", n_boot, seed)
+    summary["by_error_type"] = breakdown(runs, "error_type", n_boot, seed)
     out = {"summary": summary,
            "rules": {name: summarize(rs, n_boot=n_boot, seed=seed) for name, rs in rules.items()},
            "runs": runs}
@@ -392,7 +392,7 @@ def bow_k_star(train: Sequence[Trajectory], heldout: Sequence[Trajectory], *, n_
     # the left-out runs with no twin prompt at all (a twin rule that requires the kind) count too
     summary["kind_unmatched_pairs"] = len(set(left_out) | {u.id for (u, tw), r in zip(te, recs)
                                                            if r["kind_matched"] is False})
-    summary["by_domain"] = _breakdown(recs, "domain", n_boot, seed)
+    summary["by_domain"] = breakdown(recs, "domain", n_boot, seed)
     return {"n_train_pairs": len(tr), "n_heldout_pairs": len(te), "train_accuracy": model.train_accuracy,
             "vocabulary": len(model.vocab), "top_features": model.top(10), "summary": summary}
 
@@ -558,11 +558,11 @@ def linear_probe(model_path: str | Path, train: Sequence[Trajectory], heldout: S
     train_acc = float(((s_tr > 0).float() == y_tr).float().mean())
     res = {"model": str(model_path), "n_train_pairs": len(tr), "n_heldout_pairs": len(te),
            "train_accuracy": train_acc, "mixed_precision": resolve_mixed_precision(mixed_precision),
-           "post_beats_twin": _beats(recs, "post", "twin", "decision", n_boot, seed, matched_only=True),
-           "post_beats_twin_all_pairs": _beats(recs, "post", "twin", "decision", n_boot, seed),
+           "post_beats_twin": beats(recs, "post", "twin", "decision", n_boot, seed, matched_only=True),
+           "post_beats_twin_all_pairs": beats(recs, "post", "twin", "decision", n_boot, seed),
            "kind_unmatched_pairs": sum(1 for i in pairs(heldout, twins_only=False) if i["kind_matched"] is False),
-           "by_domain": _breakdown(recs, "domain", n_boot, seed),
-           "by_error_type": _breakdown(recs, "error_type", n_boot, seed),
+           "by_domain": breakdown(recs, "domain", n_boot, seed),
+           "by_error_type": breakdown(recs, "error_type", n_boot, seed),
            "wall_s": round(time.perf_counter() - t0, 1)}
     out.mkdir(parents=True, exist_ok=True)
     (out / "linear_probe.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")

@@ -7,9 +7,11 @@ get from the same held-out twin pairs.
   defaults) on log(1 + count) of each tokenizer id in the rendered prompt, fitted on the same train
   pairs the linear probe uses (same filter, same seeded sample) and scored by post-beats-twin.
 
-    python reports/ablation-cpu/controls.py --tokenizer runs/ablation-cpu/warmup/final \\
+    python -m eval.controls --tokenizer runs/ablation-cpu/warmup/final \\
         --train runs/ablation-cpu/corpus/train.jsonl --heldout runs/ablation-cpu/probe-data/heldout.jsonl \\
         --train-pairs 120 --max-post-tokens 1100 --out reports/ablation-cpu/controls.json
+
+(It made `reports/ablation-cpu/controls.json`, the controls of the CPU ablation's ladder.)
 """
 
 from __future__ import annotations
@@ -20,12 +22,10 @@ import random
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from aftraj.errors import UsageError  # noqa: E402
-from aftraj.guard import run_guarded  # noqa: E402
-from aftraj.schema import read_jsonl  # noqa: E402
-from eval.probe import _beats, fit_logistic, probe_prompts  # noqa: E402
+from aftraj.errors import UsageError
+from aftraj.guard import run_guarded
+from aftraj.schema import read_jsonl
+from eval.probe import beats, fit_logistic, probe_prompts
 
 
 def _check_inputs(a: argparse.Namespace) -> None:
@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> dict:
     s_tr, s_te = ((x_tr - mean) / std) @ w + b, ((x_te - mean) / std) @ w + b
     bow = [{"post": {"d": float(s_te[2 * j])}, "twin": {"d": float(s_te[2 * j + 1])}} for j in range(len(te))]
     res = {"n_train_pairs": len(tr), "n_heldout_pairs": len(te),
-           "length_rule": _beats(length, "post", "twin", "d", a.n_boot, a.seed),
-           "bag_of_tokens": {**_beats(bow, "post", "twin", "d", a.n_boot, a.seed),
+           "length_rule": beats(length, "post", "twin", "d", a.n_boot, a.seed),
+           "bag_of_tokens": {**beats(bow, "post", "twin", "d", a.n_boot, a.seed),
                              "features": int(keep.sum()),
                              "train_accuracy": float(((s_tr > 0).float() == y).float().mean())}}
     text = json.dumps(res, indent=1) + "\n"
