@@ -731,7 +731,7 @@ def vs_best_floor(dirs: dict[str, Path], metrics: dict[str, dict], *, n_boot: in
     """{"floor": the floor row with the best Exact-F1 on this sample, "rows": {model row: {metric:
     paired difference (row minus that floor, `eval.metrics.paired_difference`)}}}; the rows
     compared are every row that is not a floor or `rules`. {} without a scored floor."""
-    from eval.auditors.floors import paired_vs_floor
+    from eval.floors import paired_vs_floor
 
     floors = {r: metrics[r]["overall"].get("exact_f1") for r in FLOOR_ROWS if r in metrics}
     floors = {r: v for r, v in floors.items() if v is not None}
@@ -819,6 +819,20 @@ def goal_lines(summary: dict) -> list[str]:
     return out or ["- (no trained row was walked)"]
 
 
+def _decoding_line(c: dict) -> str:
+    """How the walked rows decide: the generative rows greedily within `max_new_tokens`; a
+    step-scored row by the threshold stored with its checkpoint (a reason generated only on a
+    crossing, within `step_reason_tokens`)."""
+    rows = c.get("model_rows") or []
+    gen = [r for r in rows if r not in STEP_ROWS]
+    parts = [f"generative rows greedy, {c['max_new_tokens']} new tokens"] if gen or not rows else []
+    if any(r in STEP_ROWS for r in rows):
+        n = c.get("step_reason_tokens", 0)
+        parts.append("the step-scored row by the threshold stored with its checkpoint ("
+                     + (f"a reason of at most {n} tokens on a crossing" if n else "no reason generated") + ")")
+    return "; ".join(parts)
+
+
 def render_markdown(s: dict) -> str:
     c = s["config"]
     lines = [f"# Ablation: {s['name']}", "",
@@ -828,7 +842,7 @@ def render_markdown(s: dict) -> str:
              f"Model `{c['model']}`; corpus `{c['corpus_config']}`: {s['corpus']['trajectories']} "
              f"trajectories ({s['corpus'].get('safe')} safe, {s['corpus'].get('unsafe')} unsafe), splits "
              f"{s['corpus']['splits']}. Evaluation: strict online walk (every "
-             f"prefix until the first ALARM), greedy, {c['max_new_tokens']} new tokens; stratified "
+             f"prefix until the first ALARM), {_decoding_line(c)}; stratified "
              f"seeded samples (seed {c['seed']}); 95 % bootstrap intervals over trajectories in brackets "
              f"({c['n_boot']} resamples).", ""]
     for t, title in (("heldout", "Held-out test sample (corpus test split)"), ("ww", "Who&When sample")):

@@ -630,3 +630,15 @@ def test_the_step_scored_row_trains_on_its_source_walks_with_hf_steps_and_is_not
     with pytest.raises(ConfigError, match="threshold_rows"):
         ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
                        {"model_rows": ["step-scored"], "threshold_rows": ["step-scored"], "canonical_finish_rows": []})
+
+
+def test_markdown_says_how_each_kind_of_row_decides():
+    s = _summary({}, {})
+    s["config"].update(model_rows=["step-scored"], step_reason_tokens=64)
+    md = ab.render_markdown(s)
+    assert "the step-scored row by the threshold stored with its checkpoint (a reason of at most 64 tokens" in md
+    assert "greedy" not in md                     # no generative row walked: no greedy budget claimed
+    s["config"].update(model_rows=["stage 1", "step-scored"], step_reason_tokens=0)
+    md = ab.render_markdown(s)
+    assert f"generative rows greedy, {s['config']['max_new_tokens']} new tokens; the step-scored row" in md
+    assert "(no reason generated)" in md
