@@ -343,8 +343,12 @@ class SqlLedger(Ledger):
     (identical kind, agent, parent, payload fingerprint, usage, ts, meta, and seq when given) is
     skipped, a different event (a resend with another seq, ts or meta included) under a stored id is a `LedgerError(code="conflict")`, a seq not above the run's last is
     `LedgerError(code="out_of_order", field="seq")`, and any error rolls the whole batch back
-    (seqs it assigned are cleared). Two writers racing on one id or seq: the loser's insert
-    violates a key, its transaction is retried once against what the winner stored.
+    (seqs it assigned are cleared). On PostgreSQL the writers of one run take turns: a batch
+    takes each of its runs' advisory lock before it reads (`_lock_runs`), so under READ
+    COMMITTED no two writers extend the same tail (each seq assigned once, an identical resend
+    a duplicate, never 'out of order'). Writers still racing on one key (another database, or
+    two runs sharing an id with `id_scope="global"`): the loser's insert violates the key, its
+    transaction is retried once against what the winner stored.
     SQLite runs in WAL mode, transactions BEGIN IMMEDIATE (writers queue on the lock, with a 30 s
     busy timeout) except reads through `ledger.reader` (deferred: they never hold the lock),
     `busy_timeout_s` bounds a wait for a lock another connection holds (SQLite's busy timeout,
@@ -355,14 +359,14 @@ class SqlLedger(Ledger):
     process's writes take an in-process lock before BEGIN IMMEDIATE (a waiting thread wakes as the
     lock is freed; on SQLite's own lock it polls with the busy handler's sleeps, which back off to
     100 ms), and WAL checkpoints run on a background thread (`Checkpointer`), rarely, instead of
-    inside the commit that crosses `wal_autocheckpoint` (that request paid the checkpoint's two
-    fsyncs, 20-450 ms on this machine's shared disk, and the restart after it a third).
+    inside the commit that crosses `wal_autocheckpoint` (that request would pay the checkpoint's
+    two fsyncs, and the restart after it a third).
     Durability is unchanged: a commit is in the WAL before it returns, checkpointed or not.
     On SQLite a batch's three statements (the stored ids, the run's last seq, the insert) run as
     plain SQL on the driver's cursor, inside the same transaction, and what the driver raises
     is re-raised as SQLAlchemy's exception (IntegrityError, OperationalError, …): building and
-    compiling them through SQLAlchemy was ~70 % of a batch's time, all of it holding the write
-    lock, which the other writer threads queued on.
+    compiling them through SQLAlchemy is most of a small batch's time, all of it holding the
+    write lock, which the other writer threads queue on.
     `write()` is the one way to write (a transaction, committed on exit).
     `iter_run(run_id, after_seq)` resumes a run from a sequence number. After `append_many`,
     `last_seq_before[run]` is each run's last seq as the committed transaction found it (a
@@ -436,6 +440,7 @@ class SqlLedger(Ledger):
         self.metadata = md
         md.create_all(self.engine)
         self._sqlite = self.engine.dialect.name == "sqlite" and self.engine.driver == "pysqlite"
+        self._pg = self.engine.dialect.name == "postgresql"
         cols = self._cols = [c.name for c in self.table.c]
         self._sql_select = f"SELECT {', '.join(cols)} FROM {self.table.name}"
         self._sql_insert = (f"INSERT INTO {self.table.name} ({', '.join(cols)}) "
@@ -569,6 +574,20 @@ class SqlLedger(Ledger):
         except sqlite3.Error as e:          # as SQLAlchemy's own (IntegrityError, OperationalError, …)
             raise self._sa.exc.DBAPIError.instance(None, None, e, sqlite3.Error) from e
 
+    def _lock_runs(self, conn, runs: set[str]) -> None:
+        """PostgreSQL: take each run's transaction-scoped advisory lock, in sorted order (two
+        batches over the same runs never deadlock), before the batch reads the stored ids and the
+        run's last seq. Under READ COMMITTED each statement sees what was committed before it
+        started, so without it two writers read the same tail: both assign (or check against)
+        the same last seq, and one fails on the (run_id, seq) key or finds its own event, just
+        committed by the other, 'out of order'. The lock is released at commit or rollback; a
+        wait for it is bounded by `busy_timeout_s` (lock_timeout). Its key is the table and the
+        run id as stored (the gateway's `<tenant>/<run>`, so two tenants' runs of one name never
+        wait on each other); a 64-bit hash collision only makes two runs wait in turn."""
+        q = self._sa.text("SELECT pg_advisory_xact_lock(hashtextextended(:k, 0))")
+        for run in sorted(runs):
+            conn.execute(q, {"k": f"{self.table.name}/{run}"})
+
     def _store_in(self, conn, events: list[Event], cur) -> tuple[list[bool], dict[str, int]]:
         sa, t = self._sa, self.table
         per_run = self.id_scope == "run"
@@ -576,8 +595,10 @@ class SqlLedger(Ledger):
         def key(run_id, event_id):
             return (run_id, event_id) if per_run else event_id
 
-        # SQLite (`cur`): the same three statements as plain SQL on the driver's cursor. SQLAlchemy
-        # building and compiling them was ~70 % of a batch's time, spent holding the write lock.
+        # SQLite (`cur`): the same three statements as plain SQL on the driver's cursor (SQLAlchemy
+        # building and compiling them is most of a small batch's time, spent holding the write lock).
+        if self._pg:
+            self._lock_runs(conn, {ev.run_id for ev in events})
         stored = {}
         groups: dict = {}
         for ev in events:
@@ -652,12 +673,11 @@ class Checkpointer:
     """WAL checkpoints of one SQLite file on a daemon thread, off the writers' commits. After
     commits it runs a PASSIVE checkpoint at most every `every_s` (it never blocks a writer or a
     reader; its fsyncs release the GIL), again at once (up to 4 times) while writers added
-    frames during it, so that it catches up (then the next writer restarts the WAL). 1 s, not
-    10: at 1,000 events/s with a CPU hog beside it, checkpoints every 10 s (~32 MB each) gave
-    a client p99 of 143 ms against 48 ms every 1 s, in one interleaved run
-    (`benchmarks/gateway_load.py --variant`). Past `restart_frames` frames (writers never
-    left it a moment to catch up) it takes the writers' lock and runs a RESTART checkpoint
-    (writers wait for it: bounded disk, rare).
+    frames during it, so that it catches up (then the next writer restarts the WAL). Often
+    (1 s) rather than rarely: each checkpoint is then small and never stalls the clients' tail
+    latency for long (`benchmarks/gateway_load.py --variant` compares). Past `restart_frames`
+    frames (writers never left it a moment to catch up) it takes the writers' lock and runs a
+    RESTART checkpoint (writers wait for it: bounded disk, rare).
     `stop()` runs a last one."""
 
     def __init__(self, path: str, write_lock: threading.Lock, busy_timeout_s: float = 30.0,

@@ -1,6 +1,7 @@
 """SqlLedger: the database is the index (no table loaded into memory), a batch is one
-transaction, and two writers on one database store each event once (the key-violation retry
-path of PostgreSQL is exercised by tests/serve/test_gateway_process.py, marker postgres)."""
+transaction, and two writers on one database store each event once (PostgreSQL's per-run lock:
+tests/aftraj/test_ledger_postgres.py; two gateway processes on one PostgreSQL ledger:
+tests/serve/test_gateway_process.py; both marker postgres)."""
 
 from __future__ import annotations
 
