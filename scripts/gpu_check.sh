@@ -2,7 +2,7 @@
 # The one prepared GPU check (issue 46): one command of at most 9 minutes on a borrowed H200 (a
 # bare image: Python 3.12 with torch, transformers, accelerate, peft, pyarrow, pandas; no package
 # index), carrying the working tree and .whl/check (what the image lacks: orjson, bitsandbytes
-# trimmed to one CUDA library, trl, datasets, dill, multiprocess; `bash scripts/gpu_wheels.sh`).
+# trimmed to one CUDA library, trl, datasets, dill, multiprocess; `bash scripts/gpu/gpu_wheels.sh`).
 # Phases, each cut at its share of the budget, figures written to OUT whatever happened:
 #   0. environment  `python3 -m pip list` (OUT/pip-list.txt), the GPU, the carried wheels
 #   1. stage 1      the production stage-1 path (training/stage1/gpu_check.py): the production
@@ -71,7 +71,7 @@ if ((DRY)); then
     wheel_note="$(ls "$WHEELS"/*.whl | wc -l) wheels in $WHEELS"
   else
     wheels=0
-    wheel_note="NOT PREPARED: run \`bash scripts/gpu_wheels.sh\` here first (~5 MB)"
+    wheel_note="NOT PREPARED: run \`bash scripts/gpu/gpu_wheels.sh\` here first (~5 MB)"
   fi
   total=$((tree + wheels))
   mib() { awk -v b="$1" 'BEGIN {printf "%.1f MiB", b / 1048576}'; }
@@ -120,8 +120,8 @@ stage2() {   # the TRL path at the production learning rate, float32 masters, bf
 }
 
 if [ -n "$PHASE" ]; then
-  # shellcheck source=scripts/gpu_site.sh
-  [ -n "${GPU_SITE_DONE:-}" ] || { source "$ROOT/scripts/gpu_site.sh"; gpu_site "$WHEEL_SET" torch transformers accelerate yaml orjson; }
+  # shellcheck source=scripts/gpu/gpu_site.sh
+  [ -n "${GPU_SITE_DONE:-}" ] || { source "$ROOT/scripts/gpu/gpu_site.sh"; gpu_site "$WHEEL_SET" torch transformers accelerate yaml orjson; }
   case "$PHASE" in stage1|stage2) "$PHASE" ;; *) say "unknown phase $PHASE" >&2; exit 2 ;; esac
   exit 0
 fi
@@ -163,8 +163,8 @@ STATUS[environment]="failed: no CUDA device"
 if ((!TINY)); then
   "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "gpu_check: no CUDA device (--tiny: the CPU path)")'
 fi
-# shellcheck source=scripts/gpu_site.sh
-source "$ROOT/scripts/gpu_site.sh"
+# shellcheck source=scripts/gpu/gpu_site.sh
+source "$ROOT/scripts/gpu/gpu_site.sh"
 MODULES=(torch transformers accelerate yaml orjson safetensors)
 ((TINY)) || MODULES+=(bitsandbytes)
 STATUS[environment]="failed: the carried wheels did not install or a module is missing (pip-list.txt)"

@@ -1,4 +1,4 @@
-"""scripts/gpu_site.sh (sourced by the one GPU check, scripts/gpu_check.sh) and scripts/trim_wheel.py,
+"""scripts/gpu/gpu_site.sh (sourced by the one GPU check, scripts/gpu_check.sh) and scripts/gpu/trim_wheel.py,
 on CPU: wheels in .whl/NAME are installed into a temporary --target and importable after the
 repository; a module neither carried nor installed is named; a trimmed wheel installs without the
 dropped members.
@@ -36,8 +36,8 @@ def _wheel(folder: Path, name: str, files: dict[str, str]) -> Path:
 def _root(tmp_path: Path) -> Path:
     """A copy of the scripts the helper needs, with its own .whl/ (never the repository's)."""
     root = tmp_path / "repo"
-    (root / "scripts").mkdir(parents=True)
-    shutil.copy(REPO / "scripts" / "gpu_site.sh", root / "scripts")
+    (root / "scripts" / "gpu").mkdir(parents=True)
+    shutil.copy(REPO / "scripts" / "gpu" / "gpu_site.sh", root / "scripts" / "gpu")
     return root
 
 
@@ -46,7 +46,7 @@ def _source(root: Path, *modules: str) -> subprocess.CompletedProcess:
     # reference): by value, pickling pyarrow fails ("Can't pickle <class 'MonthDayNano'>")
     check = ("import carried_mod, dill._dill as d; print(carried_mod.X, "
              "'by-reference' if d._is_builtin_module(carried_mod) else 'by-value')")
-    script = (f'set -euo pipefail; ROOT={root}; PY={sys.executable}; source "$ROOT/scripts/gpu_site.sh"; '
+    script = (f'set -euo pipefail; ROOT={root}; PY={sys.executable}; source "$ROOT/scripts/gpu/gpu_site.sh"; '
               f'gpu_site demo {" ".join(modules)}; "$PY" -c "{check}"')
     return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120,
                           env={"PATH": "/usr/bin:/bin", "HOME": str(root), "PIP_CONFIG_FILE": "/dev/null"})
@@ -68,7 +68,7 @@ def test_a_module_neither_carried_nor_installed_is_named(tmp_path):
 
 
 def test_trimmed_wheel_installs_without_the_dropped_members(tmp_path):
-    sys.path.insert(0, str(REPO / "scripts"))
+    sys.path.insert(0, str(REPO / "scripts" / "gpu"))
     try:
         from trim_wheel import trim
     finally:

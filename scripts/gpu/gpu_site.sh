@@ -1,10 +1,10 @@
 # Sourced by scripts/gpu_check.sh: make the check's Python dependencies importable on the
 # borrowed GPU machine (its image: Python 3.12 + torch + transformers + accelerate + ..., no
-# package index). `gpu_site NAME` installs the wheels that scripts/gpu_wheels.sh put in
+# package index). `gpu_site NAME` installs the wheels that scripts/gpu/gpu_wheels.sh put in
 # .whl/NAME/ into a temporary folder (pip install --no-index --no-deps --target; plain unzip when
 # the machine has no pip) and puts it on PYTHONPATH after the repository. Without .whl/NAME, the
 # interpreter must already import them (e.g. the project's .venv).
-#   PY=python3; source scripts/gpu_site.sh; gpu_site check orjson bitsandbytes
+#   PY=python3; source scripts/gpu/gpu_site.sh; gpu_site check orjson bitsandbytes
 gpu_site() {   # NAME MODULE...: .whl/NAME installed into a temporary target, MODULEs checked
   local name=$1; shift
   local wheels="$ROOT/.whl/$name"
@@ -29,7 +29,7 @@ for w in sys.argv[2:]:
   missing="$("$PY" -c 'import importlib.util, sys
 print(" ".join(m for m in sys.argv[1:] if importlib.util.find_spec(m) is None))' "$@")"
   if [ -n "$missing" ]; then
-    echo "gpu_site: $PY cannot import: $missing; run \`bash scripts/gpu_wheels.sh\` where an index is" \
+    echo "gpu_site: $PY cannot import: $missing; run \`bash scripts/gpu/gpu_wheels.sh\` where an index is" \
          "reachable and carry .whl/ (or use an environment that has them)" >&2
     return 1
   fi

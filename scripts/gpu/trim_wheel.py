@@ -1,10 +1,10 @@
-"""Rewrite a wheel without some of its files (scripts/gpu_wheels.sh): what a GPU check carries
+"""Rewrite a wheel without some of its files (scripts/gpu/gpu_wheels.sh): what a GPU check carries
 must fit in 64 MiB with the working tree, and two wheels alone are 98 MB. The members dropped are
 ones the checks never load (bitsandbytes' libraries for other CUDA versions and ROCm; pyarrow's
 Flight, S3 and test libraries, headers and sources); RECORD is rewritten to match, the wheel's
 name and version are kept, and the dropped members are listed in WHEEL_DIR/TRIMMED.txt.
 
-    python scripts/trim_wheel.py WHEEL PATTERN...      # fnmatch patterns of member names to drop
+    python scripts/gpu/trim_wheel.py WHEEL PATTERN...      # fnmatch patterns of member names to drop
 """
 
 from __future__ import annotations

@@ -7,11 +7,11 @@
 # datasets needs beyond the image (dill, multiprocess). bitsandbytes keeps one CUDA library,
 # BNB_CUDA (default 130: torch 2.11 + CUDA 13.0; bitsandbytes loads
 # libbitsandbytes_cuda<torch.version.cuda>.so), dropped members listed in .whl/check/TRIMMED.txt.
-#   bash scripts/gpu_wheels.sh                          # cp312, manylinux x86_64
-#   GPU_WHEELS_PY=3.11 bash scripts/gpu_wheels.sh        # wheels for another Python
-#   GPU_WHEELS_DIR=/path bash scripts/gpu_wheels.sh
+#   bash scripts/gpu/gpu_wheels.sh                          # cp312, manylinux x86_64
+#   GPU_WHEELS_PY=3.11 bash scripts/gpu/gpu_wheels.sh        # wheels for another Python
+#   GPU_WHEELS_DIR=/path bash scripts/gpu/gpu_wheels.sh
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 PYV="${GPU_WHEELS_PY:-3.12}"
 OUTDIR="${GPU_WHEELS_DIR:-$ROOT/.whl/check}"
 BNB_CUDA="${BNB_CUDA:-130}"
@@ -30,9 +30,9 @@ echo "gpu_wheels: Python $PYV ($ABI), manylinux x86_64 -> $OUTDIR"
 "$PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
   --python-version "$PYV" --implementation cp --abi "$ABI" --abi abi3 --abi none "${plat[@]}" -d "$OUTDIR" "${WHEELS[@]}"
 
-# --- bitsandbytes: one CUDA library (scripts/trim_wheel.py lists each dropped member in TRIMMED.txt)
+# --- bitsandbytes: one CUDA library (scripts/gpu/trim_wheel.py lists each dropped member in TRIMMED.txt)
 for f in "$OUTDIR"/bitsandbytes-*.whl; do
-  "$PY" "$ROOT/scripts/trim_wheel.py" "$f" "bitsandbytes/libbitsandbytes_rocm*" \
+  "$PY" "$ROOT/scripts/gpu/trim_wheel.py" "$f" "bitsandbytes/libbitsandbytes_rocm*" \
     $(for v in 118 120 121 122 123 124 125 126 128 129 130 131 132; do
         [ "$v" = "$BNB_CUDA" ] || echo "bitsandbytes/libbitsandbytes_cuda$v.so"; done)
   "$PY" -c 'import sys, zipfile; n = zipfile.ZipFile(sys.argv[1]).namelist()
