@@ -19,7 +19,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = ["README.md", "DEVELOPERS.md", "benchmarks/README.md", "training/verl/README.md",
-        "reports/ablation-cpu/NOTES.md", *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))]
+        *sorted(str(p.relative_to(REPO)) for p in (REPO / "reports").glob("*/README.md")),
+        *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))]
 TOP_DIRS = ("aftraj", "training", "eval", "serve", "configs", "scripts", "tests", "benchmarks", "docs", "reports")
 PACKAGES = ("aftraj", "training", "eval", "serve")
 PLACEHOLDER = re.compile(r"[*<>{}…$=|\[\]]|\bN\b|\bK\b")

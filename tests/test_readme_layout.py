@@ -1,11 +1,12 @@
-"""The README's layout tree is true: every tracked file appears in it (by its own line, or under a
-folder the tree describes as a whole, i.e. a folder line with no lines below it), and every line
-names a file or folder that is tracked, at its real place. A new module without its line, or a
-line left behind by a move, fails here with the path named.
+"""The README's layout tree is true: it lists folders, not files (issue 48: a reader sees the
+rooms; the modules say what they are themselves), names every top-level folder and every folder
+directly inside a package (`aftraj/commands/`, `eval/auditors/`, …), and every line names a folder
+that holds a tracked file, at its real place. A new package folder without its line, or a line
+left behind by a move, fails here with the path named.
 
 The tree is the code block under "## Layout": one entry a line, two spaces of indent a level, the
-name first (a folder ends with "/"; a name may hold a subpath, `accelerate/fsdp.yaml`), then what
-it is; a line indented to the description's column continues the description above it."""
+name first (a folder ends with "/"; a name may hold a subpath, `corpus/domains/`), then what it
+is; a line indented to the description's column continues the description above it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("aftraj", "training", "eval", "serve")
 
 
 def layout_block(readme: str) -> str:
@@ -62,23 +64,25 @@ def parse_tree(block: str) -> tuple[dict[str, int], list[str]]:
     return entries, errors
 
 
+def required_folders(tracked: set[str]) -> set[str]:
+    """The folders the tree must name: every top-level folder, and every folder directly inside a
+    package (aftraj/commands/, eval/auditors/, …), as far as they hold a tracked file."""
+    top = {f.split("/", 1)[0] + "/" for f in tracked if "/" in f}
+    sub = {"/".join(f.split("/")[:2]) + "/" for f in tracked if f.split("/")[0] in PACKAGES and f.count("/") >= 2}
+    return top | sub
+
+
 def check_tree(block: str, tracked: set[str]) -> list[str]:
     """Every problem of the tree against the tracked files, one line each (empty: the tree is true)."""
     entries, errors = parse_tree(block)
-    folders = {p for p in entries if p.endswith("/")}
-    leaves = {f for f in folders if not any(p != f and p.startswith(f) for p in entries)}
     tracked_dirs = {f.rsplit("/", i)[0] + "/" for f in tracked for i in range(1, f.count("/") + 1)}
     for path, n in sorted(entries.items(), key=lambda x: x[1]):
-        if path.endswith("/"):
-            if path not in tracked_dirs:
-                errors.append(f"tree line {n}: folder {path} holds no tracked file")
-        elif path not in tracked:
-            errors.append(f"tree line {n}: {path} is not a tracked file (moved or renamed?)")
-    for f in sorted(tracked):
-        if f in entries:
-            continue
-        if not any(f.startswith(leaf) for leaf in leaves):
-            errors.append(f"{f} is tracked but not in the README's layout tree")
+        if not path.endswith("/"):
+            errors.append(f"tree line {n}: {path} is a file: the tree lists folders only")
+        elif path not in tracked_dirs:
+            errors.append(f"tree line {n}: folder {path} holds no tracked file (moved or renamed?)")
+    for f in sorted(required_folders(tracked) - set(entries)):
+        errors.append(f"{f} is a folder of the repository but not in the README's layout tree")
     return errors
 
 
@@ -90,36 +94,35 @@ def tracked_files() -> set[str]:
     return {p for p in out.decode().split("\0") if p and (REPO / p).exists()}
 
 
-def test_readme_layout_names_every_tracked_file_and_only_those():
+def test_readme_layout_names_every_folder_and_only_those():
     block = layout_block((REPO / "README.md").read_text(encoding="utf-8"))
     errors = check_tree(block, tracked_files())
     assert not errors, "README layout tree:\n" + "\n".join(errors)
 
 
-def test_the_check_finds_a_misplaced_a_missing_and_a_stale_line():
+def test_the_check_finds_a_misplaced_a_missing_a_stale_and_a_file_line():
     tracked = {"README.md", "aftraj/commands/serve.py", "aftraj/structural/monitor.py", "aftraj/tokens.py",
-               "eval/data/ww/1.json", "eval/data/ww/2.json"}
-    good = ("README.md                this file\n"
-            "aftraj/                  the core\n"
-            "  tokens.py              token counting\n"
+               "eval/data/ww/1.json", "eval/data/ww/2.json", "scripts/demo.sh"}
+    good = ("aftraj/                  the core\n"
             "  commands/              subcommands\n"
-            "    serve.py             aftraj serve\n"
             "  structural/            the monitor,\n"
             "                         its description continued\n"
-            "    monitor.py           fit and score\n"
             "eval/                    evaluation\n"
-            "  data/                  shipped data, described as a whole\n")
+            "  data/                  shipped data\n"
+            "    ww/                  Who&When (a folder below a package's sub-folder may be listed)\n"
+            "scripts/                 entry points\n")
     assert check_tree(good, tracked) == []
-    misplaced = good.replace("  commands/              subcommands\n    serve.py             aftraj serve\n", "") \
-                    .replace("    monitor.py           fit and score\n",
-                             "    monitor.py           fit and score\n    serve.py             aftraj serve\n")
+    misplaced = good.replace("  commands/              subcommands\n", "") \
+                    .replace("  data/                  shipped data\n",
+                             "  data/                  shipped data\n  commands/              subcommands\n")
     errs = check_tree(misplaced, tracked)
-    assert any("aftraj/structural/serve.py is not a tracked file" in e for e in errs)
-    assert any("aftraj/commands/serve.py is tracked but not in" in e for e in errs)
-    missing = good.replace("  tokens.py              token counting\n", "")
-    assert check_tree(missing, tracked) == ["aftraj/tokens.py is tracked but not in the README's layout tree"]
-    no_desc = good.replace("token counting", "")
-    assert any("(tokens.py): no description" in e for e in check_tree(no_desc, tracked))
-    under_file = good.replace("    serve.py             aftraj serve\n",
-                              "    serve.py             aftraj serve\n      x.py               nested in a file\n")
+    assert "tree line 6: folder eval/commands/ holds no tracked file (moved or renamed?)" in errs
+    assert "aftraj/commands/ is a folder of the repository but not in the README's layout tree" in errs
+    missing = good.replace("scripts/                 entry points\n", "")
+    assert check_tree(missing, tracked) == ["scripts/ is a folder of the repository but not in the README's layout tree"]
+    with_file = good + "README.md                this file\n"
+    assert check_tree(with_file, tracked) == ["tree line 9: README.md is a file: the tree lists folders only"]
+    no_desc = good.replace("subcommands", "")
+    assert any("(commands/): no description" in e for e in check_tree(no_desc, tracked))
+    under_file = with_file + "  x/                     nested in a file\n"
     assert any("not its folder" in e for e in check_tree(under_file, tracked))
