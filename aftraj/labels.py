@@ -123,7 +123,7 @@ def label_trajectories(trajs: list[Trajectory], specs: list[LabelSpec]) -> tuple
 
 def write_label_csv(trajs: list[Trajectory], path: str | Path) -> int:
     """The labels of `trajs` in the CSV layout `read_label_csv` reads (unlabeled runs: verdict empty)."""
-    from aftraj.adapters.base import is_unlabeled
+    from aftraj.boundary import is_unlabeled
 
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
@@ -138,7 +138,7 @@ def write_label_csv(trajs: list[Trajectory], path: str | Path) -> int:
 
 def label_text(traj: Trajectory) -> str:
     """How `inspect` and `summary` name a run's label: "unlabeled" for an adapter's placeholder."""
-    from aftraj.adapters.base import is_unlabeled
+    from aftraj.boundary import is_unlabeled
 
     lb = traj.label
     if is_unlabeled(traj):

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 
-from aftraj.adapters.base import is_unlabeled
+from aftraj.boundary import is_unlabeled
 from aftraj.prompt import render_prompt
 from aftraj.schema import Trajectory
 from aftraj.tokens import approx_tokens

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib
 import json
 import os
 import signal
@@ -234,8 +235,8 @@ def _as_gateway(argv: list[str]) -> int:
             self.every_s = float(o["ckpt_every"])
         L.Checkpointer.__init__ = ck_init
     if o.get("gc") == "freeze":             # what startup made is never collected again
-        import serve.router  # noqa: F401
-        import uvicorn  # noqa: F401
+        for startup in ("serve.router", "uvicorn"):    # loaded now, so frozen with the rest
+            importlib.import_module(startup)
 
         gc.collect()
         gc.freeze()

@@ -1,5 +1,5 @@
 """Stage-1 per-pair cost with and without the frozen-layer feature cache (`feature_cache: true`,
-training/stage1/features.py): with only the top N decoder layers trainable, one forward and
+`aftraj.scoring.pair_features`): with only the top N decoder layers trainable, one forward and
 backward of a pair through the whole model (`batching: per_pair`) vs through the top N layers
 from the cached input of layer L-N, on the same model, prompt and completions, in one process,
 rounds alternating (uncached, cached, uncached, ...) because the machine's load swings. Also the
@@ -34,10 +34,10 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from aftraj.scoring import pair_token_logps
+    from aftraj.scoring import pair_features, pair_token_logps, top_layers_only
     from training.common import freeze_below
-    from training.models import resolve_model_spec
-    from training.stage1.features import nbytes, pair_features, top_layers_only
+    from aftraj.models import resolve_model_spec
+    from training.stage1.trainer import nbytes
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(resolve_model_spec(args.model), dtype=torch.float32,

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from aftraj.verdict import agent_match, step_match  # noqa: F401  (the one place; re-exported)
+from aftraj.verdict import agent_match, step_match
 
 METRICS_VERSION = "1.0"
 

@@ -31,7 +31,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from aftraj.boundary import UNLABELED, is_unlabeled, refuse_unlabeled  # noqa: F401  (the rule's home)
+from aftraj.boundary import UNLABELED
 from aftraj.events import Event, EventError, events_to_steps, make_event
 from aftraj.schema import SchemaError, Trajectory
 

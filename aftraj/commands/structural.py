@@ -68,7 +68,8 @@ def _split_inputs(args, cfg):
 
 
 def run_fit(args) -> int:
-    from aftraj.structural.config import ConfigError, load_structural_config
+    from aftraj.config import ConfigError
+    from aftraj.structural.config import load_structural_config
     from aftraj.structural.monitor import StructuralMonitor
     from eval.structural_tune import tune
 

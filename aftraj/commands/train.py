@@ -1,7 +1,8 @@
 """`aftraj train stage1 --config CFG [--data DIR] [--out DIR] [--resume]` (and later stages).
 
-Each stage's arguments live next to its code (`training.<stage>.cli`: `add_arguments`, `run`);
-a stage whose package is not installed is simply not offered.
+Each stage's arguments live next to its code (`training.<stage>.cli`: `add_arguments`, `run`; a
+stage that joins packages runs through a driver's `run`); a stage whose package is not installed
+is simply not offered.
 
     aftraj train stage1 --config configs/stage1/tiny-cpu.yaml --out runs/stage1-tiny
 """
@@ -22,7 +23,8 @@ def register(sub) -> None:
     found = {}
     for name in STAGES:
         try:
-            found[name] = importlib.import_module(CLI.get(name, f"training.{name}.cli"))
+            found[name] = (importlib.import_module(f"training.{name}.cli"),
+                           importlib.import_module(CLI.get(name, f"training.{name}.cli")))
         except ModuleNotFoundError as e:
             if e.name and e.name.startswith((f"training.{name}", CLI.get(name, "-"))):
                 continue
@@ -31,7 +33,7 @@ def register(sub) -> None:
     p = sub.add_parser("train", help="train the auditor ("
                        + ", ".join(f"{n}: {STAGES[n].split(' ')[0]}" for n in found) + ")")
     stages = p.add_subparsers(dest="stage", required=True, metavar="STAGE")
-    for name, cli in found.items():
+    for name, (cli, runner) in found.items():
         sp = stages.add_parser(name, help=STAGES[name])
         cli.add_arguments(sp)
-        sp.set_defaults(func=cli.run)
+        sp.set_defaults(func=runner.run)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aftraj.config import ConfigError, build, load, need, need_int  # noqa: F401 (ConfigError: importers' name)
+from aftraj.config import build, load, need, need_int
 
 ERROR_TYPES = ("computation_slip", "verdict_misread", "wrong_entity", "fabricated_tool_result",
                "wrong_tool_argument", "premature_termination")

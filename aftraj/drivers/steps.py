@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import json
 
-from training.steps.cli import add_arguments  # noqa: F401  (the train command reads it from here)
-
 
 def run(args) -> int:
-    from training.steps.cli import summary, train_from_args
-
+    """The command's arguments are `training.steps.cli.add_arguments`'s."""
     import os
+
+    from training.steps.cli import summary, train_from_args
 
     cfg, res = train_from_args(args)
     if res is None or os.environ.get("RANK", "0") != "0":      # under accelerate launch: the main process reports

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aftraj.config import ConfigError, build, load, need, need_int, need_number  # noqa: F401 (ConfigError: importers' name)
+from aftraj.config import build, load, need, need_int, need_number
 
 EMBEDDERS = ("minilm", "hashing")
 AGGREGATIONS = ("raw", "cummean", "cummax")

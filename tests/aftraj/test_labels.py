@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from aftraj.adapters.base import UNLABELED, is_unlabeled
+from aftraj.boundary import UNLABELED, is_unlabeled
 from aftraj.cli import main
 from aftraj.readers import load_trajectories
 from aftraj.schema import Label, Step, Trajectory, write_jsonl

@@ -48,7 +48,7 @@ def test_each_packed_sequence_has_the_logits_it_has_alone(tiny_model_dir, impl):
 def test_the_top_layers_from_frozen_features_give_the_same_logits(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from training.stage1.features import top_layers_only
+    from aftraj.scoring import top_layers_only
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa").eval()
     seqs = _seqs()

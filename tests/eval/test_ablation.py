@@ -16,7 +16,7 @@ import pytest
 
 from aftraj.errors import UsageError
 from aftraj.drivers import ablation as ab
-from training.stage1.config import ConfigError
+from aftraj.config import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 

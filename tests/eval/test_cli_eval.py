@@ -208,7 +208,7 @@ def test_runs_without_gold_labels_are_refused(tmp_path, make_traj, capsys):
     would count every alarm as a false alarm. One such run makes the evaluation refuse, by name."""
     from dataclasses import replace
 
-    from aftraj.adapters.base import UNLABELED
+    from aftraj.boundary import UNLABELED
 
     runs = [make_traj(0, 5, 2), make_traj(1, 4, None)]
     data = tmp_path / "set.jsonl"

@@ -7,8 +7,9 @@ import random
 
 import pytest
 
-from eval.metrics import (CORE_KEYS, METRICS_VERSION, agent_match, grouped, stratified_auc, step_match,
-                          summarize, threshold_sweep, ww_substring_step_match)
+from aftraj.verdict import agent_match, step_match
+from eval.metrics import (CORE_KEYS, METRICS_VERSION, grouped, stratified_auc, summarize, threshold_sweep,
+                          ww_substring_step_match)
 
 
 def rec(gold, k_star=None, a_star=None, *, alarmed=False, d=None, k_hat=None, a_hat=None, n=10,

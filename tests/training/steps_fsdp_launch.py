@@ -15,7 +15,8 @@ sys.path.insert(0, str(HERE.parents[1]))
 _spec = importlib.util.spec_from_file_location("fsdp_cpu_launch", HERE / "fsdp_cpu_launch.py")
 _spec.loader.exec_module(importlib.util.module_from_spec(_spec))     # the patches, applied at import
 
-from aftraj.drivers.steps import add_arguments, run  # noqa: E402
+from aftraj.drivers.steps import run  # noqa: E402
+from training.steps.cli import add_arguments  # noqa: E402
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()

@@ -26,7 +26,8 @@ def test_stage1_warms_up_the_papers_50_steps():
 
 
 def test_warmup_steps_and_ratio_are_exclusive(tmp_path):
-    from training.stage1.config import ConfigError, load_stage1_config
+    from aftraj.config import ConfigError
+    from training.stage1.config import load_stage1_config
 
     with pytest.raises(ConfigError, match="warmup_steps"):
         load_stage1_config(STAGE1, {"warmup_ratio": 0.1})
@@ -53,7 +54,8 @@ def test_stage2_on_2xh200_is_the_8xh200_run_on_two_gpus():
 
 def test_five_epochs_whose_last_step_runs_over_are_allowed_and_six_are_not():
     # 617 pairs in batches of 3: 5 epochs is 1,029 steps (5.003 epochs); the 2k CPU ablation hit it
-    from training.stage1.config import ConfigError, load_stage1_config
+    from aftraj.config import ConfigError
+    from training.stage1.config import load_stage1_config
 
     cpu = REPO / "configs" / "stage1" / "smollm2-135m-cpu.yaml"
     cfg = load_stage1_config(cpu, {"max_steps": None, "num_epochs": 5})

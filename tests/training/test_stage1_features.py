@@ -1,4 +1,4 @@
-"""The frozen-layer feature cache (`feature_cache: true`, training/stage1/features.py): scoring
+"""The frozen-layer feature cache (`feature_cache: true`, `aftraj.scoring.pair_features`): scoring
 from the captured features through the top layers equals scoring the whole model, gradients
 included; a training run with the cache gives the uncached run's losses and weights; the model is
 whole again after `top_layers_only`, even on an error; the config refuses what the cache cannot do."""
@@ -12,10 +12,9 @@ import pytest
 import torch
 
 from aftraj.config import ConfigError
-from aftraj.scoring import pair_token_logps
+from aftraj.scoring import pair_features, pair_token_logps, top_layers_only
 from training.common import freeze_below
 from training.stage1.config import load_stage1_config
-from training.stage1.features import pair_features, top_layers_only
 from training.stage1.trainer import train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -148,7 +147,7 @@ def test_prompts_in_turn_share_their_beginning_and_capture_what_they_capture_alo
     # stage 1's capture runs a run's pre, post and twin pairs in turn (SharedPrompts): each prompt
     # from where it leaves the last, its shared part's features the last prompt's; the features and
     # log-probs equal each pair captured alone
-    from training.stage1.features import SharedPrompts
+    from aftraj.scoring import SharedPrompts
 
     model = _model(tiny_model_dir)
     stem = list(range(50, 90))

@@ -16,6 +16,7 @@ import torch
 import training.stage1.preferences as preferences
 import training.stage1.trainer as trainer
 from aftraj.errors import UsageError
+from training.common import fsdp_mixed_precision
 from training.stage1.config import load_stage1_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,7 +132,7 @@ def test_fsdp_policy_keeps_reductions_and_buffers_fp32():
 
     for mp, param in (("bf16", torch.bfloat16), ("no", torch.float32)):
         cfg = load_stage1_config(TINY, {"mixed_precision": mp})
-        assert trainer.fsdp_mixed_precision(cfg) == MixedPrecision(
+        assert fsdp_mixed_precision(cfg) == MixedPrecision(
             param_dtype=param, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
 
 

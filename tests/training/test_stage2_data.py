@@ -97,7 +97,7 @@ def _imported(traj):
     """`traj` as an adapter imports it: the placeholder SAFE label marked unlabeled."""
     import dataclasses
 
-    from aftraj.adapters.base import UNLABELED
+    from aftraj.boundary import UNLABELED
 
     return dataclasses.replace(traj, label=UNLABELED, meta={"unlabeled": True}, outcome="unknown")
 

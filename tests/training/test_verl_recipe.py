@@ -9,6 +9,7 @@ the soft overlong penalty included. Rollouts and FSDP training need GPUs and are
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.verl
 def _verl_env():
     """In the verl environment verl imports; elsewhere the `verl` marker deselects these tests
     before this runs (a module-level import guard counted as a skip in the default suite)."""
-    import verl  # noqa: F401
+    assert importlib.util.find_spec("verl") is not None, "the verl tests run in .venv-verl (bash scripts/test_verl.sh)"
 
 REPO = Path(__file__).resolve().parents[2]
 PROD = REPO / "configs" / "stage2" / "qwen2.5-7b-8xh200.yaml"

@@ -21,7 +21,6 @@ measures post vs twin), OUT/final/ (the whole model: `AutoModelForCausalLM.from_
 from __future__ import annotations
 
 import json
-import math
 import random
 import resource
 import time
@@ -252,10 +251,9 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
     from transformers import get_cosine_schedule_with_warmup
 
     from aftraj.boundary import find_twins
-    from aftraj.scoring import autocast, packed_logits, resolve_mixed_precision
+    from aftraj.scoring import autocast, packed_logits, resolve_mixed_precision, top_layers_only
     from training.common import export_folder, freeze_below, load_model, load_tokenizer, load_training_trajectories
-    from training.models import resolve_model_spec
-    from training.stage1.features import top_layers_only
+    from aftraj.models import resolve_model_spec
 
     torch.manual_seed(cfg.seed)
     out = Path(cfg.output_dir)

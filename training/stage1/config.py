@@ -15,9 +15,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aftraj.scoring import resolve_mixed_precision  # noqa: F401 (importers)
-from aftraj.config import (ATTN_IMPLEMENTATIONS, DTYPES, FINETUNES, ConfigError,  # noqa: F401 (importers)
-                           ModelConfig, check_types, load)
+from aftraj.config import ConfigError, ModelConfig, check_types, load
 
 MIXED_PRECISIONS = ("no", "bf16", "auto")   # auto: bf16 where the device computes it natively (a
                                             # CUDA GPU with bf16, a CPU with AVX512-BF16 or AMX), else no   # fp16 would need a grad scaler whose state must round-trip too
@@ -108,7 +106,7 @@ class Stage1Config(ModelConfig):
     feature_cache: bool = False        # with trainable_layers + per_pair + a precomputed reference:
                                        # the frozen layers' output computed once (with the
                                        # reference), each step runs the top layers only
-                                       # (training/stage1/features.py); one process only
+                                       # (`aftraj.scoring.pair_features`); one process only
     pre_fraction: float = 0.5          # share of each micro-batch drawn from the pre subset
     gradient_accumulation_steps: int = 1
     learning_rate: float = 5e-4

@@ -41,6 +41,7 @@ final/adapter/).
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import math
 import os
@@ -54,18 +55,22 @@ from pathlib import Path
 import torch
 import yaml
 
-from aftraj.scoring import pair_token_logps, release_freed_memory
-from training.common import (fsdp_mixed_precision, launched_distributed, library_versions, load_model,  # noqa: F401
-                             load_tokenizer, make_accelerator, save_final, wrap_trainable)
+from aftraj.scoring import SharedPrompts, pair_features, pair_token_logps, release_freed_memory, top_layers_only
+from training.common import (launched_distributed, library_versions, load_model, load_tokenizer, make_accelerator,
+                             save_final, wrap_trainable)
 from training.stage1.config import Stage1Config
 from training.stage1.data import TokenizedPair, collate, micro_batch_indices, tokenize_records
-from training.stage1.features import SharedPrompts, nbytes, pair_features, top_layers_only
 from training.stage1.loss import bppo_loss, completion_logps, sequence_logps
 from training.stage1.preferences import sample_preferences
 from training.stage1.run_folder import CKPT, cache_paths, check_run_folder, latest_checkpoint, read_preferences, record
 
 # the feature capture gives the heap's free pages back every this many pairs (`release_freed_memory`)
 TRIM_EVERY = 8
+
+
+def nbytes(features) -> int:
+    """Bytes held by the frozen-layer feature cache (a list of each pair's tensors)."""
+    return sum(t.numel() * t.element_size() for pair in features for t in pair)
 
 
 @dataclass
@@ -146,7 +151,7 @@ def precompute_reference(model, pairs: list[TokenizedPair], pad_id: int, batch_s
     as the loss sums them (`margin_tokens`). Ranks score equal shards (FSDP needs every rank in
     every forward) and gather. `per_pair`: one unpadded forward per pair (`pair_token_logps`).
     `features_below` (per_pair, one process): also append each pair's input of the top
-    `features_below` layers to `features` (training/stage1/features.py)."""
+    `features_below` layers to `features` (`aftraj.scoring.pair_features`)."""
     n, world, rank = len(pairs), acc.num_processes, acc.process_index
     per = math.ceil(n / world)
     order = list(range(n)) + [n - 1] * (per * world - n)
@@ -282,11 +287,8 @@ class _Model:
 def _check_launch(cfg: Stage1Config, out: Path, *, resume: bool, phase: str, progress: bool):
     """The run folder fits this run; the preference cache is there (phase "all" in one process
     samples it first). Returns the latest complete checkpoint (or None)."""
-    if "wandb" in cfg.report_to:
-        try:
-            import wandb  # noqa: F401
-        except ImportError:
-            raise ImportError("report_to holds 'wandb' but wandb is not installed (pip install wandb)") from None
+    if "wandb" in cfg.report_to and importlib.util.find_spec("wandb") is None:
+        raise ImportError("report_to holds 'wandb' but wandb is not installed (pip install wandb)")
     latest = latest_checkpoint(out) if out.exists() else None
     check_run_folder(cfg, out, resume=resume, latest=latest)
     rec_path, _ = cache_paths(out)
@@ -522,7 +524,7 @@ def train(cfg: Stage1Config, *, resume: bool = False, stop_at_step: int | None =
     `on_step_end` gets each step's metrics row (the benchmark times steps with it)."""
     from tqdm.auto import tqdm
 
-    from training.models import resolve_model_spec
+    from aftraj.models import resolve_model_spec
 
     out = Path(cfg.output_dir)
     latest = _check_launch(cfg, out, resume=resume, phase=phase, progress=progress)

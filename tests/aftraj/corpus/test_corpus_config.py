@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from aftraj.corpus.config import ERROR_TYPES, ConfigError, config_from_dict, load_corpus_config
+from aftraj.config import ConfigError
+from aftraj.corpus.config import ERROR_TYPES, config_from_dict, load_corpus_config
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]

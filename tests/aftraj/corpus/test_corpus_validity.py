@@ -182,7 +182,8 @@ def test_scripted_judge_reads_the_trajectory_not_the_record(sandbox):
 
 
 def test_oracle_is_a_judge_only_and_named_in_stats():
-    from aftraj.corpus.config import ConfigError, config_from_dict
+    from aftraj.config import ConfigError
+    from aftraj.corpus.config import config_from_dict
 
     cfg = config_from_dict({"name": "x", "judge": {"backend": "oracle"}})
     assert cfg.judge.backend == "oracle"

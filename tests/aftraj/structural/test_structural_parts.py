@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from aftraj.schema import Step
-from aftraj.structural.config import ConfigError, StructuralConfig, load_structural_config
+from aftraj.config import ConfigError
+from aftraj.structural.config import StructuralConfig, load_structural_config
 
 
 # --------------------------------------------------------------------------- config
