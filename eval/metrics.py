@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from aftraj.ranking import auc
 from aftraj.verdict import agent_match, step_match
 
 METRICS_VERSION = "1.0"
@@ -213,14 +214,6 @@ def deployable(far: float | None, step_acc: float | None) -> bool | None:
 
 # --------------------------------------------------------------------------- score auditors
 
-def _auc(pos: Sequence[float], neg: Sequence[float]) -> float:
-    """Mann-Whitney ROC AUC with ties counted one half."""
-    p, n = np.asarray(pos, float), np.asarray(neg, float)
-    greater = (p[:, None] > n[None, :]).sum()
-    ties = (p[:, None] == n[None, :]).sum()
-    return float((greater + 0.5 * ties) / (len(p) * len(n)))
-
-
 def _weighted_auc_num(pos: np.ndarray, wp: np.ndarray, neg: np.ndarray, wn: np.ndarray) -> np.ndarray:
     """Mann-Whitney numerator for R weightings at once (wp: R x P, wn: R x N): sum over pairs of
     wp * wn * (1 if pos > neg, 1/2 if tied), in O(R (P + N)) through the sorted distinct scores."""
@@ -258,7 +251,7 @@ def stratified_auc(preds: Sequence[dict], start_step: int = 0, *, n_boot: int = 
             cell = by_t.setdefault(e["t"], ([], [], [], []))
             cell[0 if pos else 2].append(e["confidence"])
             cell[1 if pos else 3].append(i)
-    aucs = {t: _auc(c[0], c[2]) for t, c in sorted(by_t.items()) if c[0] and c[2]}
+    aucs = {t: auc(c[0], c[2]) for t, c in sorted(by_t.items()) if c[0] and c[2]}
     ci = None
     if aucs and n_boot > 0:
         n = len(preds)

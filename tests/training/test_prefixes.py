@@ -10,7 +10,7 @@ import torch
 from aftraj.schema import write_jsonl
 from training.common import synthetic_trajectories
 from training.prefixes.config import load_prefixes_config
-from training.prefixes.trainer import auc, prefix_run, select_runs, train
+from training.prefixes.trainer import prefix_run, select_runs, train
 
 
 def test_rows_of_unsafe_and_safe_runs_match_what_the_hf_auditor_reads(tiny_model_dir, tiny_tokenizer):
@@ -52,13 +52,6 @@ def test_twins_come_first_among_safe_runs(tiny_tokenizer):
     assert n["safe"] == 1 and len(safe_ids) == 1
     if twins:
         assert safe_ids[0] in twins and n["twins"] == 1
-
-
-def test_auc():
-    assert auc([2.0, 3.0], [0.0, 1.0]) == 1.0
-    assert auc([0.0], [1.0]) == 0.0
-    assert auc([1.0], [1.0]) == 0.5
-    assert auc([], [1.0]) is None
 
 
 def _overfit_run(tmp_path, tiny_model_dir, **over):

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aftraj.errors import UsageError
+from aftraj.ranking import auc
 from aftraj.schema import Trajectory
 from training.prefixes.config import PrefixesConfig
 
@@ -157,19 +158,6 @@ def capture(model, runs: list[PrefixRun], n_top: int, *, progress: bool = False,
     finally:
         hook.remove()
     return out
-
-
-def auc(pos: list[float], neg: list[float]) -> float | None:
-    """P(a positive scores above a negative), ties half: the rank statistic of ALARM rows' log-odds
-    against SAFE rows' (None without both)."""
-    if not pos or not neg:
-        return None
-    import bisect
-
-    neg = sorted(neg)
-    wins = sum(bisect.bisect_left(neg, v) + 0.5 * (bisect.bisect_right(neg, v) - bisect.bisect_left(neg, v))
-               for v in pos)
-    return wins / (len(pos) * len(neg))
 
 
 def heldout_summary(rows: list[dict], key: str) -> dict:

@@ -15,7 +15,7 @@ from aftraj.schema import Label, Step
 
 
 def _auc(pos, neg):
-    from eval.metrics import _auc as auc
+    from aftraj.ranking import auc
 
     return auc(pos, neg)
 
