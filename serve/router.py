@@ -33,7 +33,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from pydantic import ValidationError
 
 from serve.protocol import EventBatch, Problem, RunCreate, RunCreated, RunView, Verdict
-from serve.service import VIEW_PAGE, GatewayError, GatewayService
+from serve.errors import GatewayError
+from serve.service import VIEW_PAGE, GatewayService
 
 ERRORS = {401: {"model": Problem}, 404: {"model": Problem}, 408: {"model": Problem}, 409: {"model": Problem},
           413: {"model": Problem}, 422: {"model": Problem}, 429: {"model": Problem}, 503: {"model": Problem}}
@@ -68,22 +69,16 @@ class BodyLimit:
         # held open by one address are capped; the rest of the gateway's sockets stay free)
         expects_body = (v.isdigit() and int(v) > 0) or b"chunked" in headers.get(b"transfer-encoding", b"").lower()
         if self.svc is not None and expects_body:
-            cap = self.svc.cfg.limits.max_pending_bodies_per_address
-            if self.svc.pending_bodies[addr] >= cap:
-                self.svc.metrics.inc("aftraj_gateway_pending_bodies_refused_total")
-                return await _send_problem(send, 429, {"detail": f"over {cap} request bodies still coming in from "
-                                                                 f"this address", "event_index": None,
-                                                       "event_id": None, "field": None},
-                                           {"Retry-After": "1", "Connection": "close"})
-            self.svc.pending_bodies[addr] += 1
+            try:
+                self.svc.limits.begin_body(addr)
+            except GatewayError as e:
+                return await _send_problem(send, e.status, e.body(), e.headers)
         held = [self.svc is not None and expects_body]
 
         def body_done() -> None:           # the body is in (or will never be): the address's count drops
             if held[0]:
                 held[0] = False
-                self.svc.pending_bodies[addr] -= 1
-                if self.svc.pending_bodies[addr] <= 0:
-                    del self.svc.pending_bodies[addr]
+                self.svc.limits.end_body(addr)
         try:
             await self._call(scope, receive, send, headers, t0, addr, expects_body, body_done)
         finally:
@@ -158,9 +153,19 @@ def _owner(request: Request) -> str:
     return request.scope["aftraj.owner"]
 
 
-def build_app(svc: GatewayService) -> FastAPI:
-    app = FastAPI(title="AgentForesight gateway", version="1",
-                  description="Takes a run's events, folds them, audits every prefix (DESIGN §7).")
+def _json(obj, status: int = 200) -> Response:
+    return Response(obj if isinstance(obj, bytes) else orjson.dumps(obj), status_code=status,
+                    media_type="application/json")
+
+
+def _problem_422(svc: GatewayService, err: dict, field: str | None, cap: int | None = None) -> JSONResponse:
+    svc.metrics.inc("aftraj_gateway_http_errors_total", status="422")
+    return JSONResponse({"detail": f"{field or 'body'}: {err.get('msg', 'invalid')}"[:cap], "event_index": None,
+                         "event_id": None, "field": field}, status_code=422)
+
+
+def _error_handlers(app: FastAPI, svc: GatewayService) -> None:
+    """Every error answers a `Problem` body, counted by status."""
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(_req: Request, e: GatewayError):
@@ -171,14 +176,11 @@ def build_app(svc: GatewayService) -> FastAPI:
     async def _validation(_req: Request, e: RequestValidationError):
         err = (e.errors() or [{}])[0]
         loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-        field = ".".join(loc) or None
-        svc.metrics.inc("aftraj_gateway_http_errors_total", status="422")
-        return JSONResponse({"detail": f"{field or 'body'}: {err.get('msg', 'invalid')}", "event_index": None,
-                             "event_id": None, "field": field}, status_code=422)
+        return _problem_422(svc, err, ".".join(loc) or None)
 
-    def _json(obj, status: int = 200) -> Response:
-        return Response(obj if isinstance(obj, bytes) else orjson.dumps(obj), status_code=status,
-                        media_type="application/json")
+
+def _run_routes(app: FastAPI, svc: GatewayService, emit_verdict) -> None:
+    """POST /v1/runs, POST /v1/runs/{id}/events, GET /v1/runs/{id}."""
 
     @app.post("/v1/runs", response_model=RunCreated, status_code=201, responses=ERRORS,
               openapi_extra=_json_body(RunCreate))
@@ -188,10 +190,7 @@ def build_app(svc: GatewayService) -> FastAPI:
             req = await svc._off(RunCreate.model_validate_json, body)
         except ValidationError as e:
             err = (e.errors() or [{}])[0]
-            field = ".".join(str(x) for x in err.get("loc", ())) or None
-            svc.metrics.inc("aftraj_gateway_http_errors_total", status="422")
-            return JSONResponse({"detail": f"{field or 'body'}: {err.get('msg', 'invalid')}"[:1000],
-                                 "event_index": None, "event_id": None, "field": field}, status_code=422)
+            return _problem_422(svc, err, ".".join(str(x) for x in err.get("loc", ())) or None, 1000)
         created = await svc.acreate_run(_owner(request), req)
         return _json(created.model_dump(), 201)
 
@@ -206,11 +205,16 @@ def build_app(svc: GatewayService) -> FastAPI:
 
     @app.get("/v1/runs/{run_id}", response_model=RunView, responses=ERRORS)
     async def get_run(request: Request, run_id: str, authorization: str | None = Header(None),
-                      verdicts_after: int = Query(-1, ge=-1), verdicts_limit: int = Query(VIEW_PAGE, ge=1, le=VIEW_PAGE)):
+                      verdicts_after: int = Query(-1, ge=-1),
+                      verdicts_limit: int = Query(VIEW_PAGE, ge=1, le=VIEW_PAGE)):
         """The run, its observer view and one page of its verdicts (seq order, after
         `verdicts_after`); `verdicts_next` is the next page's `verdicts_after` (null at the end)."""
         view = await svc.aview(_owner(request), run_id, verdicts_after, verdicts_limit)
         return _json(await svc._off(orjson.dumps, view))
+
+
+def _stream_route(app: FastAPI, svc: GatewayService) -> None:
+    """GET /v1/runs/{id}/stream."""
 
     @app.get("/v1/runs/{run_id}/stream", responses={**ERRORS, 200: {"content": {"text/event-stream": {}}}})
     async def stream(request: Request, run_id: str, authorization: str | None = Header(None),
@@ -228,6 +232,10 @@ def build_app(svc: GatewayService) -> FastAPI:
 
         return StreamingResponse(gen(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
+
+
+def _ops_routes(app: FastAPI, svc: GatewayService) -> None:
+    """GET /healthz and GET /metrics."""
 
     @app.get("/healthz")
     async def healthz():
@@ -247,9 +255,20 @@ def build_app(svc: GatewayService) -> FastAPI:
                                         f"tenant): the operator lists the keys that may in `metrics_keys`")
         return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4")
 
+
+def build_app(svc: GatewayService) -> FastAPI:
+    """The gateway's app: error handlers, the /v1 routes, the ops routes, the web view
+    (serve.web: GET /v1/runs and /ui) and `BodyLimit` in front of them all."""
     from serve.web import register as register_web      # GET /v1/runs and the /ui pages (serve/web.py)
 
-    emit_verdict = register_web(app, svc)              # AFTRAJ_EMIT: verdicts as OTel spans / Langfuse scores
+    app = FastAPI(title="AgentForesight gateway", version="1",
+                  description="Takes a run's events, folds them, audits every prefix (DESIGN §7).")
+    emit: list = []                     # AFTRAJ_EMIT's emitter, known once the web view is registered
+    _error_handlers(app, svc)
+    _run_routes(app, svc, lambda *a: emit[0](*a))
+    _stream_route(app, svc)
+    _ops_routes(app, svc)
+    emit.append(register_web(app, svc))     # verdicts as OTel spans / Langfuse scores (AFTRAJ_EMIT)
     app.add_middleware(BodyLimit, limit=svc.cfg.limits.max_body_bytes, svc=svc,
                        body_timeout_s=svc.cfg.limits.body_timeout_s)
     app.state.service = svc

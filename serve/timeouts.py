@@ -3,17 +3,16 @@
     uvicorn.run(app, http=header_timeout_protocol(10.0), ...)   # what `aftraj serve gateway` does
 
 uvicorn closes a connection that stays idle between requests (`timeout_keep_alive`), but one
-that sends part of its request line or headers and then nothing stays open for good: 2,000
-such half-sent requests held 2,000 sockets after 30 s. Here a connection whose request headers
-are not complete `header_timeout_s` after it opened (or after its previous response) is closed.
-Each connection's kernel send buffer is capped (`SEND_BUFFER`). The body's own timeout is the ASGI middleware's (`serve.router.BodyLimit`: 408), since the
-app reads the body.
+that sends part of its request line or headers and then nothing stays open for good (one socket
+each, however many). Here a connection whose request headers are not complete `header_timeout_s`
+after it opened (or after its previous response) is closed. Each connection's kernel send buffer
+is capped (`SEND_BUFFER`). The body's own timeout is the ASGI middleware's
+(`serve.router.BodyLimit`: 408), since the app reads the body.
 
 Connections are counted per client address: past `max_per_address` a new connection is closed
 as soon as it is accepted (past `max_total` in all: one from an address that already holds
 `FAIR_SHARE`, and any past `max_total + RESERVE`), so one address holding thousands of
-half-sent requests cannot take the process's open files (two clients with 10,200 half-sent
-bodies each reached the 20,000-file limit and a legitimate request timed out for ~18 s). A
+half-sent requests cannot take the process's open files (and starve a legitimate request). A
 test or benchmark reaches the cap from other loopback addresses (127.0.0.2, …) while a
 client on 127.0.0.1 is served.
 """
@@ -24,9 +23,9 @@ import socket
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-# Kernel send buffer per connection: on loopback it autotunes to megabytes, so 16 streams that
-# never read took 2.4 MB of verdict history each through the event loop before flow control
-# paused them; with 256 KB they pause after a few pages.
+# Kernel send buffer per connection: on loopback it autotunes to megabytes, so a stream that
+# never reads takes megabytes of verdict history through the event loop before flow control
+# pauses it; with 256 KB it pauses after a few pages.
 SEND_BUFFER = 256 * 1024
 
 

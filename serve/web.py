@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as _dt
+import functools
 import hashlib
 import html
 import logging
@@ -60,7 +61,9 @@ from fastapi import FastAPI, Header, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
 from aftraj.events import event_to_step, parse_event
-from serve.service import GatewayError, GatewayService, storage_key
+from serve.errors import GatewayError, is_busy
+from serve.service import GatewayService
+from serve.store import storage_key
 
 log = logging.getLogger("aftraj.gateway")
 
@@ -188,7 +191,7 @@ def _summaries(svc: GatewayService, owner: str, rows: list[tuple], now: float, c
     """One summary per run (`rows`: (storage key, record bytes, created)), each from a few
     single-row or counted reads: never a scan of a run's verdicts."""
     sa = svc._sa
-    ev, vt, al, ag = svc.ledger.table, svc.verdicts_table, svc.alarms_table, svc.run_agents_table
+    ev, vt, al, ag = svc.ledger.table, svc.verdicts_table, svc.store.alarms_table, svc.store.run_agents_table
     keys = [r[0] for r in rows]
     if not keys:
         return []
@@ -265,7 +268,7 @@ def list_runs(svc: GatewayService, owner: str, limit: int = 50, after: str | Non
     if agent is not None and len(agent) > 512:
         raise GatewayError(422, "agent: at most 512 characters", field="agent")
     now = time.time() if now is None else now
-    sa, t, ix, ag = svc._sa, svc.runs_table, svc.run_index_table, svc.run_agents_table
+    sa, t, ix, ag = svc._sa, svc.runs_table, svc.store.run_index_table, svc.store.run_agents_table
     filtered = bool(state or agent or q)
 
     def chunk_query(cursor, n):
@@ -320,14 +323,104 @@ def list_runs(svc: GatewayService, owner: str, limit: int = 50, after: str | Non
     return {"runs": found, "next": cursor if more else None, "scanned": scanned}
 
 
+def _step_records(sa, conn, ev, key: str, start: int | None, total: int, cancel) -> tuple[list, int]:
+    """The page's stored event records (at most `STEPS_PAGE` and about `READ_BYTES`) and its
+    first step index; `start` None: the last page, read backwards from the end (no OFFSET)."""
+    q = sa.select(ev.c.seq, ev.c.record).where(ev.c.run_id == key, ev.c.seq > 0)
+    if start is None:
+        result = conn.execute(q.order_by(ev.c.seq.desc()).limit(STEPS_PAGE))
+    else:
+        start = max(0, int(start))
+        result = conn.execute(q.order_by(ev.c.seq).limit(STEPS_PAGE).offset(start))
+    records, read = [], 0
+    for seq, rec in result:
+        if len(records) % 16 == 0:
+            _check(cancel)
+        if read > READ_BYTES:
+            break
+        read += len(rec)
+        records.append(rec)
+    result.close()
+    if start is None:
+        records.reverse()
+        start = max(0, total - len(records))
+    return records, start
+
+
+def _step_rows(records: list, start: int, key: str, cancel) -> list[dict]:
+    """The page's steps as the page shows them (from their stored events)."""
+    steps = []
+    for rec in records:
+        if len(steps) % 16 == 0:
+            _check(cancel)
+        e = parse_event(orjson.loads(rec))
+        s = event_to_step(e, start + len(steps), key)
+        usage = e.usage or {}
+        steps.append({"index": s.index, "agent": s.agent, "kind": e.kind, "content": s.content or "",
+                      "tool": s.tool, "error": s.error, "seq": e.seq, "ts": _epoch(e.ts),
+                      "arguments": None if s.arguments is None else orjson.dumps(s.arguments).decode(),
+                      "reason": e.payload.get("reason") if e.kind == "termination" else None,
+                      "tokens": (usage.get("input_tokens"), usage.get("output_tokens")) if usage else None,
+                      "cost": usage.get("cost_usd") if usage else None})
+    return steps
+
+
+def _page_verdicts(sa, conn, vt, key: str, steps: list[dict]) -> list[dict]:
+    """The verdicts given at the page's steps, and the first one after them (it answered the
+    batch that brought the page's last steps)."""
+    if not steps:
+        return []
+    lo, hi = steps[0]["seq"], steps[-1]["seq"]
+    verdicts = [orjson.loads(r) for (r,) in conn.execute(
+        sa.select(vt.c.record).where(vt.c.run_id == key, vt.c.seq >= lo, vt.c.seq <= hi).order_by(vt.c.seq)
+        .limit(STEPS_PAGE))]
+    after = conn.execute(sa.select(vt.c.record).where(vt.c.run_id == key, vt.c.seq > hi)
+                         .order_by(vt.c.seq).limit(1)).first()
+    if after is not None:
+        verdicts.append(orjson.loads(after[0]))
+    return verdicts
+
+
+def _run_facts(svc: GatewayService, conn, key: str) -> dict:
+    """A few single rows of the run: its verdict count, last verdict, first ALARM (through
+    aftraj_alarms), how it ended, when it was created, the agents seen."""
+    sa, st = svc._sa, svc.store
+    ev, vt, al, ix, ag = svc.ledger.table, st.verdicts_table, st.alarms_table, st.run_index_table, st.run_agents_table
+    n_verdicts, _ = _count(svc, conn, vt, key)
+    last_v = conn.execute(sa.select(vt.c.record).where(vt.c.run_id == key).order_by(vt.c.seq.desc())
+                          .limit(1)).first()
+    a_seq = conn.execute(sa.select(sa.func.min(al.c.seq)).where(al.c.run_id == key)).scalar()
+    alarm = None
+    if a_seq is not None:
+        a = conn.execute(sa.select(vt.c.record).where(vt.c.run_id == key, vt.c.seq == a_seq)).first()
+        alarm = orjson.loads(a[0]) if a is not None else None
+    last_e = conn.execute(sa.select(ev.c.kind, ev.c.record).where(ev.c.run_id == key)
+                          .order_by(ev.c.seq.desc()).limit(1)).first()
+    termination = None
+    if last_e is not None and last_e[0] == "termination":
+        termination = (orjson.loads(last_e[1]).get("payload") or {}).get("reason")
+    return {"n_verdicts": int(n_verdicts), "last_verdict": orjson.loads(last_v[0]) if last_v is not None else None,
+            "alarm": alarm, "termination": termination,
+            "created": conn.execute(sa.select(ix.c.created).where(ix.c.run_id == key)).scalar(),
+            "seen": [a for (a,) in conn.execute(sa.select(ag.c.agent).where(ag.c.run_id == key)
+                                                .order_by(ag.c.agent).limit(64))]}
+
+
+def _step_times(steps: list[dict], verdicts: list[dict]) -> None:
+    """A step's time: its own ts, else when the gateway answered the batch that brought it."""
+    vi = 0
+    for s in steps:
+        while vi < len(verdicts) and (verdicts[vi].get("seq") or 0) < s["seq"]:
+            vi += 1
+        s["at"] = s["ts"] if s["ts"] is not None else (verdicts[vi].get("ts") if vi < len(verdicts) else None)
+
+
 def run_page_data(svc: GatewayService, owner: str, run_id: str, start: int | None = None, *,
                   cancel: threading.Event | None = None, now: float | None = None) -> dict:
     """One page of a run (see the module docstring: bounded reads): its record, the page's
     steps (from step `start`; default: the last page) with their verdicts and times, the run's
     last verdict's findings, its first ALARM, its state. 404 for a run the owner did not create."""
-    sa, t = svc._sa, svc.runs_table
-    ev, vt, al, ix, ag = (svc.ledger.table, svc.verdicts_table, svc.alarms_table, svc.run_index_table,
-                          svc.run_agents_table)
+    sa, t, ev = svc._sa, svc.runs_table, svc.ledger.table
     key = storage_key(owner, run_id)
     now = time.time() if now is None else now
     with svc.ledger.reader.connect() as conn:
@@ -335,82 +428,22 @@ def run_page_data(svc: GatewayService, owner: str, run_id: str, start: int | Non
         if row is None or row[0] != owner:
             raise GatewayError(404, f"no run {run_id!r}")
         total, _ = _count(svc, conn, ev, key, steps_only=True)
-        latest = start is None
-        q = sa.select(ev.c.seq, ev.c.record).where(ev.c.run_id == key, ev.c.seq > 0)
-        if latest:             # the last page: read backwards from the end (no OFFSET over the run)
-            result = conn.execute(q.order_by(ev.c.seq.desc()).limit(STEPS_PAGE))
-        else:
-            start = max(0, int(start))
-            result = conn.execute(q.order_by(ev.c.seq).limit(STEPS_PAGE).offset(start))
-        records, read = [], 0
-        for seq, rec in result:
-            if len(records) % 16 == 0:
-                _check(cancel)
-            if read > READ_BYTES:
-                break
-            read += len(rec)
-            records.append(rec)
-        result.close()
-        if latest:
-            records.reverse()
-            start = max(0, total - len(records))
-        steps = []
-        for rec in records:
-            if len(steps) % 16 == 0:
-                _check(cancel)
-            e = parse_event(orjson.loads(rec))
-            s = event_to_step(e, start + len(steps), key)
-            usage = e.usage or {}
-            steps.append({"index": s.index, "agent": s.agent, "kind": e.kind, "content": s.content or "",
-                          "tool": s.tool, "error": s.error, "seq": e.seq, "ts": _epoch(e.ts),
-                          "arguments": None if s.arguments is None else orjson.dumps(s.arguments).decode(),
-                          "reason": e.payload.get("reason") if e.kind == "termination" else None,
-                          "tokens": (usage.get("input_tokens"), usage.get("output_tokens")) if usage else None,
-                          "cost": usage.get("cost_usd") if usage else None})
+        records, start = _step_records(sa, conn, ev, key, start, total, cancel)
+        steps = _step_rows(records, start, key, cancel)
         _check(cancel)
-        verdicts = []
-        if steps:
-            lo, hi = steps[0]["seq"], steps[-1]["seq"]
-            verdicts = [orjson.loads(r) for (r,) in conn.execute(
-                sa.select(vt.c.record).where(vt.c.run_id == key, vt.c.seq >= lo, vt.c.seq <= hi).order_by(vt.c.seq)
-                .limit(STEPS_PAGE))]
-            after = conn.execute(sa.select(vt.c.record).where(vt.c.run_id == key, vt.c.seq > hi)
-                                 .order_by(vt.c.seq).limit(1)).first()
-            if after is not None:
-                verdicts.append(orjson.loads(after[0]))
+        verdicts = _page_verdicts(sa, conn, svc.verdicts_table, key, steps)
         _check(cancel)
-        n_verdicts, _ = _count(svc, conn, vt, key)
-        last_v = conn.execute(sa.select(vt.c.record).where(vt.c.run_id == key).order_by(vt.c.seq.desc())
-                              .limit(1)).first()
-        last_v = orjson.loads(last_v[0]) if last_v is not None else None
-        a_seq = conn.execute(sa.select(sa.func.min(al.c.seq)).where(al.c.run_id == key)).scalar()
-        alarm = None
-        if a_seq is not None:
-            a = conn.execute(sa.select(vt.c.record).where(vt.c.run_id == key, vt.c.seq == a_seq)).first()
-            alarm = orjson.loads(a[0]) if a is not None else None
-        last_e = conn.execute(sa.select(ev.c.kind, ev.c.record).where(ev.c.run_id == key)
-                              .order_by(ev.c.seq.desc()).limit(1)).first()
-        termination = None
-        if last_e is not None and last_e[0] == "termination":
-            termination = (orjson.loads(last_e[1]).get("payload") or {}).get("reason")
-        created = conn.execute(sa.select(ix.c.created).where(ix.c.run_id == key)).scalar()
-        seen = [a for (a,) in conn.execute(sa.select(ag.c.agent).where(ag.c.run_id == key).order_by(ag.c.agent)
-                                          .limit(64))]
-    # a step's time: its own ts, else when the gateway answered the batch that brought it
-    vi = 0
-    for s in steps:
-        while vi < len(verdicts) and (verdicts[vi].get("seq") or 0) < s["seq"]:
-            vi += 1
-        s["at"] = s["ts"] if s["ts"] is not None else (verdicts[vi].get("ts") if vi < len(verdicts) else None)
+        facts = _run_facts(svc, conn, key)
+    _step_times(steps, verdicts)
     rec = orjson.loads(row[1])
-    agents = list(rec.get("agents") or []) + [a for a in seen if a not in (rec.get("agents") or [])]
+    agents = list(rec.get("agents") or []) + [a for a in facts.pop("seen") if a not in (rec.get("agents") or [])]
+    last_v, created = facts["last_verdict"], facts["created"]
     last_active = (last_v or {}).get("ts") or created
     return {"run_id": run_id, "tenant": owner, "task": rec.get("task") or "", "agents": agents,
-            "category": rec.get("category"), "created": created, "last_active": last_active, "now": now,
+            "category": rec.get("category"), "last_active": last_active, "now": now,
             "steps": steps, "start": start, "total_steps": int(total), "page_size": STEPS_PAGE,
-            "verdicts": verdicts, "n_verdicts": int(n_verdicts), "last_verdict": last_v,
-            "findings": (last_v or {}).get("findings") or [], "alarm": alarm, "termination": termination,
-            "state": _state(alarm, termination, last_active, now, svc.cfg.stalled_after_s)}
+            "verdicts": verdicts, **facts, "findings": (last_v or {}).get("findings") or [],
+            "state": _state(facts["alarm"], facts["termination"], last_active, now, svc.cfg.stalled_after_s)}
 
 
 def step_text(svc: GatewayService, owner: str, run_id: str, index: int, cancel=None) -> str:
@@ -432,7 +465,7 @@ def new_session(svc: GatewayService, owner: str, now: float | None = None) -> st
     """A sign-in: a random token (the cookie's), stored as its sha256 with its expiry."""
     now = time.time() if now is None else now
     token = secrets.token_urlsafe(32)
-    t = svc.sessions_table
+    t = svc.store.sessions_table
     with svc.ledger.write() as conn:
         conn.execute(t.delete().where(t.c.expires < now))          # expired ones go at each sign-in
         conn.execute(t.insert().values(token_sha256=hashlib.sha256(token.encode()).hexdigest(), owner=owner,
@@ -449,7 +482,7 @@ def session_owner(svc: GatewayService, token: str, now: float | None = None) -> 
     hit = svc._sessions.get(h)
     if hit is not None and now - hit[2] < SESSION_CACHE_S:
         return hit[0] if hit[1] > now else None
-    t = svc.sessions_table
+    t = svc.store.sessions_table
     with svc.ledger.reader.connect() as conn:
         row = conn.execute(svc._sa.select(t.c.owner, t.c.expires).where(t.c.token_sha256 == h)).first()
     if row is None or row[1] <= now or row[0] not in {n for n, _ in svc.keys.keys}:
@@ -464,7 +497,7 @@ def session_owner(svc: GatewayService, token: str, now: float | None = None) -> 
 def end_session(svc: GatewayService, token: str) -> None:
     h = hashlib.sha256(token.encode()).hexdigest()
     svc._sessions.pop(h, None)
-    t = svc.sessions_table
+    t = svc.store.sessions_table
     with svc.ledger.write() as conn:
         conn.execute(t.delete().where(t.c.token_sha256 == h))
 
@@ -799,64 +832,100 @@ def _same_origin(request: Request) -> bool:
     return request.headers.get("sec-fetch-site") in (None, "same-origin", "none")
 
 
-def register(app: FastAPI, svc: GatewayService):
-    """Add `GET /v1/runs` and the /ui pages to the gateway's app (called by serve.router.build_app);
-    returns the verdict emitter the events route calls (`verdict_emitter`)."""
-    lim = svc.cfg.limits
+async def _disconnected(request: Request) -> None:
+    while True:
+        msg = await request.receive()
+        if msg["type"] == "http.disconnect":
+            return
 
-    def _peer(request: Request) -> str | None:
-        return request.client.host if request.client else None
 
-    budget = CpuBudget(lim.web_cpu_per_s, WEB_CPU_BURST_S)
-    waiting: dict[str, int] = {}             # a key's web reads waiting for their CPU share or a slot
+def _headers(extra: dict | None = None) -> dict:
+    return {**SECURITY_HEADERS, "Cache-Control": "no-store", **(extra or {})}
 
-    async def _run_read(request: Request | None, owner: str, fn, *args, render=None, **kw):
-        """`fn(*args, cancel=…, **kw)` (then `render(result)`) on the web threads: within the
-        key's CPU budget for web reads, in one of its web slots, counted in flight, bounded by
-        ledger_timeout_s (+1 s), abandoned when the client leaves."""
+
+def _html(body: str, status: int = 200, headers: dict | None = None) -> HTMLResponse:
+    return HTMLResponse(body, status_code=status, headers=_headers(headers))
+
+
+def _signed_out(request: Request, e: GatewayError) -> HTMLResponse:
+    msg = "" if e.status == 401 and not request.cookies.get(COOKIE) else (
+        "your sign-in has ended: sign in again" if e.status == 401 else e.detail)
+    return _html(login_page(msg), e.status, e.headers)
+
+
+def _gone() -> Response:
+    return Response(status_code=499)
+
+
+def _peer(request: Request) -> str | None:
+    return request.client.host if request.client else None
+
+
+def _after(last_event_id: str | None) -> int:
+    return int(last_event_id) if last_event_id and last_event_id.isdigit() and len(last_event_id) < 20 else -1
+
+
+class WebReads:
+    """How the web view reads: `fn(*args, cancel=…, **kw)` (then `render(result)`) on the web
+    threads, within the key's CPU budget for web reads (`CpuBudget`), in one of its web slots
+    (`limits.web_reads_per_key`), counted in flight, bounded by ledger_timeout_s (+1 s),
+    abandoned (`Cancelled`) when the client leaves."""
+
+    def __init__(self, svc: GatewayService):
+        self.svc, self.lim = svc, svc.cfg.limits
+        self.budget = CpuBudget(self.lim.web_cpu_per_s, WEB_CPU_BURST_S)
+        self.waiting: dict[str, int] = {}        # a key's web reads waiting for their CPU share or a slot
+
+    def _admit(self, owner: str) -> float:
+        """429 past the key's queue of waiting reads or its CPU share; else the seconds to wait."""
+        if self.waiting.get(owner, 0) >= MAX_WEB_QUEUE:       # a deeper queue only holds sockets: say so now
+            self.svc.metrics.inc("aftraj_gateway_web_reads_limited_total")
+            raise GatewayError(429, f"over {MAX_WEB_QUEUE} web reads of this key waiting: retry",
+                               headers={"Retry-After": "1"})
+        wait = self.budget.wait(owner)
+        if wait > MAX_BUDGET_WAIT_S:
+            self.svc.metrics.inc("aftraj_gateway_web_reads_limited_total")
+            raise GatewayError(429, f"this key's web reads used their share of the gateway's CPU "
+                                    f"({self.lim.web_cpu_per_s:g} s a second): retry", headers={
+                                        "Retry-After": str(max(1, int(wait + 0.999)))})
+        return wait
+
+    def _on_thread(self, owner: str, cancel: threading.Event, fn, args, kw, render):
+        c0 = time.thread_time()
+        try:
+            out = fn(*args, cancel=cancel, **kw)
+            return render(out) if render is not None else out
+        finally:
+            self.budget.charge(owner, time.thread_time() - c0)
+
+    async def _work(self, owner: str, wait: float, cancel: threading.Event, call):
+        slots = self.svc.web_slots.get(owner)
+        if slots is None:
+            slots = self.svc.web_slots[owner] = asyncio.Semaphore(self.lim.web_reads_per_key)
+        self.waiting[owner] = self.waiting.get(owner, 0) + 1
+        try:
+            if wait > 0:
+                await asyncio.sleep(wait)    # its share of the CPU (the client may leave meanwhile)
+            await slots.acquire()
+        finally:
+            self.waiting[owner] -= 1
+            if self.waiting[owner] <= 0:
+                del self.waiting[owner]
+        try:
+            _check(cancel)
+            return await asyncio.get_running_loop().run_in_executor(self.svc.web_pool, call)
+        finally:
+            slots.release()
+
+    async def read(self, request: Request | None, owner: str, fn, *args, render=None, **kw):
+        svc = self.svc
         svc.begin_request(owner)
         cancel = threading.Event()
         try:
-            slots = svc.web_slots.get(owner)
-            if slots is None:
-                slots = svc.web_slots[owner] = asyncio.Semaphore(lim.web_reads_per_key)
-            if waiting.get(owner, 0) >= MAX_WEB_QUEUE:       # a deeper queue only holds sockets: say so now
-                svc.metrics.inc("aftraj_gateway_web_reads_limited_total")
-                raise GatewayError(429, f"over {MAX_WEB_QUEUE} web reads of this key waiting: retry",
-                                   headers={"Retry-After": "1"})
-            wait = budget.wait(owner)
-            if wait > MAX_BUDGET_WAIT_S:
-                svc.metrics.inc("aftraj_gateway_web_reads_limited_total")
-                raise GatewayError(429, f"this key's web reads used their share of the gateway's CPU "
-                                        f"({lim.web_cpu_per_s:g} s a second): retry", headers={
-                                            "Retry-After": str(max(1, int(wait + 0.999)))})
-
-            def on_thread():
-                c0 = time.thread_time()
-                try:
-                    out = fn(*args, cancel=cancel, **kw)
-                    return render(out) if render is not None else out
-                finally:
-                    budget.charge(owner, time.thread_time() - c0)
-
-            async def work():
-                waiting[owner] = waiting.get(owner, 0) + 1
-                try:
-                    if wait > 0:
-                        await asyncio.sleep(wait)    # its share of the CPU (the client may leave meanwhile)
-                    await slots.acquire()
-                finally:
-                    waiting[owner] -= 1
-                    if waiting[owner] <= 0:
-                        del waiting[owner]
-                try:
-                    _check(cancel)
-                    loop = asyncio.get_running_loop()
-                    return await loop.run_in_executor(svc.web_pool, on_thread)
-                finally:
-                    slots.release()
-
-            task = asyncio.ensure_future(asyncio.wait_for(work(), lim.ledger_timeout_s + 1.0))
+            wait = self._admit(owner)
+            call = functools.partial(self._on_thread, owner, cancel, fn, args, kw, render)
+            task = asyncio.ensure_future(asyncio.wait_for(self._work(owner, wait, cancel, call),
+                                                          self.lim.ledger_timeout_s + 1.0))
             gone = asyncio.ensure_future(_disconnected(request)) if request is not None else None
             try:
                 await asyncio.wait({task} | ({gone} if gone else set()), return_when=asyncio.FIRST_COMPLETED)
@@ -874,84 +943,71 @@ def register(app: FastAPI, svc: GatewayService):
                 cancel.set()
                 raise svc._busy("reading for the web view") from None
             except svc._sa.exc.OperationalError as e:
-                msg = str(e)
-                if "locked" in msg or "lock timeout" in msg or "busy" in msg or "statement timeout" in msg:
+                if is_busy(e, statement_timeout=True):
                     raise svc._busy("reading for the web view") from None
                 raise
         finally:
             svc.end_request(owner)
 
-    async def _disconnected(request: Request) -> None:
-        while True:
-            msg = await request.receive()
-            if msg["type"] == "http.disconnect":
-                return
-
-    async def _write(fn, *args):
+    async def write(self, fn, *args):
         """A small write (sessions) on the web threads, busy as 503."""
+        svc = self.svc
         try:
             return await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(svc.web_pool, fn, *args),
-                                          lim.ledger_timeout_s + 1.0)
+                                          self.lim.ledger_timeout_s + 1.0)
         except TimeoutError:
             raise svc._busy("signing in") from None
         except svc._sa.exc.OperationalError as e:
-            if "locked" in str(e) or "lock timeout" in str(e) or "busy" in str(e):
+            if is_busy(e):
                 raise svc._busy("signing in") from None
             raise
 
-    async def _ui_owner(request: Request) -> str:
+
+class WebRoutes:
+    """The handlers of GET /v1/runs and the /ui pages (`register` adds them to the app)."""
+
+    def __init__(self, svc: GatewayService):
+        self.svc, self.reads = svc, WebReads(svc)
+
+    async def _ui_owner(self, request: Request) -> str:
+        """The key's owner from the Authorization header or the sign-in's session cookie."""
+        svc = self.svc
         auth = request.headers.get("authorization")
         if auth:
             return svc.authenticate(auth, _peer(request))
         token = request.cookies.get(COOKIE)
         owner = None
         if token:
-            owner = await _write(session_owner, svc, token)
+            owner = await self.reads.write(session_owner, svc, token)
         if owner is None:
             return svc.authenticate(None, _peer(request))      # 401 (429 past the address's failures)
         return svc.admit(owner)
 
-    def _headers(extra: dict | None = None) -> dict:
-        return {**SECURITY_HEADERS, "Cache-Control": "no-store", **(extra or {})}
-
-    def _html(body: str, status: int = 200, headers: dict | None = None) -> HTMLResponse:
-        return HTMLResponse(body, status_code=status, headers=_headers(headers))
-
-    def _signed_out(request: Request, e: GatewayError) -> HTMLResponse:
-        msg = "" if e.status == 401 and not request.cookies.get(COOKIE) else (
-            "your sign-in has ended: sign in again" if e.status == 401 else e.detail)
-        return _html(login_page(msg), e.status, e.headers)
-
-    def _gone() -> Response:
-        return Response(status_code=499)
-
-    @app.get("/v1/runs", responses={401: {}, 422: {}, 429: {}})
-    async def runs(request: Request, limit: int = Query(50, ge=1, le=MAX_PAGE), after: str | None = Query(None),
+    async def runs(self, request: Request, limit: int = Query(50, ge=1, le=MAX_PAGE), after: str | None = Query(None),
                    order: str = Query("id"), state: str | None = Query(None), agent: str | None = Query(None),
                    q: str | None = Query(None), authorization: str | None = Header(None)):
         """The caller's runs, paged: `{"runs": [...], "next": cursor | null}` (run-id order, or
         `order=newest`; filters `state`, `agent`, `q`)."""
+        owner = request.scope["aftraj.owner"]
         try:
-            data = await _run_read(request, request.scope["aftraj.owner"], list_runs, svc,
-                                   request.scope["aftraj.owner"], limit, after, order=order, state=state,
-                                   agent=agent, q=q, render=orjson.dumps)
+            data = await self.reads.read(request, owner, list_runs, self.svc, owner, limit, after, order=order,
+                                         state=state, agent=agent, q=q, render=orjson.dumps)
         except Cancelled:
             return _gone()
         return Response(data, media_type="application/json")
 
-    @app.get("/ui", include_in_schema=False)
-    async def ui_runs(request: Request, after: str | None = None, state: str | None = None,
+    async def ui_runs(self, request: Request, after: str | None = None, state: str | None = None,
                       agent: str | None = None, q: str | None = None):
         try:
-            owner = await _ui_owner(request)
+            owner = await self._ui_owner(request)
         except GatewayError as e:
             return _signed_out(request, e)
         filters = {"state": state or None, "agent": agent or None, "q": q or None, "after": after or None}
         now = time.time()
         try:
-            page = await _run_read(request, owner, list_runs, svc, owner, 50, filters["after"], order="newest",
-                                   state=filters["state"], agent=filters["agent"], q=filters["q"], now=now,
-                                   render=lambda d: runs_page(d, owner, filters, now))
+            page = await self.reads.read(request, owner, list_runs, self.svc, owner, 50, filters["after"],
+                                         order="newest", state=filters["state"], agent=filters["agent"],
+                                         q=filters["q"], now=now, render=lambda d: runs_page(d, owner, filters, now))
         except Cancelled:
             return _gone()
         except GatewayError as e:
@@ -959,8 +1015,8 @@ def register(app: FastAPI, svc: GatewayService):
                                tenant=owner), e.status, e.headers)
         return _html(page)
 
-    @app.post("/ui/login", include_in_schema=False)
-    async def ui_login(request: Request):
+    async def ui_login(self, request: Request):
+        svc = self.svc
         if not _same_origin(request):
             svc.metrics.inc("aftraj_gateway_cross_site_refused_total")
             return _html(login_page("sign-in refused: the form was posted from another site"), 403)
@@ -968,7 +1024,7 @@ def register(app: FastAPI, svc: GatewayService):
         key = (form.get("key") or [""])[0].strip()
         try:
             owner = svc.authenticate(f"Bearer {key}", _peer(request))
-            token = await _write(new_session, svc, owner)
+            token = await self.reads.write(new_session, svc, owner)
         except GatewayError as e:
             return _html(login_page(e.detail), e.status, e.headers)
         resp = RedirectResponse("/ui", status_code=303, headers=_headers())
@@ -977,37 +1033,34 @@ def register(app: FastAPI, svc: GatewayService):
         resp.delete_cookie(OLD_COOKIE, path="/ui")
         return resp
 
-    @app.post("/ui/logout", include_in_schema=False)
-    async def ui_logout(request: Request):
+    async def ui_logout(self, request: Request):
         if not _same_origin(request):
             return _html(login_page("sign-out refused: the form was posted from another site"), 403)
         token = request.cookies.get(COOKIE)
         if token and len(token) <= 128:
-            await _write(end_session, svc, token)
+            await self.reads.write(end_session, self.svc, token)
         resp = RedirectResponse("/ui", status_code=303, headers=_headers())
         resp.delete_cookie(COOKIE, path="/ui")
         resp.delete_cookie(OLD_COOKIE, path="/ui")
         return resp
 
-    @app.get("/ui/app.js", include_in_schema=False)
-    async def ui_js():
+    async def ui_js(self):
         return Response(APP_JS, media_type="text/javascript", headers={**SECURITY_HEADERS, "Cache-Control": "no-cache"})
 
-    @app.get("/favicon.ico", include_in_schema=False)
-    async def favicon():               # browsers ask for it: no icon, and no 404 in their console
+    async def favicon(self):               # browsers ask for it: no icon, and no 404 in their console
         return Response(status_code=204, headers={"Cache-Control": "max-age=86400"})
 
-    @app.get("/ui/app.css", include_in_schema=False)
-    async def ui_css():
+    async def ui_css(self):
         return Response(CSS, media_type="text/css", headers={**SECURITY_HEADERS, "Cache-Control": "no-cache"})
 
-    async def _data(request: Request, run_id: str, start: int | None, render):
+    async def _data(self, request: Request, run_id: str, start: int | None, render):
         try:
-            owner = await _ui_owner(request)
+            owner = await self._ui_owner(request)
         except GatewayError as e:
             return None, _signed_out(request, e)
         try:
-            return await _run_read(request, owner, run_page_data, svc, owner, run_id, start, render=render), None
+            return await self.reads.read(request, owner, run_page_data, self.svc, owner, run_id, start,
+                                         render=render), None
         except Cancelled:
             return None, _gone()
         except GatewayError as e:
@@ -1015,37 +1068,32 @@ def register(app: FastAPI, svc: GatewayService):
                                      f"<p>{_e(e.detail)}</p><p><a href=/ui>all runs</a></p>", tenant=owner),
                                e.status, e.headers)
 
-    @app.get("/ui/runs/{run_id}", include_in_schema=False)
-    async def ui_run(request: Request, run_id: str, start: int | None = Query(None, ge=0)):
-        page, err = await _data(request, run_id, start, run_page)
+    async def ui_run(self, request: Request, run_id: str, start: int | None = Query(None, ge=0)):
+        page, err = await self._data(request, run_id, start, run_page)
         return err or _html(page)
 
-    @app.get("/ui/runs/{run_id}/fragment", include_in_schema=False)
-    async def ui_fragment(request: Request, run_id: str, start: int | None = Query(None, ge=0)):
-        page, err = await _data(request, run_id, start, timeline)
+    async def ui_fragment(self, request: Request, run_id: str, start: int | None = Query(None, ge=0)):
+        page, err = await self._data(request, run_id, start, timeline)
         return err or _html(page)
 
-    @app.get("/ui/runs/{run_id}/steps/{index}", include_in_schema=False)
-    async def ui_step(request: Request, run_id: str, index: int):
+    async def ui_step(self, request: Request, run_id: str, index: int):
         try:
-            owner = await _ui_owner(request)
+            owner = await self._ui_owner(request)
         except GatewayError as e:
             return _signed_out(request, e)
         if index < 0:
             return _html(_page("not found", "<p>no such step</p>", tenant=owner), 404)
         try:
-            text = await _run_read(request, owner, step_text, svc, owner, run_id, index)
+            text = await self.reads.read(request, owner, step_text, self.svc, owner, run_id, index)
         except Cancelled:
             return _gone()
         except GatewayError as e:
             return _html(_page("not found", f"<p>{_e(e.detail)}</p>", tenant=owner), e.status, e.headers)
         return Response(text, media_type="text/plain; charset=utf-8", headers=_headers())
 
-    @app.get("/ui/runs/{run_id}/stream", include_in_schema=False)
-    async def ui_stream(request: Request, run_id: str, last_event_id: str | None = Header(None)):
-        owner = await _ui_owner(request)           # 401/429 as a Problem (EventSource retries)
-        after = int(last_event_id) if last_event_id and last_event_id.isdigit() and len(last_event_id) < 20 else -1
-        items = await svc.stream(owner, run_id, after)
+    async def ui_stream(self, request: Request, run_id: str, last_event_id: str | None = Header(None)):
+        owner = await self._ui_owner(request)           # 401/429 as a Problem (EventSource retries)
+        items = await self.svc.stream(owner, run_id, _after(last_event_id))
 
         async def gen():
             async for seq, data in items:
@@ -1053,6 +1101,33 @@ def register(app: FastAPI, svc: GatewayService):
 
         return StreamingResponse(gen(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
+
+# (path, handler, method, in the OpenAPI schema: its `responses`, else None)
+ROUTES = (
+    ("/v1/runs", "runs", "GET", {401: {}, 422: {}, 429: {}}),
+    ("/ui", "ui_runs", "GET", None),
+    ("/ui/login", "ui_login", "POST", None),
+    ("/ui/logout", "ui_logout", "POST", None),
+    ("/ui/app.js", "ui_js", "GET", None),
+    ("/favicon.ico", "favicon", "GET", None),
+    ("/ui/app.css", "ui_css", "GET", None),
+    ("/ui/runs/{run_id}", "ui_run", "GET", None),
+    ("/ui/runs/{run_id}/fragment", "ui_fragment", "GET", None),
+    ("/ui/runs/{run_id}/steps/{index}", "ui_step", "GET", None),
+    ("/ui/runs/{run_id}/stream", "ui_stream", "GET", None),
+)
+
+
+def register(app: FastAPI, svc: GatewayService):
+    """Add `GET /v1/runs` and the /ui pages to the gateway's app (called by serve.router.build_app);
+    returns the verdict emitter the events route calls (`verdict_emitter`)."""
+    routes = WebRoutes(svc)
+    for path, name, method, responses in ROUTES:
+        if responses is None:
+            app.add_api_route(path, getattr(routes, name), methods=[method], include_in_schema=False)
+        else:
+            app.add_api_route(path, getattr(routes, name), methods=[method], responses=responses)
     return verdict_emitter(svc)
+
 
 __all__ = ["list_runs", "register", "run_page_data", "timeline"]

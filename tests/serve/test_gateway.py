@@ -466,9 +466,9 @@ def test_odd_logprobs_give_an_ok_verdict_without_confidence(tmp_path, odd):
 
 
 def test_a_stalled_stream_is_dropped_and_never_fails_ingest(tmp_path, scripted, monkeypatch):
-    import serve.service as service
+    import serve.streams as streams
 
-    monkeypatch.setattr(service, "STREAM_QUEUE", 2)
+    monkeypatch.setattr(streams, "STREAM_QUEUE", 2)
     svc = GatewayService(make_cfg(tmp_path), transport=httpx.MockTransport(scripted))
 
     async def go():
@@ -553,10 +553,10 @@ def test_tenants_get_the_auditor_error_kind_never_its_url(tmp_path, caplog):
 
 
 def test_retry_after_is_the_ceiling_of_the_wait(monkeypatch):
-    import serve.service as service
-    from serve.service import RateLimiter
+    import serve.limits as limits
+    from serve.limits import RateLimiter
     now = [100.0]
-    monkeypatch.setattr(service.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(limits.time, "monotonic", lambda: now[0])
     for rate, want in ((0.4, 3), (1.0, 1), (10.0, 1), (0.3, 4)):
         rl = RateLimiter(rate=rate, burst=1)
         assert rl.take("k") is None
@@ -706,7 +706,7 @@ def test_the_step_checked_at_parse_time_is_the_step_the_fold_keeps(tmp_path, wit
     between) builds its steps again instead of reusing stale ones."""
     from aftraj.events import event_to_step
 
-    import serve.service as S
+    import serve.runs as S
 
     svc = GatewayService(make_cfg(tmp_path, auditor=AuditorConfig(backend="none")))
     built = []
@@ -726,7 +726,8 @@ def test_the_step_checked_at_parse_time_is_the_step_the_fold_keeps(tmp_path, wit
         assert built == ([] if with_seq else list(range(6)))     # the fold built none, or each once
         # a stale parse (the run has grown since): the fold builds the step for its real index
         checked: dict = {}
-        events = svc._parse_batch(run, [ev(run, 7)], r.key, checked, start=2)
+        events = S.parse_batch(run, [ev(run, 7)], r.key, checked, start=2,
+                               max_events=svc.cfg.limits.max_events_per_batch)
         built.clear()
-        svc._fold_new(r, events, checked)
+        S.fold_new(r, events, checked)
         assert built == [6] and r.steps[6] == event_to_step(events[0], 6, r.key)

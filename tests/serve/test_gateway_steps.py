@@ -131,9 +131,9 @@ def test_sessions_are_bounded_and_ended_when_the_gateway_evicts_a_run(tmp_path, 
         for run in ("r1", "r2", "r3"):
             _new_run(c, run)
             _post(c, run, 1, f"step of {run}")
-        assert list(svc.audited) == ["a/r2", "a/r3"] and set(svc.auditor.sessions) == {"a/r2", "a/r3"}
-        svc._drop(svc.runs["a/r3"])
-        svc.audit_pool.submit(lambda: None).result(timeout=10)      # the end ran on the auditor's thread
+        assert list(svc.auditing.audited) == ["a/r2", "a/r3"] and set(svc.auditor.sessions) == {"a/r2", "a/r3"}
+        svc.cache.drop(svc.runs["a/r3"])
+        svc.auditing.pool.submit(lambda: None).result(timeout=10)      # the end ran on the auditor's thread
         assert set(svc.auditor.sessions) == {"a/r2"}
         # the evicted run comes back from the ledger and is read again from its first step
         v = _post(c, "r3", 2, "more")
