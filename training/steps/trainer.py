@@ -334,17 +334,44 @@ class _Checkpoint:
         return meta["step"], meta["history"]
 
 
-def train(cfg: StepsConfig, *, progress: bool = False, resume: bool = False) -> StepsResult:
+@dataclass
+class _Session:
+    """What one training run holds between its phases (set-up, steps, export)."""
+    cfg: StepsConfig
+    out: Path
+    acc: object
+    main: bool
+    device: object
+    tok: object
+    decisions: tuple[int, int]
+    model: object
+    runs: list[StepRun]
+    w_alarm: float
+    pairs_of: dict
+    plan: list
+    data: dict
+    trunk: Trunk | None = None
+    params: list | None = None
+    opt: object = None
+    sched: object = None
+    runs_done: int = 0
+    tokens_done: int = 0
+
+    @property
+    def rank_world(self) -> tuple[int, int]:
+        return (self.acc.process_index, self.acc.num_processes) if self.acc is not None else (0, 1)
+
+
+def _setup(cfg: StepsConfig) -> _Session:
+    """The output folder, the model on its device, the trained rows of every run, the twin pairs
+    and the plan of every optimizer step."""
     import torch
-    import torch.nn.functional as F
-    from transformers import get_cosine_schedule_with_warmup
 
     from aftraj.boundary import find_twins
-    from aftraj.prompt import STEP_DECISIONS, STEP_READING_VERSION, STEP_TAG, step_decision_ids
-    from aftraj.scoring import autocast, resolve_mixed_precision
-    from training.common import (export_folder, freeze_below, launched_distributed, load_model, load_tokenizer,
-                                 load_training_trajectories, make_accelerator, save_final)
-    from training.models import resolve_model_spec
+    from aftraj.prompt import step_decision_ids
+    from training.common import launched_distributed, load_model, load_tokenizer, load_training_trajectories, \
+        make_accelerator
+    from aftraj.models import resolve_model_spec
 
     torch.manual_seed(cfg.seed)
     out = Path(cfg.output_dir)
@@ -355,7 +382,6 @@ def train(cfg: StepsConfig, *, progress: bool = False, resume: bool = False) -> 
         (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n", encoding="utf-8")
     path = resolve_model_spec(cfg.model)
     tok = load_tokenizer(path)
-    decisions = step_decision_ids(tok)
     device = acc.device if acc is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = load_model(cfg, path)
     if acc is None:
@@ -371,138 +397,188 @@ def train(cfg: StepsConfig, *, progress: bool = False, resume: bool = False) -> 
     for pr in pairs:
         pairs_of.setdefault(pr[1], []).append(pr)          # keyed by the twin: its group holds them
     plan = plan_steps(runs, pairs, cfg)
-    total = len(plan)
-    data = {"source": src, **counts, "alarm_weight": w_alarm, "twin_pairs": len(pairs), "steps_planned": total,
+    data = {"source": src, **counts, "alarm_weight": w_alarm, "twin_pairs": len(pairs), "steps_planned": len(plan),
             "tokenize_s": round(time.perf_counter() - t0, 1)}
+    return _Session(cfg, out, acc, main, device, tok, step_decision_ids(tok), model, runs, w_alarm, pairs_of,
+                    plan, data)
 
-    n_trainable = (freeze_below(model, cfg.trainable_layers) if cfg.trainable_layers
-                   else sum(p.numel() for p in model.parameters()))
+
+def _setup_optimizer(s: _Session) -> None:
+    """Freeze below `trainable_layers`, prepare the model under accelerate, AdamW and the cosine
+    schedule over the trainable parameters; in one process with frozen layers the Trunk."""
+    import torch
+    from transformers import get_cosine_schedule_with_warmup
+
+    from training.common import freeze_below
+
+    cfg = s.cfg
+    s.data["trainable_parameters"] = (freeze_below(s.model, cfg.trainable_layers) if cfg.trainable_layers
+                                      else sum(p.numel() for p in s.model.parameters()))
     if cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if acc is not None:
+        s.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if s.acc is not None:
         # the optimizer over the *prepared* model's parameters: FSDP1 (use_orig_params: false)
         # replaces them with flat shards, and accelerate remaps an earlier optimizer for FSDP2 only
         # (training/stage1/trainer.py does the same); its state is saved per rank (_Checkpoint)
-        model = acc.prepare(model)
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
-    sched = get_cosine_schedule_with_warmup(opt, cfg.warmup_steps, total)
-    ckpt = _Checkpoint(out, acc)
-    step, history = 0, []
+        s.model = s.acc.prepare(s.model)
+    s.params = [p for p in s.model.parameters() if p.requires_grad]
+    s.opt = torch.optim.AdamW(s.params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    s.sched = get_cosine_schedule_with_warmup(s.opt, cfg.warmup_steps, len(s.plan))
+    # one process with frozen layers: the bottom once a token, shared beginnings once (Trunk)
+    s.trunk = Trunk(s.model, cfg.trainable_layers) if s.acc is None and cfg.trainable_layers else None
+
+
+def _group_loss(s: _Session, g: list[int], w_total: float, n_pairs: int, scale: float, stats: dict):
+    """One group's loss (one forward): the weighted decision cross-entropy at every row and the
+    twin term of the pairs the group holds; the log-odds and margins go to `stats` when `scale`."""
+    import torch
+    import torch.nn.functional as F
+
+    from aftraj.scoring import autocast
+
+    runs, decisions = s.runs, s.decisions
+    with autocast(s.cfg.mixed_precision, s.device):
+        # under FSDP every rank must run the same number of forwards: a group is one (padded)
+        # forward whatever its segments
+        logits = (s.trunk.row_logits([runs[i] for i in g]) if s.trunk is not None
+                  else row_logits(s.model, [runs[i] for i in g], padded=s.acc is not None))
+    loss, lp = 0.0, {}
+    for i, lg in zip(g, logits):
+        lp[i] = torch.log_softmax(lg.float(), -1)
+        y = torch.tensor([int(a) for *_, a in runs[i].rows], device=lp[i].device)
+        tgt = torch.tensor(decisions, device=lp[i].device)[y]
+        w = torch.tensor([s.w_alarm if a else 1.0 for *_, a in runs[i].rows], device=lp[i].device)
+        loss = loss + (w * F.nll_loss(lp[i], tgt, reduction="none")).sum() / w_total
+        if scale:
+            lo = log_odds(lp[i].detach(), decisions).tolist()
+            stats["alarm"] += [v for v, (*_, a) in zip(lo, runs[i].rows) if a]
+            stats["safe"] += [v for v, (*_, a) in zip(lo, runs[i].rows) if not a]
+    for i, j, ri, rj in s.pairs_of.get(g[0], ()):
+        m = log_odds(lp[i][ri:ri + 1], decisions) - log_odds(lp[j][rj:rj + 1], decisions)
+        loss = loss + s.cfg.twin_weight * F.softplus(-m[0]) / n_pairs
+        if scale:
+            stats["margins"].append(float(m.detach()))
+    return loss
+
+
+def _train_step(s: _Session, step: int) -> dict:
+    """Optimizer step `step` (0-based) of the plan; its log record."""
+    import torch
+
+    batch, t_step = s.plan[step], time.perf_counter()
+    members = [i for g in batch for i in g]
+    w_total = sum(s.w_alarm if y else 1.0 for i in members for *_, y in s.runs[i].rows)
+    n_pairs = sum(len(s.pairs_of.get(i, ())) for i in members)
+    rank, world = s.rank_world
+    mine = batch[rank::world]
+    # every rank runs as many forwards as the busiest (FSDP gathers in each): a rank with fewer
+    # groups repeats one with its loss multiplied by 0
+    loss_sum, stats = 0.0, {"alarm": [], "safe": [], "margins": []}
+    for f in range(-(-len(batch) // world)):
+        g, scale = (mine[f], 1.0) if f < len(mine) else (batch[0], 0.0)
+        loss = _group_loss(s, g, w_total, n_pairs, scale, stats) * scale * world   # averaged over ranks: summed
+        if s.acc is not None:
+            s.acc.backward(loss)
+        else:
+            loss.backward()
+        loss_sum += float(loss.detach()) / world
+        s.runs_done += len(g) if scale else 0
+        s.tokens_done += sum(s.runs[i].tokens for i in g) if scale else 0
+    if s.acc is not None:
+        gnorm = float(s.acc.clip_grad_norm_(s.params, s.cfg.max_grad_norm))
+        loss_sum = float(s.acc.reduce(torch.tensor(loss_sum, device=s.device), "sum"))
+    else:
+        gnorm = float(torch.nn.utils.clip_grad_norm_(s.params, s.cfg.max_grad_norm))
+    s.opt.step()
+    s.sched.step()
+    s.opt.zero_grad(set_to_none=True)
+    lo_a, lo_s, margins = stats["alarm"], stats["safe"], stats["margins"]
+    rec = {"step": step + 1, "epoch": round((step + 1) * s.cfg.num_epochs / len(s.plan), 4),
+           "loss": round(loss_sum, 6), "grad_norm": round(gnorm, 4), "lr": s.sched.get_last_lr()[0],
+           "runs": [s.runs[i].traj_id for i in members],
+           "log_odds_alarm_rows": round(sum(lo_a) / len(lo_a), 4) if lo_a else None,
+           "log_odds_safe_rows": round(sum(lo_s) / len(lo_s), 4) if lo_s else None,
+           "step_s": round(time.perf_counter() - t_step, 3)}
+    if margins:
+        rec.update(twin_pairs=len(margins), twin_margin=round(sum(margins) / len(margins), 4))
+    return rec
+
+
+def _finish(s: _Session, *, progress: bool) -> Path:
+    """OUT/final/ (the model and steps_reading.json) and, with `heldout_split`, the held-out
+    scores the walk's calibration reads."""
+    import torch
+
+    from aftraj.prompt import STEP_DECISIONS, STEP_READING_VERSION, STEP_TAG
+    from aftraj.scoring import resolve_mixed_precision
+    from training.common import export_folder, save_final
+
+    cfg = s.cfg
+    reading = {"version": STEP_READING_VERSION, "tag": STEP_TAG, "decision_words": list(STEP_DECISIONS),
+               "decision_ids": list(s.decisions), **cfg.reading(),
+               "mixed_precision": resolve_mixed_precision(cfg.score_precision)}
+    if s.acc is not None:
+        final = save_final(cfg, s.acc, s.model, s.tok, s.out / "final")
+    else:
+        final = export_folder(s.model, s.tok, s.out / "final", lora=False, dtype=cfg.export_dtype)
+    if s.main:
+        (final / "steps_reading.json").write_text(json.dumps(reading, indent=1) + "\n", encoding="utf-8")
+    if cfg.heldout_split and s.main:
+        scorer = s.model
+        if s.acc is not None:     # the shards gathered into final/: one process reads it whole
+            from transformers import AutoModelForCausalLM
+
+            scorer = AutoModelForCausalLM.from_pretrained(final, dtype=getattr(torch, cfg.export_dtype)).to(s.device)
+        s.data["heldout"] = score_heldout(scorer.eval(), s.tok, cfg, s.decisions, s.out, progress=progress)
+    if s.acc is not None:
+        s.acc.wait_for_everyone()
+    return final
+
+
+def train(cfg: StepsConfig, *, progress: bool = False, resume: bool = False) -> StepsResult:
+    import torch
+
+    from aftraj.scoring import resolve_mixed_precision
+
+    s = _setup(cfg)
+    _setup_optimizer(s)
+    ckpt = _Checkpoint(s.out, s.acc)
+    total, step, history = len(s.plan), 0, []
     if resume:
         if not ckpt.exists():
             raise UsageError(f"{ckpt.dir}: no checkpoint to resume from (save_steps: {cfg.save_steps})")
-        step, history = ckpt.load(model, opt, sched)
-    rank, world = (acc.process_index, acc.num_processes) if acc is not None else (0, 1)
-    # one process with frozen layers: the bottom once a token, shared beginnings once (Trunk)
-    trunk = Trunk(model, cfg.trainable_layers) if acc is None and cfg.trainable_layers else None
+        step, history = ckpt.load(s.model, s.opt, s.sched)
     stop = total if cfg.max_steps is None else min(total, cfg.max_steps)
     t1 = time.perf_counter()
-    runs_done = tokens_done = 0
-    model.train()
-    with (out / "metrics.jsonl").open("a" if resume else "w", encoding="utf-8") as log:
+    s.model.train()
+    with (s.out / "metrics.jsonl").open("a" if resume else "w", encoding="utf-8") as log:
         while step < stop:
-            batch = plan[step]
-            t_step = time.perf_counter()
-            members = [i for g in batch for i in g]
-            w_total = sum(w_alarm if y else 1.0 for i in members for *_, y in runs[i].rows)
-            n_pairs = sum(len(pairs_of.get(i, ())) for i in members)
-            mine = batch[rank::world]
-            # every rank runs as many forwards as the busiest (FSDP gathers in each): a rank with
-            # fewer groups repeats one with its loss multiplied by 0
-            n_fwd = -(-len(batch) // world)
-            loss_sum, lo_a, lo_s, margins = 0.0, [], [], []
-            for f in range(n_fwd):
-                g, scale = (mine[f], 1.0) if f < len(mine) else (batch[0], 0.0)
-                with autocast(cfg.mixed_precision, device):
-                    # under FSDP every rank must run the same number of forwards: a group is one
-                    # (padded) forward whatever its segments
-                    logits = (trunk.row_logits([runs[i] for i in g]) if trunk is not None
-                              else row_logits(model, [runs[i] for i in g], padded=acc is not None))
-                loss, lp = 0.0, {}
-                for i, lg in zip(g, logits):
-                    lp[i] = torch.log_softmax(lg.float(), -1)
-                    y = torch.tensor([int(a) for *_, a in runs[i].rows], device=lp[i].device)
-                    tgt = torch.tensor(decisions, device=lp[i].device)[y]
-                    w = torch.tensor([w_alarm if a else 1.0 for *_, a in runs[i].rows], device=lp[i].device)
-                    loss = loss + (w * F.nll_loss(lp[i], tgt, reduction="none")).sum() / w_total
-                    if scale:
-                        lo = log_odds(lp[i].detach(), decisions).tolist()
-                        lo_a += [v for v, (*_, a) in zip(lo, runs[i].rows) if a]
-                        lo_s += [v for v, (*_, a) in zip(lo, runs[i].rows) if not a]
-                for i, j, ri, rj in pairs_of.get(g[0], ()):
-                    m = log_odds(lp[i][ri:ri + 1], decisions) - log_odds(lp[j][rj:rj + 1], decisions)
-                    loss = loss + cfg.twin_weight * F.softplus(-m[0]) / n_pairs
-                    if scale:
-                        margins.append(float(m.detach()))
-                loss = loss * scale * world        # gradients are averaged over ranks: sum them
-                if acc is not None:
-                    acc.backward(loss)
-                else:
-                    loss.backward()
-                loss_sum += float(loss.detach()) / world
-                runs_done += len(g) if scale else 0
-                tokens_done += sum(runs[i].tokens for i in g) if scale else 0
-            if acc is not None:
-                gnorm = float(acc.clip_grad_norm_(params, cfg.max_grad_norm))
-                loss_sum = float(acc.reduce(torch.tensor(loss_sum, device=device), "sum"))
-            else:
-                gnorm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
+            rec = _train_step(s, step)
             step += 1
-            rec = {"step": step, "epoch": round(step * cfg.num_epochs / total, 4), "loss": round(loss_sum, 6),
-                   "grad_norm": round(gnorm, 4), "lr": sched.get_last_lr()[0],
-                   "runs": [runs[i].traj_id for i in members],
-                   "log_odds_alarm_rows": round(sum(lo_a) / len(lo_a), 4) if lo_a else None,
-                   "log_odds_safe_rows": round(sum(lo_s) / len(lo_s), 4) if lo_s else None,
-                   "step_s": round(time.perf_counter() - t_step, 3)}
-            if margins:
-                rec.update(twin_pairs=len(margins), twin_margin=round(sum(margins) / len(margins), 4))
             history.append(rec)
-            if main and (step % cfg.logging_steps == 0 or step == stop):
+            if s.main and (step % cfg.logging_steps == 0 or step == stop):
                 log.write(json.dumps(rec) + "\n")
                 log.flush()
                 if progress:
                     print(json.dumps({k: v for k, v in rec.items() if k != "runs"}), flush=True)
             if cfg.save_steps and step % cfg.save_steps == 0 and step < total:
-                ckpt.save(model, opt, sched, step, history)
+                ckpt.save(s.model, s.opt, s.sched, step, history)
     train_s = time.perf_counter() - t1
-    if trunk is not None:
-        data.update(trunk_tokens_run=trunk.computed, trunk_tokens_reused=trunk.reused)
-    data.update(steps=step, runs_trained=runs_done * world, tokens_trained=tokens_done * world,
+    world, data = s.rank_world[1], s.data
+    if s.trunk is not None:
+        data.update(trunk_tokens_run=s.trunk.computed, trunk_tokens_reused=s.trunk.reused)
+    data.update(steps=step, runs_trained=s.runs_done * world, tokens_trained=s.tokens_done * world,
                 train_s=round(train_s, 3),
-                runs_per_minute=round(60 * runs_done * world / train_s, 2) if train_s > 0 else None,
-                mixed_precision=resolve_mixed_precision(cfg.mixed_precision), trainable_parameters=n_trainable,
-                device=device.type)
-    model.eval()
-    final = None
-    if step >= total:
-        reading = {"version": STEP_READING_VERSION, "tag": STEP_TAG, "decision_words": list(STEP_DECISIONS),
-                   "decision_ids": list(decisions), **cfg.reading(),
-                   "mixed_precision": resolve_mixed_precision(cfg.score_precision)}
-        if acc is not None:
-            final = save_final(cfg, acc, model, tok, out / "final")
-        else:
-            final = export_folder(model, tok, out / "final", lora=False, dtype=cfg.export_dtype)
-        if main:
-            (final / "steps_reading.json").write_text(json.dumps(reading, indent=1) + "\n", encoding="utf-8")
-        if cfg.heldout_split and main:
-            scorer = model
-            if acc is not None:     # the shards gathered into final/: one process reads it whole
-                from transformers import AutoModelForCausalLM
-
-                scorer = AutoModelForCausalLM.from_pretrained(final, dtype=getattr(torch, cfg.export_dtype)).to(device)
-            data["heldout"] = score_heldout(scorer.eval(), tok, cfg, decisions, out, progress=progress)
-        if acc is not None:
-            acc.wait_for_everyone()
+                runs_per_minute=round(60 * s.runs_done * world / train_s, 2) if train_s > 0 else None,
+                mixed_precision=resolve_mixed_precision(cfg.mixed_precision), device=s.device.type)
+    s.model.eval()
+    final = _finish(s, progress=progress) if step >= total else None
     data["peak_rss_gib"] = round(_rss_gib(), 2)
-    if device.type == "cuda":
+    if s.device.type == "cuda":
         data["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
-    if main:
-        (out / "data.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    return StepsResult(out, final, history, data)
+    if s.main:
+        (s.out / "data.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    return StepsResult(s.out, final, history, data)
 
 
 def score_heldout(model, tok, cfg: StepsConfig, decisions, out: Path, *, progress: bool = False) -> dict:
@@ -536,7 +612,7 @@ def score_heldout(model, tok, cfg: StepsConfig, decisions, out: Path, *, progres
                       flush=True)
     with (out / "heldout_steps.jsonl").open("w", encoding="utf-8") as f:
         f.writelines(json.dumps(x) + "\n" for x in rows)
-    from training.prefixes.trainer import auc
+    from aftraj.ranking import auc
 
     return {"split": cfg.heldout_split, **counts, "score_s": round(time.perf_counter() - t0, 1),
             "score_precision": cfg.score_precision,
