@@ -381,7 +381,7 @@ def evaluate(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> EvalRe
             say(f"note: {note}")
     metrics = write_report(preds, out, meta=meta, n_boot=cfg.n_boot, seed=cfg.seed,
                            prices=prices, expectation=expectation, auc_start=cfg.auc_start)
-    from eval.auditors.floors import add_floors_to_report  # the content-blind floors beside it
+    from eval.floors import add_floors_to_report  # the floors beside it (a report stage)
 
     add_floors_to_report(out, cfg.data, trajs, auditor_spec=cfg.auditor, seed=cfg.seed)
     res = EvalResult(metrics=metrics, out=out, predictions=preds, auditor_label=auditor.label, notes=notes)

@@ -7,7 +7,7 @@ every row on one stratified held-out sample and one Who&When sample beside every
 writes REPORT/ablation.md, ablation.json and comparison plots. Phases already done in DIR are
 skipped, so an interrupted run resumes where it stopped.
 
-`floors` prints the floors' table of a built corpus folder (eval/auditors/floors.py:
+`floors` prints the floors' table of a built corpus folder (eval/floors.py:
 `floors_report`): every floor (position prior, length, error words, bag of words, structure) fit
 on its train split, thresholds on val, scored on val and test with intervals, on Who&When per
 subset with `--ww`, and the probe's bag of words of step k* on the kind-matched held-out pairs.
@@ -80,7 +80,7 @@ def run(args) -> int:
 def run_floors(args) -> int:
     import json
 
-    from eval.auditors.floors import floors_markdown, floors_report
+    from eval.floors import floors_markdown, floors_report
 
     if not Path(args.data).is_dir():
         raise UsageError(f"--data {args.data}: not a folder (a built corpus folder with train/val/test.jsonl)")

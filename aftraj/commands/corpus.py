@@ -53,7 +53,7 @@ def run_build(args) -> int:
     cfg = load_corpus_config(args.config)
     _check_out(args.out)
     from aftraj.corpus.policies import EndpointUnreachable
-    from eval.auditors.floors import floor_scores   # stats.json's content-blind floors
+    from eval.floors import floor_scores   # stats.json's content-blind floors
 
     t0 = time.perf_counter()
     try:

@@ -207,7 +207,7 @@ def build_corpus(cfg: CorpusConfig, out: str | Path | None, *, seed: int | None 
                  floors: Callable[[list[Trajectory], dict[str, str]], dict] | None = None) -> BuildResult:
     """Build the corpus of `cfg` (written to `out` unless None). `floors(trajs, split_of)`: the
     content-blind floors fit on train and scored on test for stats.json's `floors_on_test`
-    (`aftraj corpus build` passes `eval.auditors.floors.floor_scores`; the evaluation package
+    (`aftraj corpus build` passes `eval.floors.floor_scores`; the evaluation package
     builds on this one, so the builder takes it as an argument). Without it that entry is empty."""
     seed = cfg.seed if seed is None else seed
     sandbox = _sandbox(cfg)

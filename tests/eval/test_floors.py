@@ -1,7 +1,8 @@
-"""The floors (eval/auditors/floors.py, reading.py): the content-blind ones (position prior,
-length) blind to content, the reading ones (error words, bag of words, structure) fit on train with
-thresholds from val only, all reachable as heuristic:NAME, shown in every corpus report with the
-run's paired difference to the best, on Who&When too; their values on the demo build are pinned."""
+"""The floors (eval/auditors/floors.py, reading.py; their report stage eval/floors.py): the
+content-blind ones (position prior, length) blind to content, the reading ones (error words, bag
+of words, structure) fit on train with thresholds from val only, all reachable as
+heuristic:NAME, shown in every corpus report with the run's paired difference to the best, on
+Who&When too; their values on the demo build are pinned."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import pytest
 
 from aftraj.schema import Label, Step, Trajectory, write_jsonl
 from eval.auditors import get_auditor
-from eval.auditors.floors import FLOOR_SPECS, MIN_CELL, LengthFloor, PositionPrior, floor_metrics, train_split_of
+from eval.auditors.floors import FLOOR_SPECS, MIN_CELL, LengthFloor, PositionPrior, train_split_of
+from eval.floors import floor_metrics
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,7 +71,7 @@ def test_floors_never_read_content():
 
 
 def test_floors_refuse_unlabeled_imported_runs(tmp_path):
-    from aftraj.adapters.base import UNLABELED
+    from aftraj.boundary import UNLABELED
 
     train = [_traj(i, 10, 3) for i in range(10)]
     imported = replace(_traj(99, 10, None), label=UNLABELED, meta={"unlabeled": True})
@@ -327,7 +329,7 @@ def test_floors_run_on_who_and_when_per_subset():
     # evaluation only: fit on a corpus, scored on the shipped Who&When; the lexical rule's figures
     # there (issue 43: below random) are pinned, the data and the rule being fixed
     from aftraj.readers import load_trajectories
-    from eval.auditors.floors import fit_floors, score_floors
+    from eval.floors import fit_floors, score_floors
 
     train, val, _ = _splits()
     ww = load_trajectories("who_and_when")
@@ -353,7 +355,7 @@ DEMO_PINS = {
 
 def test_floor_values_on_the_demo_build_are_pinned(demo_build):
     from aftraj.schema import iter_jsonl
-    from eval.auditors.floors import fit_floors, score_floors
+    from eval.floors import fit_floors, score_floors
 
     out = demo_build.out
     splits = {s: list(iter_jsonl(out / f"{s}.jsonl")) for s in ("train", "val", "test")}
