@@ -72,11 +72,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import functools
 import logging
 import threading
 import time
 import uuid
 import weakref
+from collections import OrderedDict
 from typing import Any, Callable
 from urllib.parse import quote
 
@@ -574,6 +577,162 @@ def _sdk_tool_error(result: Any) -> str | None:
     return None
 
 
+@functools.cache
+def _sdk_stopped() -> type:
+    """`RunStopped` as an Agents SDK `AgentsException`: the SDK re-raises it as is (anything else
+    raised from a hook inside a tool is wrapped in a UserError)."""
+    from agents.exceptions import AgentsException
+
+    class _Stopped(RunStopped, AgentsException):
+        def __init__(self, stop: RunStopped):
+            RuntimeError.__init__(self, str(stop))
+            self.verdict = stop.verdict
+            self.run_data = None
+    return _Stopped
+
+
+class _OpenAIAgentsRun(_GatewayRun):
+    """What `openai_agents_hooks` returns, less the SDK's `RunHooks` base (`_sdk_hooks` mixes it
+    in after this class, so these methods win over RunHooks' empty ones): each hook posts its
+    events and raises `RunStopped` on ALARM."""
+
+    def __init__(self, gw, **kw):
+        _GatewayRun.__init__(self, gw, **kw)
+        self.rb = RunBuilder(self.run_id, source="openai-agents")
+        self.open: dict[tuple[str, str], list[str]] = {}
+        self.last_agent: str | None = None
+        self.tool_errors: dict[str, str] = {}     # call id -> the tool's own error (run_config)
+
+    async def _send(self, n0: int) -> None:
+        await asyncio.to_thread(self.post, self.rb.events[n0:], None, self.rb)
+        if self.halt is not None:
+            raise _sdk_stopped()(self.stop_error())
+
+    async def on_agent_start(self, context, agent) -> None:
+        self.last_agent = agent.name
+
+    async def on_llm_start(self, context, agent, system_prompt, input_items) -> None:
+        if self.task is None:
+            first = input_items[0] if input_items else None
+            self.task = text_of(first.get("content")) if isinstance(first, dict) else None
+
+    async def on_llm_end(self, context, agent, response) -> None:
+        n0 = len(self.rb.events)
+        for item in response.output:
+            t = getattr(item, "type", None)
+            if t == "message":
+                text = "".join(getattr(c, "text", "") or "" for c in item.content)
+                if text.strip():
+                    self.rb.message(agent.name, text, field="response.output")
+            elif t == "function_call":
+                self.rb.tool_call(agent.name, item.name, item.arguments, call_id=item.call_id,
+                                  field="response.output")
+                self.open.setdefault((agent.name, item.name), []).append(item.call_id)
+        await self._send(n0)
+
+    async def on_tool_end(self, context, agent, tool, result) -> None:
+        n0 = len(self.rb.events)
+        cid = getattr(context, "tool_call_id", None)
+        err = self.tool_errors.pop(cid, None) if cid is not None else None
+        if err is None:
+            err = _sdk_tool_error(result)
+        if err is not None:
+            self.rb.error(agent.name, err, content=str(result), tool=tool.name, call_id=cid, field="tool result")
+        else:
+            self.rb.tool_result(agent.name, str(result), tool=tool.name, call_id=cid, field="tool result")
+        await self._send(n0)
+
+    def _recorder(self, theirs):
+        """A `tool_error_formatter` recording each raising tool's own exception for the hook
+        (by call id), then answering as `theirs` (the caller's formatter; None: the SDK's
+        default text)."""
+        while getattr(theirs, "_aftraj_hooks", None) is not None:    # another hooks' recorder
+            theirs = theirs._theirs
+
+        def formatter(args):
+            try:
+                if args.kind == "tool_exception" and args.error is not None and args.call_id:
+                    e = args.error
+                    self.tool_errors[args.call_id] = strip_boilerplate(f"{type(e).__name__}: {e}")[:4000]
+                    if len(self.tool_errors) > 1000:
+                        self.tool_errors.pop(next(iter(self.tool_errors)))
+            except Exception:          # recording must never change what the model is told
+                pass
+            return theirs(args) if theirs is not None else None
+        formatter._aftraj_hooks, formatter._theirs = self, theirs
+        return formatter
+
+    def run_config(self, base=None):
+        """`base` (a RunConfig, or None) with the hook's error recorder (`_recorder`) as its
+        `tool_error_formatter`. `on_tool_start` installs it on the run's own RunConfig anyway."""
+        import dataclasses
+
+        from agents import RunConfig
+        base = base or RunConfig()
+        if getattr(base.tool_error_formatter, "_aftraj_hooks", None) is self:
+            return base
+        return dataclasses.replace(base, tool_error_formatter=self._recorder(base.tool_error_formatter))
+
+    async def on_tool_start(self, context, agent, tool) -> None:
+        # the SDK answers a raising tool with a redacted text and redacts its span's error too:
+        # the run's RunConfig (the tool context's) gets the recorder before the tool runs
+        rc = getattr(context, "run_config", None)
+        try:
+            if rc is not None and getattr(rc.tool_error_formatter, "_aftraj_hooks", None) is not self:
+                rc.tool_error_formatter = self._recorder(rc.tool_error_formatter)
+        except Exception as e:         # an SDK without the formatter: the redacted text it is
+            log.debug("tool error recorder not installed: %s", _describe(e))
+
+    async def on_handoff(self, context, from_agent, to_agent) -> None:
+        n0 = len(self.rb.events)
+        pending = self.open.get((from_agent.name, f"transfer_to_{to_agent.name}"))
+        parent = self.rb.calls.get(pending.pop(0)) if pending else None
+        self.rb.handoff(from_agent.name, to_agent.name, "", field="handoff", parent_id=parent)
+        await self._send(n0)
+
+    async def on_agent_end(self, context, agent, output) -> None:
+        n0 = len(self.rb.events)
+        self.rb.final(agent.name, output if isinstance(output, str) else str(output), field="final output")
+        self.rb.terminate("completed")
+        await self._send(n0)
+
+    def _ended_by(self, e: BaseException) -> None:
+        """Post the run's end when it ended on an exception no hook saw."""
+        if self.ended or isinstance(e, RunStopped):
+            return
+        from agents.exceptions import MaxTurnsExceeded
+
+        n0 = len(self.rb.events)
+        agent = self.last_agent or "system"
+        if isinstance(e, MaxTurnsExceeded):      # the SDK's step limit: the run's end
+            self.rb.terminate("step_limit", note=f"{agent}: MaxTurnsExceeded: {e}")
+        else:
+            self.rb.error(agent, f"{type(e).__name__}: {e}", field="run")
+            self.rb.terminate("cancelled")
+        self.post(self.rb.events[n0:], None, self.rb)
+
+    @contextlib.contextmanager
+    def watch(self):
+        try:
+            yield self
+        except BaseException as e:
+            self._ended_by(e)
+            raise
+
+    def run_sync(self, agent, input, **run_kw):
+        from agents import Runner
+        with self.watch():
+            return Runner.run_sync(agent, input, hooks=self, **run_kw)
+
+    async def run(self, agent, input, **run_kw):
+        from agents import Runner
+        try:
+            return await Runner.run(agent, input, hooks=self, **run_kw)
+        except BaseException as e:
+            await asyncio.to_thread(self._ended_by, e)
+            raise
+
+
 def openai_agents_hooks(gw, **kw):
     """OpenAI Agents SDK `RunHooks` (pass as `Runner.run(..., hooks=...)`): each model answer
     (messages, tool calls with their ids), tool result (linked by the tool context's call id),
@@ -586,178 +745,78 @@ def openai_agents_hooks(gw, **kw):
     `with hooks.watch():`), which posts the end (`step_limit` for max turns, `cancelled` for
     another error) and re-raises. `kw`: `_GatewayRun`'s (task, agents, category, run_id,
     fail_closed, …)."""
-    import asyncio
-    import contextlib
+    return _sdk_hooks()(gw, **kw)
 
+
+@functools.cache
+def _sdk_hooks() -> type:
+    """`_OpenAIAgentsRun` with the SDK's `RunHooks` mixed in after it (its empty methods last)."""
     from agents import RunHooks
-    from agents.exceptions import AgentsException, MaxTurnsExceeded
 
-    class _Stopped(RunStopped, AgentsException):
-        # an AgentsException: the SDK re-raises it as is (anything else from a tool is a UserError)
-        def __init__(self, stop: RunStopped):
-            RuntimeError.__init__(self, str(stop))
-            self.verdict = stop.verdict
-            self.run_data = None
-
-    class _Hooks(RunHooks, _GatewayRun):
-        # RunHooks' methods do nothing; these post each event and raise on ALARM.
-        def __init__(self):
-            _GatewayRun.__init__(self, gw, **kw)
-            self.rb = RunBuilder(self.run_id, source="openai-agents")
-            self.open: dict[tuple[str, str], list[str]] = {}
-            self.last_agent: str | None = None
-            self.tool_errors: dict[str, str] = {}     # call id -> the tool's own error (run_config)
-
-        async def _send(self, n0: int) -> None:
-            await asyncio.to_thread(self.post, self.rb.events[n0:], None, self.rb)
-            if self.halt is not None:
-                raise _Stopped(self.stop_error())
-
-        async def on_agent_start(self, context, agent) -> None:
-            self.last_agent = agent.name
-
-        async def on_llm_start(self, context, agent, system_prompt, input_items) -> None:
-            if self.task is None:
-                first = input_items[0] if input_items else None
-                self.task = text_of(first.get("content")) if isinstance(first, dict) else None
-
-        async def on_llm_end(self, context, agent, response) -> None:
-            n0 = len(self.rb.events)
-            for item in response.output:
-                t = getattr(item, "type", None)
-                if t == "message":
-                    text = "".join(getattr(c, "text", "") or "" for c in item.content)
-                    if text.strip():
-                        self.rb.message(agent.name, text, field="response.output")
-                elif t == "function_call":
-                    self.rb.tool_call(agent.name, item.name, item.arguments, call_id=item.call_id,
-                                      field="response.output")
-                    self.open.setdefault((agent.name, item.name), []).append(item.call_id)
-            await self._send(n0)
-
-        async def on_tool_end(self, context, agent, tool, result) -> None:
-            n0 = len(self.rb.events)
-            cid = getattr(context, "tool_call_id", None)
-            err = self.tool_errors.pop(cid, None) if cid is not None else None
-            if err is None:
-                err = _sdk_tool_error(result)
-            if err is not None:
-                self.rb.error(agent.name, err, content=str(result), tool=tool.name, call_id=cid, field="tool result")
-            else:
-                self.rb.tool_result(agent.name, str(result), tool=tool.name, call_id=cid, field="tool result")
-            await self._send(n0)
-
-        def _recorder(self, theirs):
-            """A `tool_error_formatter` recording each raising tool's own exception for the hook
-            (by call id), then answering as `theirs` (the caller's formatter; None: the SDK's
-            default text)."""
-            while getattr(theirs, "_aftraj_hooks", None) is not None:    # another hooks' recorder
-                theirs = theirs._theirs
-
-            def formatter(args):
-                try:
-                    if args.kind == "tool_exception" and args.error is not None and args.call_id:
-                        e = args.error
-                        self.tool_errors[args.call_id] = strip_boilerplate(f"{type(e).__name__}: {e}")[:4000]
-                        if len(self.tool_errors) > 1000:
-                            self.tool_errors.pop(next(iter(self.tool_errors)))
-                except Exception:          # recording must never change what the model is told
-                    pass
-                return theirs(args) if theirs is not None else None
-            formatter._aftraj_hooks, formatter._theirs = self, theirs
-            return formatter
-
-        def run_config(self, base=None):
-            """`base` (a RunConfig, or None) with the hook's error recorder (`_recorder`) as its
-            `tool_error_formatter`. `on_tool_start` installs it on the run's own RunConfig anyway."""
-            import dataclasses
-
-            from agents import RunConfig
-            base = base or RunConfig()
-            if getattr(base.tool_error_formatter, "_aftraj_hooks", None) is self:
-                return base
-            return dataclasses.replace(base, tool_error_formatter=self._recorder(base.tool_error_formatter))
-
-        async def on_tool_start(self, context, agent, tool) -> None:
-            # the SDK answers a raising tool with a redacted text and redacts its span's error too:
-            # the run's RunConfig (the tool context's) gets the recorder before the tool runs
-            rc = getattr(context, "run_config", None)
-            try:
-                if rc is not None and getattr(rc.tool_error_formatter, "_aftraj_hooks", None) is not self:
-                    rc.tool_error_formatter = self._recorder(rc.tool_error_formatter)
-            except Exception as e:         # an SDK without the formatter: the redacted text it is
-                log.debug("tool error recorder not installed: %s", _describe(e))
-
-        async def on_handoff(self, context, from_agent, to_agent) -> None:
-            n0 = len(self.rb.events)
-            pending = self.open.get((from_agent.name, f"transfer_to_{to_agent.name}"))
-            parent = self.rb.calls.get(pending.pop(0)) if pending else None
-            self.rb.handoff(from_agent.name, to_agent.name, "", field="handoff", parent_id=parent)
-            await self._send(n0)
-
-        async def on_agent_end(self, context, agent, output) -> None:
-            n0 = len(self.rb.events)
-            self.rb.final(agent.name, output if isinstance(output, str) else str(output), field="final output")
-            self.rb.terminate("completed")
-            await self._send(n0)
-
-        def _ended_by(self, e: BaseException) -> None:
-            """Post the run's end when it ended on an exception no hook saw."""
-            if self.ended or isinstance(e, RunStopped):
-                return
-            n0 = len(self.rb.events)
-            agent = self.last_agent or "system"
-            if isinstance(e, MaxTurnsExceeded):      # the SDK's step limit: the run's end
-                self.rb.terminate("step_limit", note=f"{agent}: MaxTurnsExceeded: {e}")
-            else:
-                self.rb.error(agent, f"{type(e).__name__}: {e}", field="run")
-                self.rb.terminate("cancelled")
-            self.post(self.rb.events[n0:], None, self.rb)
-
-        @contextlib.contextmanager
-        def watch(self):
-            try:
-                yield self
-            except BaseException as e:
-                self._ended_by(e)
-                raise
-
-        def run_sync(self, agent, input, **run_kw):
-            from agents import Runner
-            with self.watch():
-                return Runner.run_sync(agent, input, hooks=self, **run_kw)
-
-        async def run(self, agent, input, **run_kw):
-            from agents import Runner
-            try:
-                return await Runner.run(agent, input, hooks=self, **run_kw)
-            except BaseException as e:
-                await asyncio.to_thread(self._ended_by, e)
-                raise
-
-    return _Hooks()
+    class _Hooks(_OpenAIAgentsRun, RunHooks):
+        pass
+    return _Hooks
 
 
 class GatewaySpanProcessor:
     """An OpenTelemetry SDK SpanProcessor posting GenAI spans to the gateway, one run per trace.
     Each span's start and end is a step: at most `deadline_s` each; `force_flush(timeout_millis)`
     and `shutdown()` (the TracerProvider calls them, at exit too) deliver the events kept during an
-    outage."""
+    outage.
+
+    Its memory is bounded, however long the process traces: a trace is live (`.runs`) until its
+    root span ends, then finished (`.finished`: its verdicts stay readable, and the events an
+    outage kept wait there for `force_flush`). At most `max_runs` live traces (the least recently
+    active beyond it, a trace whose root never ended, is finished) and `max_finished` finished
+    ones (the oldest beyond it is forgotten; events it still kept are dropped with a warning and
+    counted in `.dropped_events`). A span arriving after its trace was forgotten would start a
+    second run under the trace's id, which the gateway refuses (409: the span's events are
+    dropped and counted, as any refused post)."""
 
     def __init__(self, gw, *, on_alarm: Callable[[dict], Any] | None = None, category: str | None = None,
                  deadline_s: float = DEADLINE_S, max_answer_bytes: int = MAX_ANSWER_BYTES,
-                 api_key: str | None = None, **run_kw):
+                 api_key: str | None = None, max_runs: int = 1000, max_finished: int = 100, **run_kw):
+        if max_runs < 1 or max_finished < 1:
+            raise ValueError(f"max_runs and max_finished must be at least 1, got {max_runs} and {max_finished}")
         self.client = hook_client(gw, api_key=api_key, deadline_s=deadline_s, max_answer_bytes=max_answer_bytes)
         self._owns_client = self.client is not gw
         self.gw, self.on_alarm, self.category, self.run_kw = gw, on_alarm, category, run_kw
-        self.runs: dict[str, tuple[_otel.OtelRun, _GatewayRun]] = {}
+        self.max_runs, self.max_finished = max_runs, max_finished
+        self.runs: OrderedDict[str, tuple[_otel.OtelRun, _GatewayRun]] = OrderedDict()      # live, LRU
+        self.finished: OrderedDict[str, tuple[_otel.OtelRun, _GatewayRun]] = OrderedDict()  # oldest first
+        self.dropped_events = 0              # kept by finished traces forgotten before a flush
         self.alarm: dict | None = None
+        self._runs_lock = threading.Lock()   # spans end on any thread
 
     def _run(self, s: dict):
-        if s["trace"] not in self.runs:
-            self.runs[s["trace"]] = (_otel.OtelRun(s["trace"]),
-                                     _GatewayRun(self.client, run_id=s["trace"], category=self.category, **self.run_kw))
-        return self.runs[s["trace"]]
+        trace = s["trace"]
+        with self._runs_lock:
+            run = self.runs.get(trace) or self.finished.get(trace)
+            if run is None:
+                run = self.runs[trace] = (_otel.OtelRun(trace), _GatewayRun(
+                    self.client, run_id=trace, category=self.category, **self.run_kw))
+                while len(self.runs) > self.max_runs:
+                    old = next(iter(self.runs))
+                    log.warning("trace %s: no span for a while and over max_runs=%d live traces: finished "
+                                "before its root span ended", old, self.max_runs)
+                    self._finish(old)
+            elif trace in self.runs:
+                self.runs.move_to_end(trace)
+            return run
+
+    def _finish(self, trace: str) -> None:
+        """Move a trace from live to finished, forgetting the oldest finished beyond the cap
+        (under `_runs_lock`)."""
+        run = self.runs.pop(trace, None)
+        if run is None:
+            return
+        self.finished[trace] = run
+        while len(self.finished) > self.max_finished:
+            old, (_, grun) = self.finished.popitem(last=False)
+            if grun.pending:
+                self.dropped_events += len(grun.pending)
+                log.warning("run %s: %d events kept during an outage dropped (over max_finished=%d "
+                            "finished traces; call force_flush sooner)", old, len(grun.pending), self.max_finished)
 
     def _post(self, s: dict, events) -> None:
         orun, grun = self._run(s)
@@ -778,6 +837,9 @@ class GatewaySpanProcessor:
             return
         events = grun.convert(getattr(orun, which), s, f"span {span.name}")
         self._post(s, events)
+        if which == "end" and s["parent"] is None:          # the root span: the trace is done
+            with self._runs_lock:
+                self._finish(s["trace"])
 
     def on_start(self, span, parent_context=None) -> None:
         self._span(span, "start")
@@ -791,7 +853,9 @@ class GatewaySpanProcessor:
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         end = time.monotonic() + timeout_millis / 1000
         ok = True
-        for _, grun in list(self.runs.values()):
+        with self._runs_lock:
+            runs = [*self.finished.values(), *self.runs.values()]
+        for _, grun in runs:
             ok = grun.flush(max(0.0, end - time.monotonic())) and ok
         return ok
 

@@ -152,7 +152,7 @@ def test_otel_span_processor_never_raises_into_the_traced_code(bad_gateway, capl
     tp.add_span_processor(proc)
     with caplog.at_level("WARNING", logger="aftraj.hooks"):
         fw.otel_agent_run(tp)
-    ((_, grun),) = proc.runs.values()
+    ((_, grun),) = proc.finished.values()
     assert proc.alarm is None
     _check_failed_open(grun, mode, caplog)
 

@@ -113,7 +113,7 @@ def test_otel_span_processor_keeps_its_deadline(gateway, mode):
     tp = TracerProvider()
     tp.add_span_processor(proc)
     fw.otel_agent_run(tp)
-    ((_, grun),) = proc.runs.values()
+    ((_, grun),) = proc.finished.values()
     _check(grun, mode, starts + proc.step_s, proc.raised)
     assert proc.alarm is None
     proc.shutdown()

@@ -93,7 +93,7 @@ def test_otel_span_processor_posts_spans_and_reports_the_alarm(live_gateway):
         tp = TracerProvider()
         tp.add_span_processor(proc)
         fw.otel_agent_run(tp)
-        ((orun, grun),) = proc.runs.values()
+        ((orun, grun),) = proc.finished.values()
         view = gw.run(grun.run_id)
     assert len(alarms) == 1 and proc.alarm is alarms[0] and alarms[0]["agent"] == "calc"
     # posted: message, handoff, 2 tool calls, the failing result (flagged); nothing after it

@@ -97,7 +97,7 @@ def test_verdicts_land_on_the_judged_steps_spans(live_gateway, monkeypatch):
         proc = GatewaySpanProcessor(url, api_key=key)
         user_tp.add_span_processor(proc)
         fw.otel_agent_run(user_tp)
-        ((orun, grun),) = proc.runs.values()
+        ((orun, grun),) = proc.finished.values()
         assert proc.alarm is not None and len(grun.verdicts) >= 3
 
         # the auditor's emitters, from the standard OTel environment (no global TracerProvider)
