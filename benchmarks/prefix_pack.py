@@ -28,7 +28,7 @@ def main() -> None:
 
     from aftraj.scoring import packed_logits
     from training.common import load_tokenizer, load_training_trajectories
-    from training.models import resolve_model_spec
+    from aftraj.models import resolve_model_spec
     from training.prefixes.trainer import prefix_run
 
     torch.manual_seed(0)

@@ -27,7 +27,7 @@ import time
 def child(args) -> None:
     import torch
 
-    from training.models import resolve_model_spec
+    from aftraj.models import resolve_model_spec
     from training.stage1.config import load_stage1_config
     from training.stage1.data import TokenizedPair, collate
     from training.common import load_model, wrap_trainable

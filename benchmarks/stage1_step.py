@@ -52,7 +52,7 @@ class Baton:
 # --- data and model -----------------------------------------------------------------------
 
 def build(root: Path, hidden: int, layers: int, n_traj: int):
-    from training.models import build_tiny_model
+    from aftraj.models import build_tiny_model
     from aftraj.boundary import boundary_prompts
     from training.common import synthetic_trajectories
     from training.stage1.preferences import build_preferences

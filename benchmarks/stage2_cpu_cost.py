@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.models import resolve_model_spec
+    from aftraj.models import resolve_model_spec
     from aftraj.tokens import prompt_budget, tokenizer_counter
     from training.common import synthetic_trajectories
     from training.stage2.data import build_records

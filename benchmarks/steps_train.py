@@ -34,7 +34,7 @@ def main() -> int:
     from aftraj.prompt import step_reading
     from aftraj.readers import load_trajectories
     from training.common import load_tokenizer
-    from training.models import resolve_model_spec
+    from aftraj.models import resolve_model_spec
     from training.steps.config import load_steps_config
     from training.steps.trainer import train
 

@@ -161,8 +161,8 @@ def main() -> int:
     import torch
 
     from aftraj.readers import load_trajectories
-    from eval.auditors.hf import load_model
-    from training.models import resolve_model_spec
+    from aftraj.models import load_model_and_tokenizer as load_model
+    from aftraj.models import resolve_model_spec
     from training.steps.config import load_steps_config
 
     torch.set_num_threads(a.threads)

@@ -22,7 +22,7 @@ produces one repeated token, which would make the comparison vacuous).
         --max-new-tokens 128 --batch-size 8 --threads 2 --no-reencode
   (d) with --compare-cache: (b) (and (c) when --batch-size is given) again with transformers' own
       DynamicCache, which concatenates the whole cache at every token, in place of the backend's
-      slack layers (`eval.auditors.hf.new_cache`); prints both times, their ratio and whether
+      slack layers (`eval.hf_compat.new_cache`); prints both times, their ratio and whether
       the completions are equal:
     .venv/bin/python benchmarks/walk_cost.py --model ~/.cache/agentforesight/models/smollm2-135m \
         --data runs/ablation-cpu/corpus/test.jsonl --format auto --steps 0 --trajectories 4 \
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
 
     from aftraj.readers import load_trajectories
     from eval.auditors.hf import HFAuditor
-    from training.models import build_tiny_model
+    from aftraj.models import build_tiny_model
 
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="walkcost-") as tmp:
@@ -181,7 +181,7 @@ def main(argv=None) -> int:
     # --- (d) the same walks with transformers' DynamicCache (torch.cat at every token)
     cache_line = None
     if args.compare_cache:
-        import eval.auditors.hf as hf
+        import eval.decoding as hf
         from transformers import DynamicCache
 
         slack = hf.new_cache

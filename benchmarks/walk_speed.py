@@ -37,19 +37,19 @@ VARIANTS = ("now", "no-lookahead", "fixed-drafts", "gqa-copy", "before")
 @contextlib.contextmanager
 def variant(name: str):
     """Turn this build's speed measures off for the block, as `name` says."""
-    import eval.auditors.hf as hf
+    import eval.decoding as hf
 
     off = {"no-lookahead": {"lookahead"}, "fixed-drafts": {"drafts"}, "gqa-copy": {"gqa"},
            "before": {"lookahead", "drafts", "gqa"}, "now": set()}[name]
-    saved = hf.HFAuditor._next_cap, hf.masked_gqa
+    saved = hf.Decoder.next_cap, hf.masked_gqa
     if "drafts" in off:
-        hf.HFAuditor._next_cap = lambda self, cap, prop, j: self.draft_tokens
+        hf.Decoder.next_cap = lambda self, cap, prop, j: self.draft_tokens
     if "gqa" in off:
         hf.masked_gqa = lambda enabled=True: contextlib.nullcontext()
     try:
         yield "lookahead" not in off
     finally:
-        hf.HFAuditor._next_cap, hf.masked_gqa = saved
+        hf.Decoder.next_cap, hf.masked_gqa = saved
 
 
 def main(argv=None) -> int:

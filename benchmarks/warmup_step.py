@@ -31,7 +31,7 @@ def main() -> None:
     import torch
 
     from training.common import load_model, wrap_trainable
-    from training.models import resolve_model_spec
+    from aftraj.models import resolve_model_spec
     from training.warmup.config import load_warmup_config
     from training.warmup.trainer import _batch, completion_loss
 

@@ -434,7 +434,7 @@ def run_probe(model_path: str | Path, trajs: Sequence[Trajectory], out: Path, *,
     `train`: the train split, for the bag-of-words-of-step-k* row (`bow_k_star`).
     Returns the first model's result."""
     from aftraj.scoring import autocast, resolve_mixed_precision
-    from eval.auditors.hf import load_model
+    from aftraj.models import load_model_and_tokenizer as load_model
 
     paths, outs = [model_path, *(m for m, _ in also)], [out, *(Path(o) for _, o in also)]
     loaded = [load_model(p, dtype=dtype) for p in paths]
@@ -513,7 +513,7 @@ def linear_probe(model_path: str | Path, train: Sequence[Trajectory], heldout: S
     import torch
 
     from aftraj.scoring import autocast, resolve_mixed_precision
-    from eval.auditors.hf import load_model
+    from aftraj.models import load_model_and_tokenizer as load_model
 
     model, tok = load_model(model_path)
     model.eval()

@@ -251,7 +251,7 @@ def _build(cfg: EvalConfig):
         raise UsageError(e.args[0]) from None
     if str(cfg.model or "").startswith("builtin:"):
         raise UsageError(f"--model {cfg.model}: resolve it to its prepared folder first "
-                         f"(`aftraj eval` and `aftraj audit` do: training.models.resolve_model_spec)")
+                         f"(`aftraj eval` and `aftraj audit` do: aftraj.models.resolve_model_spec)")
     try:
         walk_cfg = WalkConfig(protocol=cfg.protocol, max_in_flight=cfg.max_in_flight,
                               all_prefixes=cfg.all_prefixes, parser=cfg.parser, lookahead=cfg.lookahead)

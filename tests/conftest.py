@@ -45,7 +45,7 @@ def demo_build(demo_cfg, tmp_path_factory):
     floors that `aftraj corpus build` passes (stats.json's floors_on_test). The folder holds an
     unsplit `hf/` of earlier versions before the build, which the build must replace."""
     from aftraj.corpus.build import build_corpus
-    from eval.auditors.floors import floor_scores
+    from eval.floors import floor_scores
 
     out = tmp_path_factory.mktemp("demo-corpus")
     (out / "hf").mkdir()
@@ -55,7 +55,7 @@ def demo_build(demo_cfg, tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A randomly initialised tiny Qwen2 + locally trained tokenizer (a few seconds)."""
-    from training.models import build_tiny_model
+    from aftraj.models import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
 

@@ -111,13 +111,12 @@ def synthetic_trajectories(n: int, *, seed: int = 0) -> list[Trajectory]:
 
 # --------------------------------------------------------------------------- model and tokenizer
 
-def load_model(cfg, path: Path):
-    """The causal LM at `path` in `cfg.dtype` with `cfg.attn_implementation`, KV cache off."""
-    import torch
-    from transformers import AutoModelForCausalLM
+def load_model(cfg, path: str | Path):
+    """The causal LM of `path` (a local folder or `builtin:NAME`: `aftraj.models.load_model`, the
+    one loader the auditors use too) in `cfg.dtype` with `cfg.attn_implementation`, KV cache off."""
+    from aftraj.models import load_model as load_local_model
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.dtype),
-                                                 attn_implementation=cfg.attn_implementation)
+    model = load_local_model(path, dtype=cfg.dtype, attn_implementation=cfg.attn_implementation)
     model.config.use_cache = False
     return model
 
@@ -185,7 +184,7 @@ def fsdp_mixed_precision(cfg):
     import torch
     from torch.distributed.fsdp import MixedPrecision
 
-    from training.stage1.config import resolve_mixed_precision
+    from aftraj.scoring import resolve_mixed_precision
 
     compute = torch.bfloat16 if resolve_mixed_precision(cfg.mixed_precision) == "bf16" else torch.float32
     return MixedPrecision(param_dtype=compute, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
@@ -198,7 +197,7 @@ def make_accelerator(cfg, out: Path):
     from accelerate.utils import InitProcessGroupKwargs
 
     from training.accelerate_config import fsdp_plugin
-    from training.stage1.config import resolve_mixed_precision
+    from aftraj.scoring import resolve_mixed_precision
 
     kw = {}
     if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":   # the rank's device first

@@ -10,7 +10,7 @@ its flags). `--update-model-card` adds the result to the --model folder's model 
 An --out that holds a run is refused unless `--resume` (continue it: finished walks and every
 cached call in OUT/calls.jsonl are kept) or `--overwrite`. `--list-auditors [NAME]` lists the
 registry's auditors with their documented arguments (lm-eval's `ls`); `--model builtin:NAME` is a
-model prepared locally (training.models); `--split validation` is `val`. Runs without gold labels:
+model prepared locally (aftraj.models); `--split validation` is `val`. Runs without gold labels:
 `aftraj audit` (aftraj/commands/audit.py).
 `compare` puts finished runs side by side (eval/compare.py). `tune-threshold` chooses the hf
 auditor's `--decision-threshold` on a validation walk with `--all-prefixes` (a short
@@ -299,11 +299,11 @@ def list_auditors(name: str = "") -> str:
 
 
 def resolve_model(spec: str | None) -> str | None:
-    """`builtin:NAME` -> its prepared local folder (training.models.resolve_model_spec: built or
+    """`builtin:NAME` -> its prepared local folder (aftraj.models.resolve_model_spec: built or
     prepared on first use, never downloaded); anything else unchanged."""
     if spec is None or not str(spec).startswith("builtin:"):
         return spec
-    from training.models import PREPARED, resolve_model_spec
+    from aftraj.models import PREPARED, resolve_model_spec
 
     try:
         return str(resolve_model_spec(spec))

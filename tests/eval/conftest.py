@@ -235,7 +235,7 @@ def vllm_server(tmp_path_factory):
     ($VLLM_PYTHON, default .venv-vllm/bin/python). Yields (base_url, served_model_name, log_path)."""
     from serve.config import VllmConfig
     from serve.vllm import VllmStartError, running_vllm
-    from training.models import build_tiny_model
+    from aftraj.models import build_tiny_model
 
     py = Path(os.environ.get("VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
     if not py.exists():

@@ -245,11 +245,11 @@ def test_slack_cache_layers_hold_what_dynamic_layers_hold():
     selection: the slack layer's keys and values equal transformers' DynamicLayer's each time."""
     from transformers.cache_utils import DynamicLayer
 
-    from eval.auditors.hf import _slack_layer_class
+    from eval.hf_compat import slack_layer_class
 
     g = torch.Generator().manual_seed(0)
     kv = lambda n, b=2: (torch.randn(b, 3, n, 4, generator=g), torch.randn(b, 3, n, 4, generator=g))  # noqa: E731
-    ref, got = DynamicLayer(), _slack_layer_class()()
+    ref, got = DynamicLayer(), slack_layer_class()()
 
     def same():
         assert got.get_seq_length() == ref.get_seq_length()
@@ -277,7 +277,7 @@ def test_slack_cache_layers_hold_what_dynamic_layers_hold():
 
 
 def test_new_cache_uses_slack_layers_for_full_attention(noisy_tiny):
-    from eval.auditors.hf import new_cache
+    from eval.hf_compat import new_cache
 
     model, _ = noisy_tiny
     cache = new_cache(model.config)
@@ -560,10 +560,10 @@ def test_drafts_shrink_after_a_miss_and_grow_back(noisy_tiny, make_traj):
     draft_tokens). Drafts the model never follows then feed a few tokens a forward, not 65."""
     model, tok = noisy_tiny
     aud = get_auditor("hf", model=model, tokenizer=tok, max_new_tokens=24, draft_tokens=64)
-    assert aud._next_cap(64, [1] * 40, 0) == 2 and aud._next_cap(64, [1] * 40, 5) == 10
-    assert aud._next_cap(2, [1, 2], 2) == 4 and aud._next_cap(48, [1] * 48, 48) == 64
-    assert aud._next_cap(8, [], 0) == 8                  # nothing proposed: unchanged
-    assert aud._propose([1, 2, 3], ([1, 2, 3, 4, 5, 6, 7, 8, 9],), 3) == [4, 5, 6]
+    assert aud.engine.next_cap(64, [1] * 40, 0) == 2 and aud.engine.next_cap(64, [1] * 40, 5) == 10
+    assert aud.engine.next_cap(2, [1, 2], 2) == 4 and aud.engine.next_cap(48, [1] * 48, 48) == 64
+    assert aud.engine.next_cap(8, [], 0) == 8                  # nothing proposed: unchanged
+    assert aud.engine.propose([1, 2, 3], ([1, 2, 3, 4, 5, 6, 7, 8, 9],), 3) == [4, 5, 6]
 
     trajs = [make_traj(60, 6, None), make_traj(61, 5, 2)]
     prefixes = [(tr, t) for tr in trajs for t in range(len(tr.steps))]
@@ -591,7 +591,7 @@ def test_batched_rounds_on_cpu_attend_without_copying_the_kv_heads(noisy_tiny, m
     mask unless TRANSFORMERS_SDPA_FORCE_GQA=1 (read per call): the auditor sets it for its
     forwards on CPU, restores it after; batched rounds still give one row's tokens."""
     import transformers.integrations.sdpa_attention as sdpa
-    from eval.auditors.hf import masked_gqa
+    from eval.hf_compat import masked_gqa
 
     model, tok = noisy_tiny
     assert model.config.num_key_value_heads < model.config.num_attention_heads   # the case at stake
@@ -612,3 +612,39 @@ def test_batched_rounds_on_cpu_attend_without_copying_the_kv_heads(noisy_tiny, m
         model(input_ids=torch.tensor([[8, 9]]), past_key_values=out.past_key_values,
               attention_mask=torch.tensor([[0, 1, 1, 1, 1]]))
     assert repeats
+
+
+# --------------------------------------------------------------------------- the transformers patches' guard
+
+def _patches_off(monkeypatch):
+    """As on a transformers release outside the line the patches are written for (5.x)."""
+    import eval.hf_compat as compat
+
+    for f in (compat.transformers_major, compat.slack_cache_applies, compat.force_gqa_applies):
+        f.cache_clear()
+    monkeypatch.setattr(compat, "transformers_major", lambda: compat.PATCHED_MAJOR + 1)
+    for f in (compat.slack_cache_applies, compat.force_gqa_applies):
+        monkeypatch.setattr(compat, f.__name__, f.__wrapped__)
+
+
+def test_the_patches_apply_on_the_pinned_transformers_only(noisy_tiny, make_traj, monkeypatch):
+    """On the pinned transformers (5.x) both patches apply; on another major version the engine
+    takes transformers' own DynamicCache and leaves TRANSFORMERS_SDPA_FORCE_GQA alone, and the
+    walk gives the same tokens, batched and one at a time."""
+    import os
+
+    import eval.hf_compat as compat
+
+    model, tok = noisy_tiny
+    assert compat.slack_cache_applies() and compat.force_gqa_applies()
+    trajs = [make_traj(80, 6, None), make_traj(81, 5, 2)]
+    kw = dict(model=model, tokenizer=tok, max_new_tokens=12)
+    patched = [_walk_rounds(get_auditor("hf", **kw, batch_size=b), trajs, [0, 0]) for b in (1, 16)]
+    _patches_off(monkeypatch)
+    monkeypatch.delenv(compat.FORCE_GQA_ENV, raising=False)
+    assert not compat.slack_cache_applies() and not compat.force_gqa_applies()
+    assert all(type(layer).__name__ == "DynamicLayer" for layer in compat.new_cache(model.config).layers)
+    with compat.masked_gqa():
+        assert compat.FORCE_GQA_ENV not in os.environ
+    plain = [_walk_rounds(get_auditor("hf", **kw, batch_size=b), trajs, [0, 0]) for b in (1, 16)]
+    assert plain == patched and plain[0] == plain[1]

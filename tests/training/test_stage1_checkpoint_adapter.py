@@ -16,7 +16,7 @@ TINY = REPO / "configs" / "stage1" / "tiny-cpu.yaml"
 
 def test_every_lora_checkpoint_holds_a_loadable_adapter(tiny_model_dir, handmade_corpus, tmp_path):
     from aftraj.drivers.ablation import candidates
-    from eval.auditors.hf import load_model
+    from aftraj.models import load_model_and_tokenizer as load_model
 
     cfg = load_stage1_config(TINY, {
         "model": str(tiny_model_dir), "data": str(handmade_corpus), "output_dir": str(tmp_path / "run"),

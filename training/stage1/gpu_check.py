@@ -62,7 +62,7 @@ def build_random_qwen2(out: Path, shape: dict) -> Path:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from training.models import build_tiny_tokenizer
+    from aftraj.models import build_tiny_tokenizer
 
     tok = build_tiny_tokenizer(out)
     cfg = Qwen2Config(vocab_size=max(shape["vocab"], len(tok)), hidden_size=shape["hidden"],

@@ -324,7 +324,7 @@ def sample_preferences(cfg, progress: bool = True) -> dict:
     import torch.distributed as dist
     import yaml
 
-    from training.models import resolve_model_spec
+    from aftraj.models import resolve_model_spec
 
     if launched_distributed() or dist.is_initialized():
         raise UsageError(f"the preferences phase runs in one process (WORLD_SIZE="

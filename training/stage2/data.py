@@ -196,7 +196,7 @@ def trl_dataset(records: list[dict]):
 def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
-    from training.models import resolve_model_spec
+    from aftraj.models import resolve_model_spec
     from training.stage2.config import load_stage2_config
 
     p = argparse.ArgumentParser(prog="python -m training.stage2.data", description=__doc__.split("\n")[0])

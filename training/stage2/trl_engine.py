@@ -160,7 +160,7 @@ def train(cfg: Stage2Config, *, resume: bool = False, progress: bool = True) -> 
     from datasets import load_from_disk
     from trl import GRPOTrainer
 
-    from training.models import resolve_model_spec
+    from aftraj.models import resolve_model_spec
 
     out = Path(cfg.output_dir)
     _check_run_folder(cfg, out, resume)

@@ -113,7 +113,7 @@ def verl_command(cfg: Stage2Config, model_path, data_dir, out, *, python: str | 
 def run_verl(cfg: Stage2Config, *, dry_run: bool = False, resume: bool = False, python: str | None = None) -> int:
     """Build the data, print the verl command line, run it unless `dry_run`. Returns its exit code."""
     from training.common import load_tokenizer
-    from training.models import resolve_model_spec
+    from aftraj.models import resolve_model_spec
     from training.stage2.data import build_stage2_data
 
     out = Path(cfg.output_dir)

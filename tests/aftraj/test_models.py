@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from training import models
+from aftraj import models
 
 
 def test_builtin_tiny_is_built_once_into_the_cache(tmp_path, monkeypatch):
@@ -73,3 +73,35 @@ def test_smollm2_prepare_loads_offline_with_plain_transformers_and_generates(tmp
     text = tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
     assert "Paris" in text, text
     print(f"prepare+load+generate: {time.perf_counter() - t0:.1f} s")
+
+
+def test_training_and_the_auditors_load_builtin_and_folders_through_one_loader(tmp_path, monkeypatch,
+                                                                               tiny_model_dir):
+    """`aftraj.models.load_model` is the one loader: training (`training.common.load_model`) and
+    the in-process auditors (`hf`, `hf-steps`) both take `builtin:NAME` and a local folder, and get
+    the same weights from either."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from eval.auditors import get_auditor
+    from training.common import load_model
+
+    monkeypatch.setenv("AGENTFORESIGHT_CACHE", str(tmp_path))
+    built = models.prepare_model("tiny-qwen2")
+    cfg = SimpleNamespace(dtype="float32", attn_implementation="sdpa")
+    seen = {}
+    for spec in ("builtin:tiny-qwen2", str(built), str(tiny_model_dir)):
+        trained = load_model(cfg, spec)
+        assert trained.config.use_cache is False and trained.dtype == torch.float32
+        for name, extra in (("hf", {}), ("hf-steps", {"reason": "none"})):
+            aud = get_auditor(name, model=spec, device="cpu", dtype="float32", **extra)
+            assert aud.tok.chat_template
+            assert all(torch.equal(a, b) for a, b in zip(aud.model.state_dict().values(),
+                                                         trained.state_dict().values(), strict=True))
+        seen[spec] = next(iter(trained.state_dict().values()))
+    assert torch.equal(seen["builtin:tiny-qwen2"], seen[str(built)])
+    with pytest.raises(FileNotFoundError, match="hf auditor: model folder .* does not exist"):
+        get_auditor("hf", model=str(tmp_path / "nowhere"))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_model(cfg, tmp_path / "nowhere")
