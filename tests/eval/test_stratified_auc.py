@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from eval.metrics import _auc, _weighted_auc_num, stratified_auc
+from aftraj.ranking import auc
+from eval.metrics import _weighted_auc_num, stratified_auc
 
 
 def _random_preds(rng, n=40):
@@ -76,7 +77,7 @@ def test_bootstrap_interval_and_weighted_numerator():
     W = rng.integers(0, 3, (4, 55)).astype(float)
     G = (p[:, None] > n[None, :]) + 0.5 * (p[:, None] == n[None, :])
     assert np.allclose(_weighted_auc_num(p, W[:, :30], n, W[:, 30:]), ((W[:, :30] @ G) * W[:, 30:]).sum(1))
-    assert _weighted_auc_num(p, np.ones((1, 30)), n, np.ones((1, 25)))[0] / (30 * 25) == pytest.approx(_auc(p, n))
+    assert _weighted_auc_num(p, np.ones((1, 30)), n, np.ones((1, 25)))[0] / (30 * 25) == pytest.approx(auc(p, n))
     with pytest.raises(ValueError, match="positive"):
         stratified_auc(preds, positive="both")
 
@@ -97,7 +98,7 @@ def test_length_only_scorer_global_high_stratified_half():
                if p["gold"] == "UNSAFE" and (positive == "outcome" or e["t"] >= p["k_star"])]
         neg = [e["confidence"] for p in preds for e in p["trace"]
                if not (p["gold"] == "UNSAFE" and (positive == "outcome" or e["t"] >= p["k_star"]))]
-        global_auc = _auc(pos, neg)
+        global_auc = auc(pos, neg)
         strat = stratified_auc(preds, 0, n_boot=200, positive=positive)
         assert global_auc > 0.7
         assert strat["auc"] == pytest.approx(0.5) and strat["ci"] == pytest.approx([0.5, 0.5])
