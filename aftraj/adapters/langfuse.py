@@ -28,6 +28,7 @@ where an emitted verdict's score lands (`observationId`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,94 @@ def _outer_agents(parent_of: dict, by_id: dict, field_of: dict, origin: str | No
     return out
 
 
+def _observations(observations: list, origin: str | None) -> list[tuple[int, dict]]:
+    """The trace export's observations, each with its index; an AdapterError where one is not."""
+    obs = []
+    for i, o in enumerate(observations):
+        if isinstance(o, str):
+            fail(f"observations[{i}]", "is an id, not an observation: export the trace itself "
+                                      "(GET /api/public/traces/{id}), not the trace list", origin)
+        if not isinstance(o, dict) or not o.get("id"):
+            fail(f"observations[{i}]", "must be an observation object with an id", origin)
+        obs.append((i, o))
+    return obs
+
+
+@dataclass
+class _Reading:
+    """One trace's reading so far, what the observation readers below share."""
+    rb: RunBuilder
+    origin: str | None
+    parent_of: dict                 # observation id -> its parent's id (None: a root)
+    task: str | None
+    open_calls: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+
+
+def _agent_obs(st: _Reading, f: str, o: dict, who: str, err: str | None) -> None:
+    """An AGENT observation: a handoff from the agent above it (if any), and its error."""
+    name = o.get("name")
+    if not isinstance(name, str) or not name.strip():
+        fail(f"{f}.name", "an AGENT observation names no agent", st.origin)
+    outer = who if st.parent_of.get(o["id"]) is not None else None
+    if outer not in (None, "assistant", name):
+        st.rb.handoff(outer, name, "", field=f)
+    if err:
+        st.rb.error(name, strip_boilerplate(err), content=str(err), field=f"{f}.statusMessage")
+
+
+def _generation(st: _Reading, f: str, o: dict, who: str, err: str | None) -> None:
+    """A GENERATION: the agent's messages and tool calls (the task, if the trace has none: its first
+    user message)."""
+    rb = st.rb
+    if st.task is None:
+        user = next((m for m in _messages(o.get("input")) if m.get("role") == "user"), None)
+        st.task = text_of(user.get("content")) if user else None
+    u = o.get("usageDetails") or o.get("usage") or {}
+    usage = {k: u.get(src) for k, src in (("input_tokens", "input"), ("output_tokens", "output"))
+             if isinstance(u.get(src), int)}
+    if o.get("model"):
+        usage["model"] = o["model"]
+    usage = usage or None
+    for j, m in enumerate(_messages(o.get("output"))):
+        text = text_of(m.get("content"))
+        if text.strip():
+            rb.message(who, text, field=f"{f}.output[{j}]", usage=usage)
+            usage = None
+        for c, tc in enumerate(m.get("tool_calls") or []):
+            fn = (tc or {}).get("function") or {}
+            rb.tool_call(who, fn.get("name") or tc.get("name"), fn.get("arguments", tc.get("arguments")),
+                         call_id=tc.get("id"), field=f"{f}.output[{j}].tool_calls[{c}]", usage=usage)
+            usage = None
+            st.open_calls.setdefault((who, fn.get("name") or tc.get("name")), []).append(tc.get("id"))
+    if err:
+        rb.error(who, strip_boilerplate(err), content=str(err), field=f"{f}.statusMessage")
+
+
+def _tool(st: _Reading, f: str, o: dict, who: str, err: str | None) -> None:
+    """A TOOL: its call (unless a generation announced it) and its result, or its error."""
+    rb, name = st.rb, o.get("name")
+    pending = st.open_calls.get((who, name))
+    cid = pending.pop(0) if pending else None
+    if cid is None or cid not in rb.calls:       # no generation announced it: the call is this observation
+        cid = cid or f"obs-{o['id']}"
+        rb.tool_call(who, name, _json_or_text(o.get("input")), call_id=cid, field=f)
+    if err:
+        rb.error(who, strip_boilerplate(err), content=str(err), tool=name, call_id=cid,
+                 field=f"{f}.statusMessage")
+    else:
+        out = o.get("output")
+        rb.tool_result(who, "" if out is None else text_of(out), tool=name, call_id=cid, field=f"{f}.output")
+
+
+def _other(st: _Reading, f: str, o: dict, who: str, err: str | None) -> None:
+    """Any other observation (SPAN, CHAIN, EVENT, …): an error event at level ERROR, else nothing."""
+    if err:
+        st.rb.error(who, strip_boilerplate(err), content=str(err), field=f"{f}.statusMessage")
+
+
+_OBSERVATION_READERS = {"AGENT": _agent_obs, "GENERATION": _generation, "TOOL": _tool}
+
+
 def from_trace(doc: dict, *, origin: str | None = None) -> Trajectory:
     """One trace export (the API's shape) as a trajectory."""
     if not isinstance(doc, dict) or not isinstance(doc.get("observations"), list):
@@ -109,89 +198,27 @@ def from_trace(doc: dict, *, origin: str | None = None) -> Trajectory:
                              "(GET /api/public/traces/{id})", origin)
     tid = doc.get("id") or "langfuse-trace"
     rb = RunBuilder(str(tid), source="langfuse", origin=origin)
-    obs = []
-    for i, o in enumerate(doc["observations"]):
-        if isinstance(o, str):
-            fail(f"observations[{i}]", "is an id, not an observation: export the trace itself "
-                                      "(GET /api/public/traces/{id}), not the trace list", origin)
-        if not isinstance(o, dict) or not o.get("id"):
-            fail(f"observations[{i}]", "must be an observation object with an id", origin)
-        obs.append((i, o))
+    obs = _observations(doc["observations"], origin)
     by_id = {o["id"]: o for _, o in obs}
     field_of = {o["id"]: f"observations[{i}]" for i, o in obs}
     parent_of = {o["id"]: o.get("parentObservationId") if o.get("parentObservationId") in by_id else None
                  for _, o in obs}
     outer_agent = _outer_agents(parent_of, by_id, field_of, origin)
-    agent_of: dict[str, str] = {}
-    open_calls: dict[tuple[str, str], list[str]] = {}
-    task = _task_of(doc.get("input"))
-
-    def agent(o: dict) -> str:
-        """The agent of the nearest AGENT observation above `o` (one look-up: `_outer_agents`)."""
-        return outer_agent.get(o["id"]) or "assistant"
-
+    st = _Reading(rb, origin, parent_of, _task_of(doc.get("input")))
     for i, o in sorted(obs, key=lambda x: (str(x[1].get("startTime") or ""), x[0])):
-        f = f"observations[{i}]"
         typ = str(o.get("type") or "SPAN").upper()
         rb.ts = o.get("startTime") if isinstance(o.get("startTime"), (str, int, float)) else None
         err = o.get("statusMessage") or "error" if str(o.get("level") or "").upper() == "ERROR" else None
-        who = agent(o)
+        who = outer_agent.get(o["id"]) or "assistant"    # the nearest AGENT above (one look-up: _outer_agents)
         rb.span = span_context(o.get("traceId") or tid, o["id"])
-        if typ == "AGENT":
-            name = o.get("name")
-            if not isinstance(name, str) or not name.strip():
-                fail(f"{f}.name", "an AGENT observation names no agent", origin)
-            outer = who if parent_of.get(o["id"]) is not None else None
-            agent_of[o["id"]] = name
-            if outer not in (None, "assistant", name):
-                rb.handoff(outer, name, "", field=f)
-            if err:
-                rb.error(name, strip_boilerplate(err), content=str(err), field=f"{f}.statusMessage")
-        elif typ == "GENERATION":
-            if task is None:
-                user = next((m for m in _messages(o.get("input")) if m.get("role") == "user"), None)
-                task = text_of(user.get("content")) if user else None
-            u = o.get("usageDetails") or o.get("usage") or {}
-            usage = {k: u.get(src) for k, src in (("input_tokens", "input"), ("output_tokens", "output"))
-                     if isinstance(u.get(src), int)}
-            if o.get("model"):
-                usage["model"] = o["model"]
-            usage = usage or None
-            for j, m in enumerate(_messages(o.get("output"))):
-                text = text_of(m.get("content"))
-                if text.strip():
-                    rb.message(who, text, field=f"{f}.output[{j}]", usage=usage)
-                    usage = None
-                for c, tc in enumerate(m.get("tool_calls") or []):
-                    fn = (tc or {}).get("function") or {}
-                    rb.tool_call(who, fn.get("name") or tc.get("name"), fn.get("arguments", tc.get("arguments")),
-                                 call_id=tc.get("id"), field=f"{f}.output[{j}].tool_calls[{c}]", usage=usage)
-                    usage = None
-                    open_calls.setdefault((who, fn.get("name") or tc.get("name")), []).append(tc.get("id"))
-            if err:
-                rb.error(who, strip_boilerplate(err), content=str(err), field=f"{f}.statusMessage")
-        elif typ == "TOOL":
-            name = o.get("name")
-            pending = open_calls.get((who, name))
-            cid = pending.pop(0) if pending else None
-            if cid is None or cid not in rb.calls:       # no generation announced it: the call is this observation
-                cid = cid or f"obs-{o['id']}"
-                rb.tool_call(who, name, _json_or_text(o.get("input")), call_id=cid, field=f)
-            if err:
-                rb.error(who, strip_boilerplate(err), content=str(err), tool=name, call_id=cid,
-                         field=f"{f}.statusMessage")
-            else:
-                out = o.get("output")
-                rb.tool_result(who, "" if out is None else text_of(out), tool=name, call_id=cid, field=f"{f}.output")
-        elif err:
-            rb.error(who, strip_boilerplate(err), content=str(err), field=f"{f}.statusMessage")
+        _OBSERVATION_READERS.get(typ, _other)(st, f"observations[{i}]", o, who, err)
     rb.span = None
     out = doc.get("output")
     if out is not None and text_of(out).strip():
         last = rb.events[-1].agent if rb.events else "assistant"
         rb.final(last, text_of(out), field="output")
         rb.terminate("completed")
-    return rb.trajectory(task, meta={"trace_name": doc["name"]} if doc.get("name") else None)
+    return rb.trajectory(st.task, meta={"trace_name": doc["name"]} if doc.get("name") else None)
 
 
 def from_sdk_spans(spans) -> list[Trajectory]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import warnings
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aftraj.adapters.base import AdapterError, RunBuilder, fail, load_json, text_of
@@ -68,8 +69,8 @@ def _agent_of(span: dict, by_id: dict[str, dict]) -> str | None:
     return None
 
 
-def from_records(records: list[dict], *, run_id: str | None = None, origin: str | None = None) -> Trajectory:
-    """One trace's records (the trace export, if present, and its span exports) as a trajectory."""
+def _check_records(records: list[dict], origin: str | None) -> tuple[list[tuple[int, dict]], dict | None]:
+    """The span exports (with their record index) and the trace export (None: not there)."""
     spans, trace = [], None
     for i, r in enumerate(records):
         if not isinstance(r, dict):
@@ -84,72 +85,108 @@ def from_records(records: list[dict], *, run_id: str | None = None, origin: str 
             spans.append((i, r))
         else:
             fail(f"records[{i}].object", f"must be 'trace' or 'trace.span', got {obj!r}", origin)
+    return spans, trace
+
+
+@dataclass
+class _Reading:
+    """One trace's reading so far, what the span readers below share."""
+    rb: RunBuilder
+    origin: str | None
+    open_calls: dict[tuple[str, str], list[str]] = field(default_factory=lambda: defaultdict(list))
+    task: str | None = None
+    last_text: tuple | None = None   # (event index, agent, text) of the newest text with no tool call in its generation
+    step_limit: bool = False
+
+
+def _generation(st: _Reading, f: str, d: dict, agent: str | None, err: dict | None) -> None:
+    """The model's messages and tool calls (and the task: the first user message it was given)."""
+    rb = st.rb
+    if st.task is None and isinstance(d.get("input"), list):
+        first = next((m for m in d["input"] if isinstance(m, dict) and m.get("role") == "user"), None)
+        st.task = text_of(first.get("content")) if first else None
+    usage = d.get("usage") if isinstance(d.get("usage"), dict) else None
+    usage = {k: usage[k] for k in ("input_tokens", "output_tokens") if isinstance((usage or {}).get(k), int)} or None
+    for j, m in enumerate(d.get("output") or []):
+        if not isinstance(m, dict):
+            fail(f"{f}.span_data.output[{j}]", "must be a message object", st.origin)
+        calls = m.get("tool_calls") or []
+        if text_of(m.get("content")).strip():
+            ev = rb.message(agent, m.get("content"), field=f"{f}.span_data.output[{j}]", usage=usage,
+                            meta={"model": d.get("model")} if d.get("model") else None)
+            usage = None
+            st.last_text = (len(rb.events) - 1, agent, ev.payload["content"]) if not calls else None
+        for c, tc in enumerate(calls):
+            fn = (tc or {}).get("function") or {}
+            rb.tool_call(agent, fn.get("name"), fn.get("arguments"), call_id=tc.get("id"),
+                         field=f"{f}.span_data.output[{j}].tool_calls[{c}]", usage=usage)
+            usage = None
+            st.open_calls[(agent, fn.get("name"))].append(tc.get("id"))
+            st.last_text = None
+
+
+def _function(st: _Reading, f: str, d: dict, agent: str | None, err: dict | None) -> None:
+    """A tool's result (or error), answering the oldest open call of that tool by the same agent."""
+    name = d.get("name")
+    pending = st.open_calls.get((agent, name))
+    cid = pending.pop(0) if pending else None
+    parent = None
+    if cid is None:   # the model's generation was not traced: the call is known from the span
+        parent = st.rb.tool_call(agent, name, d.get("input"), field=f"{f}.span_data").event_id
+    error = (err or {}).get("message") if err else None
+    st.rb.tool_result(agent, d.get("output") if d.get("output") is not None else "", tool=name, call_id=cid,
+                      error=error, field=f"{f}.span_data", parent_id=parent)
+    st.last_text = None
+
+
+def _handoff(st: _Reading, f: str, d: dict, agent: str | None, err: dict | None) -> None:
+    frm, to = d.get("from_agent"), d.get("to_agent")
+    if not to:
+        fail(f"{f}.span_data.to_agent", "is missing on a handoff span", st.origin)
+    pending = st.open_calls.get((frm, f"transfer_to_{to}"))
+    parent = st.rb.calls.get(pending.pop(0)) if pending else None
+    st.rb.handoff(frm or agent, to, "", field=f"{f}.span_data", parent_id=parent)
+    st.last_text = None
+
+
+def _error(st: _Reading, f: str, d: dict, agent: str | None, err: dict) -> None:
+    """An error on another span: an error event; max turns ends the run with step_limit."""
+    msg = str(err.get("message") or "error")
+    st.rb.error(agent or d.get("name") or "system", msg, content=text_of(err.get("data")), field=f"{f}.error")
+    if "max turns" in msg.lower():
+        st.step_limit = True
+
+
+_SPAN_READERS = {"generation": _generation, "function": _function, "handoff": _handoff}
+_ERROR_SPANS = ("agent", "guardrail", "custom", "response")
+
+
+def _terminate(st: _Reading, trace: dict | None) -> None:
+    rb = st.rb
+    if st.step_limit:
+        rb.terminate("step_limit")
+    elif trace is not None and st.last_text is not None and st.last_text[0] == len(rb.events) - 1:
+        rb.terminate("completed", final_answer=st.last_text[2])
+    elif trace is not None:
+        rb.terminate("completed")
+
+
+def from_records(records: list[dict], *, run_id: str | None = None, origin: str | None = None) -> Trajectory:
+    """One trace's records (the trace export, if present, and its span exports) as a trajectory."""
+    spans, trace = _check_records(records, origin)
     rid = run_id or (trace or {}).get("id") or (spans[0][1].get("trace_id") if spans else None)
     rb = RunBuilder(rid or "openai-agents-run", source="openai-agents", origin=origin)
     by_id = {s["id"]: s for _, s in spans if s.get("id")}
-    open_calls: dict[tuple[str, str], list[str]] = defaultdict(list)
-    step_limit = False
-    task = None
-    last_text = None   # (event index, agent, text) of the newest text with no tool call in its generation
+    st = _Reading(rb, origin)
     for i, s in sorted(spans, key=lambda x: (str(x[1].get("started_at") or ""), x[0])):
-        d, f = s["span_data"], f"records[{i}]"
-        t = d.get("type")
+        d, t, err = s["span_data"], s["span_data"].get("type"), s.get("error")
         rb.ts = s.get("started_at") if isinstance(s.get("started_at"), str) and len(s["started_at"]) <= 64 else None
         agent = _agent_of(s, by_id)
-        err = s.get("error")
-        if t == "generation":
-            if task is None and isinstance(d.get("input"), list):
-                first = next((m for m in d["input"] if isinstance(m, dict) and m.get("role") == "user"), None)
-                task = text_of(first.get("content")) if first else None
-            usage = d.get("usage") if isinstance(d.get("usage"), dict) else None
-            usage = {k: usage[k] for k in ("input_tokens", "output_tokens") if isinstance((usage or {}).get(k), int)} or None
-            for j, m in enumerate(d.get("output") or []):
-                if not isinstance(m, dict):
-                    fail(f"{f}.span_data.output[{j}]", "must be a message object", origin)
-                calls = m.get("tool_calls") or []
-                if text_of(m.get("content")).strip():
-                    ev = rb.message(agent, m.get("content"), field=f"{f}.span_data.output[{j}]", usage=usage,
-                                    meta={"model": d.get("model")} if d.get("model") else None)
-                    usage = None
-                    last_text = (len(rb.events) - 1, agent, ev.payload["content"]) if not calls else None
-                for c, tc in enumerate(calls):
-                    fn = (tc or {}).get("function") or {}
-                    rb.tool_call(agent, fn.get("name"), fn.get("arguments"), call_id=tc.get("id"),
-                                 field=f"{f}.span_data.output[{j}].tool_calls[{c}]", usage=usage)
-                    usage = None
-                    open_calls[(agent, fn.get("name"))].append(tc.get("id"))
-                    last_text = None
-        elif t == "function":
-            name = d.get("name")
-            pending = open_calls.get((agent, name))
-            cid = pending.pop(0) if pending else None
-            parent = None
-            if cid is None:   # the model's generation was not traced: the call is known from the span
-                parent = rb.tool_call(agent, name, d.get("input"), field=f"{f}.span_data").event_id
-            error = (err or {}).get("message") if err else None
-            rb.tool_result(agent, d.get("output") if d.get("output") is not None else "", tool=name, call_id=cid,
-                           error=error, field=f"{f}.span_data", parent_id=parent)
-            last_text = None
-        elif t == "handoff":
-            frm, to = d.get("from_agent"), d.get("to_agent")
-            if not to:
-                fail(f"{f}.span_data.to_agent", "is missing on a handoff span", origin)
-            pending = open_calls.get((frm, f"transfer_to_{to}"))
-            parent = rb.calls.get(pending.pop(0)) if pending else None
-            rb.handoff(frm or agent, to, "", field=f"{f}.span_data", parent_id=parent)
-            last_text = None
-        elif err and t in ("agent", "guardrail", "custom", "response"):
-            msg = str(err.get("message") or "error")
-            rb.error(agent or d.get("name") or "system", msg, content=text_of(err.get("data")),
-                     field=f"{f}.error")
-            if "max turns" in msg.lower():
-                step_limit = True
-    if step_limit:
-        rb.terminate("step_limit")
-    elif trace is not None and last_text is not None and last_text[0] == len(rb.events) - 1:
-        rb.terminate("completed", final_answer=last_text[2])
-    elif trace is not None:
-        rb.terminate("completed")
+        if t in _SPAN_READERS:
+            _SPAN_READERS[t](st, f"records[{i}]", d, agent, err)
+        elif err and t in _ERROR_SPANS:
+            _error(st, f"records[{i}]", d, agent, err)
+    _terminate(st, trace)
     meta = {"workflow_name": trace.get("workflow_name")} if trace and trace.get("workflow_name") else {}
     missing = _content_missing(spans, rid)
     if missing:
@@ -157,7 +194,7 @@ def from_records(records: list[dict], *, run_id: str | None = None, origin: str 
         meta["content_missing"] = missing
     if not rb.events and missing:
         fail("<record>", missing, origin)
-    return rb.trajectory(task, meta=meta or None)
+    return rb.trajectory(st.task, meta=meta or None)
 
 
 def read(path: str | Path) -> list[Trajectory]:
