@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from aftraj.config import ConfigError, build, need, need_int, need_number, read_yaml
+from aftraj.tokens import TEMPLATE_MARGIN, prompt_budget
 
 ACTIONS = ("none", "warn", "pause", "halt")
-DEFAULT_BUDGET = 8160      # prompt tokens: stage 1's 8192 - 32
+DEFAULT_MAX_PROMPT_TOKENS = 8192   # an openai auditor's templated-prompt limit when none is given (stage 1's default)
 AUDITOR_BACKENDS = ("none", "openai")     # or the name of any registered auditor (eval.auditors), in process
 
 
@@ -54,9 +55,13 @@ class AuditorConfig:
     incremental forward an event). An in-process auditor answers one prefix at a time on a thread
     of its own, within `deadline_s`; it keeps state for at most `max_sessions` runs (the least
     recently audited is ended past it, and a run the gateway evicts is ended too: `hf-steps` holds
-    a run's KV cache, ~190 MB for 4,096 SmolLM2 tokens). `budget`: prompt tokens for the rendering
-    (`aftraj.tokens.prompt_budget(max_prompt_tokens)` of the served stage, e.g. 8160 for 8192: the
-    one rule), counted with the tokenizer in `tokenizer` (the served model's folder)."""
+    a run's KV cache). `max_prompt_tokens`: the templated prompt's limit, as the served stage's
+    config gives it (an `openai` auditor always has one: `DEFAULT_MAX_PROMPT_TOKENS`); the prompt
+    is rendered within `budget` = `aftraj.tokens.prompt_budget(max_prompt_tokens)` (the one rule
+    every stage uses), counted with the tokenizer in `tokenizer` (the served model's folder).
+    `budget` is derived; the old key `budget: N` (the render budget itself) is still read, as
+    `max_prompt_tokens: N + TEMPLATE_MARGIN` (the same render budget), and given with a
+    `max_prompt_tokens` that disagrees it is a ConfigError naming `auditor.budget`."""
 
     backend: str = "none"
     base_url: str | None = None
@@ -66,7 +71,8 @@ class AuditorConfig:
     max_tokens: int = 512
     temperature: float = 0.0
     top_logprobs: int = 20
-    budget: int | None = None
+    max_prompt_tokens: int | None = None
+    budget: int | None = None       # derived: prompt_budget(max_prompt_tokens) (an old config's key: see above)
     tokenizer: str | None = None
     max_response_bytes: int = 4 * 1024 * 1024
     options: dict = field(default_factory=dict)
@@ -91,15 +97,40 @@ class AuditorConfig:
         need_number(self.temperature, "temperature", 0, 2)
         need_int(self.top_logprobs, "top_logprobs", 0)
         need_int(self.max_response_bytes, "max_response_bytes", 1024)
+        self._set_budget()
+        if self.tokenizer is not None:
+            need(isinstance(self.tokenizer, str) and bool(self.tokenizer), "tokenizer", "must be a folder or `approx`")
+
+
+    def _set_budget(self) -> None:
+        """`max_prompt_tokens` (from the old `budget` key when only that is given; the default
+        for an `openai` auditor: never unbounded) and the render budget derived from it."""
+        given = self.max_prompt_tokens is not None
         if self.budget is not None:
             need_int(self.budget, "budget", 64)
+            need(not given or self.budget == prompt_budget_of(self.max_prompt_tokens), "budget",
+                 f"is derived from max_prompt_tokens (prompt_budget({self.max_prompt_tokens!r}) = "
+                 f"{prompt_budget_of(self.max_prompt_tokens)}), got {self.budget!r}: give max_prompt_tokens only")
+            if not given:      # the old key: the render budget itself
+                object.__setattr__(self, "max_prompt_tokens", self.budget + TEMPLATE_MARGIN)
+                given = True
+        if given:
+            need_int(self.max_prompt_tokens, "max_prompt_tokens", 64 + TEMPLATE_MARGIN)
             need(isinstance(self.tokenizer, str) and bool(self.tokenizer), "tokenizer",
                  "the budget is counted with the served model's tokenizer: give its folder "
                  "(or `approx` for a rough count)")
-        elif self.backend == "openai":     # never unbounded: the default budget, counted as below
-            object.__setattr__(self, "budget", DEFAULT_BUDGET)
-        if self.tokenizer is not None:
-            need(isinstance(self.tokenizer, str) and bool(self.tokenizer), "tokenizer", "must be a folder or `approx`")
+        elif self.backend == "openai":     # never unbounded: the default, counted as `tokenizer` says
+            object.__setattr__(self, "max_prompt_tokens", DEFAULT_MAX_PROMPT_TOKENS)
+        if self.max_prompt_tokens is not None:
+            object.__setattr__(self, "budget", prompt_budget(self.max_prompt_tokens))
+
+
+def prompt_budget_of(max_prompt_tokens) -> int | None:
+    """`prompt_budget(max_prompt_tokens)`, or None for a value it refuses (reported by the check)."""
+    try:
+        return prompt_budget(max_prompt_tokens)
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)

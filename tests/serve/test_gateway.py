@@ -232,9 +232,12 @@ def test_over_budget_prompts_are_the_training_bytes(tmp_path, scripted, tiny_mod
     from transformers import AutoTokenizer
 
     from aftraj.prompt import render
+    from aftraj.tokens import TEMPLATE_MARGIN, prompt_budget
 
     cfg = make_cfg(tmp_path, auditor=AuditorConfig(backend="openai", base_url="http://vllm.test/v1",
-                                                   model="auditor", budget=1500, tokenizer=str(tiny_model_dir)))
+                                                   model="auditor", max_prompt_tokens=1500 + TEMPLATE_MARGIN,
+                                                   tokenizer=str(tiny_model_dir)))
+    assert cfg.auditor.budget == prompt_budget(1500 + TEMPLATE_MARGIN) == 1500
     with TestClient(build_app(GatewayService(cfg, transport=httpx.MockTransport(scripted)))) as c:
         run = new_run(c)
         for i in range(1, 31):
@@ -350,7 +353,11 @@ def test_config_errors_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match="auditor.deadline_s"):
         config_from_dict({"kind": "gateway", "auditor": {"deadline_s": 0}})
     with pytest.raises(ConfigError, match="auditor.tokenizer"):
+        config_from_dict({"kind": "gateway", "auditor": {"max_prompt_tokens": 8192}})
+    with pytest.raises(ConfigError, match="auditor.tokenizer"):
         config_from_dict({"kind": "gateway", "auditor": {"budget": 8160}})
+    with pytest.raises(ConfigError, match="auditor.max_prompt_tokens: must be an integer >= 96"):
+        config_from_dict({"kind": "gateway", "auditor": {"max_prompt_tokens": 40, "tokenizer": "approx"}})
     with pytest.raises(ConfigError, match=r"api_keys\[0\].sha256"):
         config_from_dict({"kind": "gateway", "api_keys": [{"name": "a", "sha256": "plain-key"}]})
     with pytest.raises(ConfigError, match="limits.burst: unknown|limits.bursts"):

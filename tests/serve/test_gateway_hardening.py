@@ -419,10 +419,33 @@ def test_run_state_is_bounded_and_rebuilt_from_the_ledger(tmp_path):
 def test_an_openai_auditor_always_has_a_budget():
     """Before: `budget: null` (the shipped gateway-local.yaml) re-rendered and re-sent the whole
     run at every event (19 MB and 833 ms a request at step 399)."""
+    from aftraj.tokens import prompt_budget
+
     a = AuditorConfig(backend="openai", base_url="http://x/v1", model="m")
-    assert a.budget == 8160
+    assert a.max_prompt_tokens == 8192 and a.budget == prompt_budget(8192) == 8160
     local = load_serve_config("configs/serve/gateway-local.yaml")
-    assert local.auditor.budget is not None and local.auditor.tokenizer
+    assert local.auditor.budget == prompt_budget(local.auditor.max_prompt_tokens) and local.auditor.tokenizer
+    assert AuditorConfig().budget is None              # no model to prompt: no budget
+
+
+def test_the_budget_is_one_knob_and_an_old_config_reads_the_same():
+    """Issue 48 item 5: the render budget is `prompt_budget(max_prompt_tokens)`, the rule every
+    stage uses; a config with the old key `budget: N` renders within the same N, and one that
+    gives both keys in disagreement is refused naming `auditor.budget`."""
+    from aftraj.tokens import TEMPLATE_MARGIN, prompt_budget
+    from serve.config import ConfigError, config_from_dict
+
+    base = {"backend": "openai", "base_url": "http://x/v1", "model": "m", "tokenizer": "approx"}
+    new = config_from_dict({"kind": "gateway", "auditor": {**base, "max_prompt_tokens": 4096}}).auditor
+    assert new.budget == prompt_budget(4096) == 4096 - TEMPLATE_MARGIN
+    old = config_from_dict({"kind": "gateway", "auditor": {**base, "budget": 4064}}).auditor
+    assert (old.max_prompt_tokens, old.budget) == (4096, 4064)
+    same = config_from_dict({"kind": "gateway", "auditor": {**base, "budget": 4064, "max_prompt_tokens": 4096}})
+    assert same.auditor == new
+    with pytest.raises(ConfigError, match=r"gw.yaml: auditor.budget: is derived from max_prompt_tokens "
+                                          r"\(prompt_budget\(4096\) = 4064\), got 7648"):
+        config_from_dict({"kind": "gateway", "auditor": {**base, "budget": 7648, "max_prompt_tokens": 4096}},
+                         "gw.yaml")
 
 
 def test_the_bytes_sent_per_verdict_do_not_grow_with_the_run(tmp_path):
@@ -433,7 +456,7 @@ def test_the_bytes_sent_per_verdict_do_not_grow_with_the_run(tmp_path):
         text = '<think>x</think><answer>{"answer": "SAFE", "agent": null, "reason": null}</answer>'
         return httpx.Response(200, json={"choices": [{"message": {"role": "assistant", "content": text},
                                                       "finish_reason": "stop"}], "usage": {"prompt_tokens": 1}})
-    a = AuditorConfig(backend="openai", base_url="http://x/v1", model="m", budget=2000, tokenizer="approx")
+    a = AuditorConfig(backend="openai", base_url="http://x/v1", model="m", max_prompt_tokens=2032, tokenizer="approx")
     svc = GatewayService(cfg(tmp_path, auditor=a), transport=httpx.MockTransport(handler))
     with TestClient(build_app(svc)) as c:
         new_run(c)
