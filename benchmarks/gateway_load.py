@@ -40,22 +40,16 @@ import gc
 import importlib
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from _gateway import Gateway, code_at
+
 REPO = Path(__file__).resolve().parents[1]
 KEY = "bench-key"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- the gateway process
@@ -132,9 +126,16 @@ def _install_trace(out: str, db: str) -> None:
                                       "collected": info["collected"]}) + "\n").encode())
     gc.callbacks.append(on_gc)
     G._commit, G.ingest = _commit, ingest
-    G._parse_batch = phase("parse", G._parse_batch)
-    G._fold_new = phase("fold", G._fold_new)
-    G._store_verdict = phase("store", G._store_verdict)
+    if hasattr(G, "_parse_batch"):         # a revision before the service was cut (issue 48): its methods
+        G._parse_batch = phase("parse", G._parse_batch)
+        G._fold_new = phase("fold", G._fold_new)
+        G._store_verdict = phase("store", G._store_verdict)
+    else:                                   # serve.runs' functions as serve.service calls them, serve.store's
+        from serve import store as ST
+
+        S.parse_batch = phase("parse", S.parse_batch)
+        S.fold_new = phase("fold", S.fold_new)
+        ST.Store.store_verdict = phase("store", ST.Store.store_verdict)
     L.SqlLedger.append_batch = phase("append", L.SqlLedger.append_batch)
     L.SqlLedger._store = phase("sql", L.SqlLedger._store)
 
@@ -264,57 +265,32 @@ class Variant:
         self.trace: Path | None = None
 
     def start(self, tmp: Path, auditor: dict | None, trace: bool) -> None:
-        import httpx
-        import yaml
-
         d = tmp / self.label
         d.mkdir()
-        root = REPO
-        if self.rev != ".":                    # the revision's code, from git (the index is not touched)
-            root = d / "src"
-            root.mkdir()
-            tar = subprocess.run(["git", "-C", str(REPO), "archive", self.rev, "aftraj", "serve", "configs"],
-                                 check=True, capture_output=True).stdout
-            subprocess.run(["tar", "-x", "-C", str(root)], input=tar, check=True)
+        root = code_at(self.rev, d / "src", ("aftraj", "serve", "configs"))
         sys.path.insert(0, str(REPO))
         from serve.config import hash_key
 
-        port = _port()
-        cfg = d / "gw.yaml"
-        cfg.write_text(yaml.safe_dump({
-            "kind": "gateway", "host": "127.0.0.1", "port": port, "ledger_url": f"sqlite:///{d / 'ledger.db'}",
-            "api_keys": [{"name": "bench", "sha256": hash_key(KEY)}], "auditor": auditor or {"backend": "none"},
-            "limits": {"rate_per_s": 1e6, "burst": 1000000,
-                       **{"worker_threads": int(o[len("workers="):]) for o in self.opts if o.startswith("workers=")}}}))
         opts = [o.replace("switch=", "switch_ms=") for o in self.opts if not o.startswith("workers=")]
         if trace:
             self.trace = d / "trace.jsonl"
             opts.append(f"trace={self.trace}")
-        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--as-gateway", str(root),
-                                      str(cfg), *opts], cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
-                                     start_new_session=True)
-        self.url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"gateway {self.label} exited {self.proc.returncode}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        raise RuntimeError(f"gateway {self.label} did not start")
+        self.gateway = Gateway(d, {
+            "ledger_url": f"sqlite:///{d / 'ledger.db'}",
+            "api_keys": [{"name": "bench", "sha256": hash_key(KEY)}], "auditor": auditor or {"backend": "none"},
+            "limits": {"rate_per_s": 1e6, "burst": 1000000,
+                       **{"worker_threads": int(o[len("workers="):]) for o in self.opts if o.startswith("workers=")}}},
+            code=root, name=self.label,
+            argv=lambda cfg: [sys.executable, str(Path(__file__).resolve()), "--as-gateway", str(root), str(cfg), *opts])
+        self.url = self.gateway.url
+        self.gateway.start()
 
     def cpu_s(self) -> float | None:
         """The gateway process's CPU seconds so far (user + system, all its threads)."""
-        try:
-            f = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return None
-        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        return self.gateway.cpu_s()
 
     def stop(self) -> None:
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        self.proc.wait(timeout=30)
+        self.gateway.stop()
 
 
 # --------------------------------------------------------------------------- the load

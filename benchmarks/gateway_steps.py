@@ -16,8 +16,6 @@ import argparse
 import dataclasses
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +46,7 @@ def main() -> int:
     from aftraj.events import step_to_event
     from aftraj.schema import iter_jsonl
     from serve.client import GatewayClient
+    from _gateway import Gateway
     from steps_walk import long_runs
 
     trajs = [t for t in iter_jsonl(a.data)][: a.repeats + 20]
@@ -57,26 +56,11 @@ def main() -> int:
     cfg["ledger_url"] = f"sqlite:///{tmp / 'ledger.db'}"
     cfg["auditor"]["options"] = {"model": str(Path(a.model).resolve()), "reason": "none"}
     cfg["auditor"]["deadline_s"] = 60.0
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cfg["port"] = port
-    (tmp / "gateway.yaml").write_text(yaml.safe_dump(cfg))
-    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    log = open(tmp / "gateway.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "aftraj.cli", "serve", "gateway", "--config",
-                             str(tmp / "gateway.yaml")], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    gateway = Gateway(tmp, cfg, env={"OMP_NUM_THREADS": str(a.threads), "HF_HUB_OFFLINE": "1",
+                                     "TRANSFORMERS_OFFLINE": "1"})
     try:
-        url = f"http://127.0.0.1:{port}"
-        gw = GatewayClient(url, KEY, timeout=120)
-        for _ in range(240):
-            try:
-                gw.health()
-                break
-            except Exception:
-                if proc.poll() is not None:
-                    raise SystemExit(f"the gateway exited: {(tmp / 'gateway.log').read_text()[-2000:]}")
-                time.sleep(0.5)
+        gateway.start()
+        gw = GatewayClient(gateway.url, KEY, timeout=120)
         wall: dict[int, list[float]] = {}
         model: dict[int, list[float]] = {}
         status: dict[str, int] = {}
@@ -106,8 +90,7 @@ def main() -> int:
         print(json.dumps(out))
         return 0
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        gateway.stop()
 
 
 if __name__ == "__main__":

@@ -27,9 +27,7 @@ import multiprocessing as mp
 import os
 import resource
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -88,40 +86,17 @@ def main() -> None:
     ap.add_argument("--rev", help="run the gateway of this git revision (git archive)")
     args = ap.parse_args()
     import httpx
-    import yaml
 
+    from _gateway import Gateway, code_at
     from serve.config import hash_key
     tmp = Path(tempfile.mkdtemp(prefix="aftraj-half-open-"))
-    code = REPO
-    if args.rev:
-        code = tmp / "code"
-        code.mkdir()
-        arch = subprocess.run(["git", "-C", str(REPO), "archive", args.rev], capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", str(code)], input=arch, check=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cfg = tmp / "gw.yaml"
-    cfg.write_text(yaml.safe_dump({"kind": "gateway", "host": "127.0.0.1", "port": port,
-                                   "ledger_url": f"sqlite:///{tmp / 'ledger.db'}",
-                                   "api_keys": [{"name": "t", "sha256": hash_key(KEY)}],
-                                   "auditor": {"backend": "none"}}))
-    log = open(tmp / "gw.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "aftraj.cli", "serve", "gateway", "--config", str(cfg)],
-                            cwd=code, env=dict(os.environ, PYTHONPATH=str(code)), stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    gw = Gateway(tmp, {"ledger_url": f"sqlite:///{tmp / 'ledger.db'}",
+                       "api_keys": [{"name": "t", "sha256": hash_key(KEY)}], "auditor": {"backend": "none"}},
+                 code=code_at(args.rev, tmp / "code"))
+    port, base = gw.port, gw.url
     try:
-        t0 = time.monotonic()
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() - t0 > 120:
-                raise SystemExit(f"gateway did not start: {(tmp / 'gw.log').read_text()[-2000:]}")
-            time.sleep(0.2)
+        gw.start()
+        proc = gw.proc
         lat, fails, peak_fd = [], [], [0]
         stop = threading.Event()
 
@@ -175,12 +150,7 @@ def main() -> None:
         print(f"legit failures={len(fails)} {fails[:3] if fails else ''} (target while held: max <= 1000 ms, "
               f"no failure) flood_s={t_held - t_flood:.1f} load={os.getloadavg()[0]:.1f}", flush=True)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+        gw.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -25,9 +25,7 @@ import argparse
 import asyncio
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -37,12 +35,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 KEY_A, KEY_B = "bench-key-a", "bench-key-b"
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build(tmp: Path, n_events: int, n_verdicts: int) -> str:
@@ -88,46 +80,15 @@ def build(tmp: Path, n_events: int, n_verdicts: int) -> str:
     return url
 
 
-def start_gateway(tmp: Path, url: str, code: Path, limits: dict | None = None) -> tuple[subprocess.Popen, str]:
-    import yaml
-
+def start_gateway(tmp: Path, url: str, code: Path, limits: dict | None = None):
+    """The gateway on `url` (auditor off, both tenants' keys, rate limits out of the way)."""
+    from _gateway import Gateway
     from serve.config import hash_key
-    port = _port()
-    cfg = tmp / "gw.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "kind": "gateway", "host": "127.0.0.1", "port": port, "ledger_url": url,
+    return Gateway(tmp, {
+        "ledger_url": url,
         "api_keys": [{"name": "a", "sha256": hash_key(KEY_A)}, {"name": "b", "sha256": hash_key(KEY_B)}],
-        "auditor": {"backend": "none"}, "limits": {"rate_per_s": 100000, "burst": 100000, **(limits or {})}}))
-    log = open(tmp / f"gw-{port}.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "aftraj.cli", "serve", "gateway", "--config", str(cfg)],
-                            cwd=code, env=dict(os.environ, PYTHONPATH=str(code)), stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
-    import httpx
-    t0 = time.monotonic()
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit(f"gateway exited: {(tmp / f'gw-{port}.log').read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                return proc, base
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() - t0 > 120:
-            raise SystemExit("gateway not healthy")
-        time.sleep(0.2)
-
-
-def cpu_s(pid: int) -> float:
-    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def rss_mb(pid: int) -> float:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+        "auditor": {"backend": "none"}, "limits": {"rate_per_s": 100000, "burst": 100000, **(limits or {})}},
+        code=code).start()
 
 
 def measure_b(base: str, samples: int, seq0: int) -> tuple[list[float], list[float], list[int]]:
@@ -195,9 +156,9 @@ def main() -> None:
                     help="a `limits:` value of the gateway's config (repeatable), e.g. web_cpu_per_s=0.05")
     ap.add_argument("--ledger", help="a ledger this script built before (sqlite:///…/ledger.db; copied, not changed)")
     args = ap.parse_args()
+    from _gateway import code_at
     tmp = Path(tempfile.mkdtemp(prefix="aftraj-web-attack-"))
-    code = REPO
-    procs = []
+    gws = []
     try:
         t0 = time.time()
         if args.ledger:
@@ -206,16 +167,12 @@ def main() -> None:
         else:
             url = build(tmp, args.events, args.verdicts)
             print(f"built events={args.events} verdicts={args.verdicts} in {time.time() - t0:.1f} s", flush=True)
-        if args.rev:
-            code = tmp / "code"
-            code.mkdir()
-            arch = subprocess.run(["git", "-C", str(REPO), "archive", args.rev], capture_output=True, check=True).stdout
-            subprocess.run(["tar", "-x", "-C", str(code)], input=arch, check=True)
+        code = code_at(args.rev, tmp / "code")
         import yaml
         limits = {k: yaml.safe_load(v) for k, v in (x.split("=", 1) for x in args.limit)}
-        proc, base = start_gateway(tmp, url, code, limits)
-        procs.append(proc)
-        port = int(base.rsplit(":", 1)[1])
+        gw = start_gateway(tmp, url, code, limits)
+        gws.append(gw)
+        port, base = gw.port, gw.url
         import multiprocessing as mp
         quiet: dict = {"ui": [], "post": [], "codes": []}
         attack: dict = {"ui": [], "post": [], "codes": []}
@@ -229,14 +186,14 @@ def main() -> None:
             quiet["codes"] += codes
             stop, total = mp.Event(), mp.Value("i", 0)
             att = mp.Process(target=attackers, args=(port, args.abandon, args.leave_after, stop, total, args.path))
-            c0 = cpu_s(proc.pid)
+            c0 = gw.cpu_s()
             att.start()
             time.sleep(1.0)
             ui, post, codes = measure_b(base, per, seq)
             seq += per
             stop.set()
             att.join(30)
-            cpu += cpu_s(proc.pid) - c0
+            cpu += gw.cpu_s() - c0
             abandoned += total.value
             attack["ui"] += ui
             attack["post"] += post
@@ -252,9 +209,9 @@ def main() -> None:
               f"ui_p50={pct(attack['ui'], .5) / pct(quiet['ui'], .5):.2f} "
               f"post_p50={pct(attack['post'], .5) / pct(quiet['post'], .5):.2f}", flush=True)
         time.sleep(2.0)
-        c2 = cpu_s(proc.pid)
+        c2 = gw.cpu_s()
         time.sleep(3.0)
-        print(f"after the attack: gateway_cpu_s over 3 s = {cpu_s(proc.pid) - c2:.2f} (work left behind)", flush=True)
+        print(f"after the attack: gateway_cpu_s over 3 s = {gw.cpu_s() - c2:.2f} (work left behind)", flush=True)
         import httpx
         h = {"Authorization": f"Bearer {KEY_A}"}
         outs = []
@@ -268,15 +225,10 @@ def main() -> None:
         t0 = time.perf_counter()
         r = httpx.get(f"{base}/ui/runs/big/fragment", headers=h, timeout=120)
         frag = f"{r.status_code}/{time.perf_counter() - t0:.2f}s/{len(r.content) // 1024}KB"
-        print(f"long get_run={' '.join(outs)} fragment={frag} gateway_peak_rss_mb={rss_mb(proc.pid):.0f}", flush=True)
+        print(f"long get_run={' '.join(outs)} fragment={frag} gateway_peak_rss_mb={gw.peak_rss_mb():.0f}", flush=True)
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-                try:
-                    p.wait(20)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
+        for gw in gws:
+            gw.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
