@@ -189,7 +189,7 @@ def _cpu_times() -> list[int] | None:
 
 def _steal_pct(before, after) -> str:
     """The share of CPU time the hypervisor gave to others during the measurement ("steal"): on
-    a shared VM it comes in waves, and a wave puts 50-150 ms stalls into the tail."""
+    a shared VM it comes in waves, and a wave puts stalls into the latency's tail."""
     if not before or not after or len(before) < 8:
         return "n/a"
     total = sum(after) - sum(before)
@@ -322,9 +322,9 @@ class RawResponse:
 class RawClient:
     """The load generator's lean HTTP/1.1 client (`--client raw`, the default): keep-alive
     connections on asyncio streams, one request in flight per connection, the request written
-    as bytes and the response read by Content-Length. httpx spent ~3 ms of CPU a request on the
-    same 2 cores as the gateway (`load_generator_cpu_ms_per_request`), and the load generator's
-    CPU is not the gateway's latency."""
+    as bytes and the response read by Content-Length. httpx (`--client httpx`) spends several
+    times its CPU a request on the cores the gateway shares (`load_generator_cpu_ms_per_request`
+    says how much), and the load generator's CPU is not the gateway's latency."""
 
     def __init__(self, base_url: str, headers: dict):
         from urllib.parse import urlsplit

@@ -12,8 +12,8 @@ the connections are held.
     python benchmarks/half_open.py --attackers 20 --per-attacker 1000   # 20 addresses x 1,000
     python benchmarks/half_open.py --rev 757a086                    # the gateway of another revision
 
-Each attacker process needs a file per connection: the open-file limit of this machine
-(`ulimit -n`, 20,000 here) bounds `--per-attacker` (the script raises the soft limit to the hard
+Each attacker process needs a file per connection: the machine's open-file limit
+(`ulimit -n`) bounds `--per-attacker` (the script raises the soft limit to the hard
 one and says when it had to open fewer). Figure lines: `held attempted=… open_at_client=…`
 (connections the attackers still hold open, i.e. that the gateway did not close), `legit
 n=… p50_ms=… max_ms=… failures=…` (target: max <= 1,000 ms, no failure), the gateway's open

@@ -3,7 +3,7 @@ preference pairs, batch size and sequence lengths, both on CPU in float32, full 
 live frozen reference (TRL's default), no gradient checkpointing, AdamW, linear decay,
 grad-norm clipping 1.0, no checkpoint saving inside the timed steps.
 
-Other processes share this machine and its load swings by several times within a minute, so
+On a shared machine the load can swing several-fold within a minute, so
 the two trainers run *step-interleaved* in one process: each runs its own unmodified loop in its
 own thread, and a baton passed at every step end lets exactly one of them compute at a time
 (ours step 1, TRL step 1, ours step 2, …). A step's time runs from getting the baton to the

@@ -24,7 +24,7 @@ def main() -> int:
     p.add_argument("--mixed-precision", choices=("no", "bf16", "auto"), default=None,
                    help="override the config's mixed_precision")
     p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (1: on a loaded 2-core machine two spinning threads were 10x slower)")
+                   help="torch threads (1: on a loaded machine with few cores, spinning threads slow each other down)")
     a = p.parse_args()
 
     import torch

@@ -152,7 +152,7 @@ def main() -> int:
     p.add_argument("--events", type=int, default=200)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (1: on a loaded 2-core machine two spinning threads were 10x slower)")
+                   help="torch threads (1: on a loaded machine with few cores, spinning threads slow each other down)")
     p.add_argument("--reencode-runs", type=int, default=1,
                    help="runs also walked re-encoding every prefix (the paper's walk; slow); its tokens are "
                         "counted for every run")
