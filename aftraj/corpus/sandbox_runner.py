@@ -333,8 +333,7 @@ class _Zygote:
         a.setblocking(False)
         nonce = req["nonce"]
         pending = _frame({"code": req["code"], "nonce": nonce, "timeout": req["timeout"]})
-        hexed = b",".join(t.encode("utf-8", "surrogatepass").hex().encode() for t in req["tests"])
-        tests = len(hexed).to_bytes(8, "big") + hexed
+        tests = _tests_payload(req["tests"])
         marker = ("loaded:" + nonce + "\n").encode()
         out, scan, sent_tests, a_open = b"", b"", False, True
         status, timed_out, pidfd = None, False, None
@@ -357,12 +356,7 @@ class _Zygote:
                 except OSError:
                     pending = b""
             if a in rr:
-                try:
-                    chunk = a.recv(1 << 16)
-                except BlockingIOError:
-                    chunk = None
-                except OSError:
-                    chunk = b""
+                chunk = _recv_some(a)
                 if chunk == b"":
                     a_open = False
                 elif chunk:
@@ -385,19 +379,24 @@ class _Zygote:
                         status = 9
                     a_open = False
                     break
-                for msg, fds in self._frames():
-                    if "pid" in msg and fds:
-                        pidfd = fds[0]
-                        for fd in fds[1:]:
-                            os.close(fd)
-                    elif "status" in msg:
-                        status, timed_out = msg["status"], msg["timed_out"]
-                        for fd in fds:
-                            os.close(fd)
+                pidfd, status, timed_out = self._reports(pidfd, status, timed_out)
         a.close()
         if pidfd is not None:
             os.close(pidfd)
         return status, timed_out, out
+
+    def _reports(self, pidfd, status, timed_out):
+        """The zygote's frames received so far: the sample's pidfd, then its wait status."""
+        for msg, fds in self._frames():
+            if "pid" in msg and fds:
+                pidfd = fds[0]
+                for fd in fds[1:]:
+                    os.close(fd)
+            elif "status" in msg:
+                status, timed_out = msg["status"], msg["timed_out"]
+                for fd in fds:
+                    os.close(fd)
+        return pidfd, status, timed_out
 
     @staticmethod
     def _kill_sample(pidfd):
@@ -406,6 +405,22 @@ class _Zygote:
                 signal.pidfd_send_signal(pidfd, signal.SIGKILL)
             except OSError:
                 pass
+
+
+def _tests_payload(tests):
+    """The tests as the sample reads them: an 8-byte length, then each test hex-encoded, comma-separated."""
+    hexed = b",".join(t.encode("utf-8", "surrogatepass").hex().encode() for t in tests)
+    return len(hexed).to_bytes(8, "big") + hexed
+
+
+def _recv_some(a):
+    """What the sample's socket holds: bytes, b"" at its end (or an error), None when nothing yet."""
+    try:
+        return a.recv(1 << 16)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
 
 
 # --------------------------------------------------------------------------- the runner

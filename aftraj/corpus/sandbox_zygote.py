@@ -107,49 +107,49 @@ class _Control:
 
 
 # --------------------------------------------------------------------------- the audit hook (child only)
+#
+# The hook and every function it calls are made by _make_hook before the sample runs and read no
+# global: what they call is bound in their closure or as a default value (the sample can rebind
+# module attributes and builtins, and _run_sample empties this module's namespace before it runs).
 
-def _make_hook(workdir, read_roots, confine_files, own_handlers):
-    """The hook judges real types only (an argument of a str subclass is refused, never str()-ed).
+# audit events a sample may never raise
+BLOCKED_EVENTS = frozenset((
+    "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
+    "pty.spawn", "os.kill", "os.killpg", "signal.pthread_kill", "resource.setrlimit", "resource.prlimit",
+    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames", "sys._current_exceptions",
+    "sys.settrace", "sys.setprofile", "_thread.start_new_thread", "os.chroot", "winreg", "webbrowser.open",
+    # a second audit hook would see each hidden test's source as it is compiled
+    "sys.addaudithook",
+    # a code object the sample builds (CodeType, code.replace, marshal) can index past its
+    # constants and locals: a raw memory read and write without ctypes (marshal.loads: below)
+    "code.__new__", "marshal.load"))
+# attributes that lead to a frame (the harness's locals and code): never read
+FRAME_ATTRS = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back", "f_code"))
+# mode none, the file events: event -> (indices of path arguments, indices of dir_fd arguments, writes?)
+FS_EVENTS = {
+    "open": ((0,), (), None), "os.listdir": ((0,), (), False), "os.scandir": ((0,), (), False),
+    "os.chdir": ((0,), (), False), "os.getxattr": ((0,), (), False), "os.listxattr": ((0,), (), False),
+    "os.remove": ((0,), (1,), True), "os.rmdir": ((0,), (1,), True), "os.mkdir": ((0,), (2,), True),
+    "os.rename": ((0, 1), (2, 3), True), "os.symlink": ((0, 1), (2,), True), "os.link": ((0, 1), (2, 3), True),
+    "os.truncate": ((0,), (), True), "os.chmod": ((0,), (2,), True), "os.chown": ((0,), (3,), True),
+    "os.utime": ((0,), (3,), True), "os.setxattr": ((0,), (), True), "os.removexattr": ((0,), (), True),
+    "os.chflags": ((0,), (), True), "os.lchflags": ((0,), (), True), "os.mkfifo": ((0,), (), True),
+    "os.mknod": ((0,), (), True), "shutil.rmtree": ((0,), (), True)}
 
-    confine_files (mode none): file access is confined to workdir (read/write) and the stdlib
-    folders (read), after resolving symlinks with functions bound now; and since that is a check
-    before the open, nothing of the sample may run between the two: no symlink may be created (a
-    swapped path component is then always a real folder, whose '..' the lexical resolution
-    matches), no file access while the garbage collector is on (a finalizer could run inside the
-    check or the open) or while a Python signal handler of the sample is installed (it could run
-    inside the check), and threads are stopped by RLIMIT_NPROC (the sample is never the host's
-    root)."""
+
+def _under(path, roots):
+    for r in roots:
+        if path == r or path.startswith(r + "/"):
+            return True
+    return False
+
+
+def _path_resolver():
+    """resolve(path): the real absolute path, symlinks resolved with functions bound now."""
     lstat, readlink, getcwd = os.lstat, os.readlink, os.getcwd
     islnk = __import__("stat").S_ISLNK
-    getsignal, signals = signal.getsignal, tuple(sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}))
-    fine_handlers = (signal.SIG_DFL, signal.SIG_IGN, None, signal.default_int_handler)
-    gc_isenabled = gc.isenabled
-    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-    blocked = frozenset((
-        "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty",
-        "pty.spawn", "os.kill", "os.killpg", "signal.pthread_kill", "resource.setrlimit", "resource.prlimit",
-        "gc.get_objects", "gc.get_referrers", "gc.get_referents", "sys._current_frames", "sys._current_exceptions",
-        "sys.settrace", "sys.setprofile", "_thread.start_new_thread", "os.chroot", "winreg", "webbrowser.open",
-        # a second audit hook would see each hidden test's source as it is compiled
-        "sys.addaudithook",
-        # a code object the sample builds (CodeType, code.replace, marshal) can index past its
-        # constants and locals: a raw memory read and write without ctypes (marshal.loads: below)
-        "code.__new__", "marshal.load"))
-    frame_attrs = frozenset(("tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back", "f_code"))
-    modules = frozenset(FORBIDDEN_MODULES)
-    prefixes = FORBIDDEN_PREFIXES
-    # event -> (indices of path arguments, indices of dir_fd arguments, writes?)
-    fs_events = {
-        "open": ((0,), (), None), "os.listdir": ((0,), (), False), "os.scandir": ((0,), (), False),
-        "os.chdir": ((0,), (), False), "os.getxattr": ((0,), (), False), "os.listxattr": ((0,), (), False),
-        "os.remove": ((0,), (1,), True), "os.rmdir": ((0,), (1,), True), "os.mkdir": ((0,), (2,), True),
-        "os.rename": ((0, 1), (2, 3), True), "os.symlink": ((0, 1), (2,), True), "os.link": ((0, 1), (2, 3), True),
-        "os.truncate": ((0,), (), True), "os.chmod": ((0,), (2,), True), "os.chown": ((0,), (3,), True),
-        "os.utime": ((0,), (3,), True), "os.setxattr": ((0,), (), True), "os.removexattr": ((0,), (), True),
-        "os.chflags": ((0,), (), True), "os.lchflags": ((0,), (), True), "os.mkfifo": ((0,), (), True),
-        "os.mknod": ((0,), (), True), "shutil.rmtree": ((0,), (), True)}
 
-    def resolve(p, _str=str, _bytes=bytes, _type=type):
+    def resolve(p, _bytes=bytes, _type=type, _deny=PermissionError):
         if _type(p) is _bytes:
             p = p.decode("utf-8", "surrogateescape")
         if not p.startswith("/"):
@@ -172,7 +172,7 @@ def _make_hook(workdir, read_roots, confine_files, own_handlers):
             if islnk(st.st_mode):
                 hops += 1
                 if hops > 40:
-                    raise PermissionError("sandbox: too many symbolic links")
+                    raise _deny("sandbox: too many symbolic links")
                 target = readlink(cur)
                 if target.startswith("/"):
                     done = []
@@ -181,14 +181,45 @@ def _make_hook(workdir, read_roots, confine_files, own_handlers):
             done.append(part)
         return "/" + "/".join(done)
 
-    def under(path, roots):
-        for r in roots:
-            if path == r or path.startswith(r + "/"):
-                return True
-        return False
+    return resolve
+
+
+def _stdlib_bytecode(workdir, read_roots, resolve, under):
+    """(note_pyc(path), trusted_bytecode(data)): marshal.loads is allowed for one thing, the import
+    system loading a stdlib .pyc, i.e. data (the event's copy of the buffer) equal to the body of
+    the .pyc last opened under the stdlib folders (note_pyc, on each open of a .pyc), which the
+    sample cannot write."""
+    os_open, os_read, os_close, O_RDONLY = os.open, os.read, os.close, os.O_RDONLY | os.O_CLOEXEC
+    last_pyc = [None]      # the last .pyc opened from the stdlib (read-only to the sample)
+
+    def note_pyc(path):
+        real = resolve(path)
+        last_pyc[0] = real if under(real, read_roots) and not under(real, (workdir,)) else None
+
+    def trusted_bytecode(data, _type=type, _bytes=bytes, _len=len):
+        path = last_pyc[0]
+        if path is None or _type(data) is not _bytes:
+            return False
+        fd = os_open(path, O_RDONLY)       # raises an 'open' event of its own: a stdlib .pyc again
+        try:
+            body, chunk = b"", b"x"
+            while chunk:
+                chunk = os_read(fd, 1 << 20)
+                body += chunk
+        finally:
+            os_close(fd)
+        return _len(body) > 16 and _bytes(data) == body[16:]
+
+    return note_pyc, trusted_bytecode
+
+
+def _quiet_check(own_handlers):
+    """quiet(), mode none: nothing of the sample can run between the check and the open."""
+    getsignal, signals = signal.getsignal, tuple(sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}))
+    fine_handlers = (signal.SIG_DFL, signal.SIG_IGN, None, signal.default_int_handler)
+    gc_isenabled = gc.isenabled
 
     def quiet(_deny=PermissionError):
-        """Mode none: nothing of the sample can run between the check and the open."""
         if gc_isenabled():
             raise _deny("sandbox: file access with the garbage collector enabled is not allowed "
                         "(isolation 'none': a finalizer could race the path check)")
@@ -205,33 +236,63 @@ def _make_hook(workdir, read_roots, confine_files, own_handlers):
                 raise _deny("sandbox: file access while the sample has a signal handler installed is not "
                             "allowed (isolation 'none': it could race the path check)")
 
-    os_open, os_read, os_close, O_RDONLY = os.open, os.read, os.close, os.O_RDONLY | os.O_CLOEXEC
-    last_pyc = [None]      # the last .pyc opened from the stdlib (read-only to the sample)
+    return quiet
+
+
+def _file_check(workdir, read_roots, resolve, under, quiet):
+    """check_files(event, args), mode none, for the events of FS_EVENTS: no symlink is made, no
+    dir_fd is used, and every path resolves under workdir (read/write) or the stdlib folders (read)."""
+    write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+    fs_events = FS_EVENTS
+
+    def check_files(event, args, _type=type, _str=str, _bytes=bytes, _int=int, _deny=PermissionError, _len=len):
+        if event == "os.symlink":
+            raise _deny("sandbox: os.symlink is not allowed (isolation 'none')")
+        quiet()
+        paths, dirfds, writes = fs_events[event]
+        for i in dirfds:    # absent: None, or AT_FDCWD (-100) as some events pass it
+            if i < _len(args) and _type(args[i]) is _int and args[i] >= 0:
+                raise _deny("sandbox: " + event + " with dir_fd is not allowed")
+        if writes is None:     # open(path, mode, flags)
+            flags = args[2] if _len(args) > 2 else 0
+            writes = _type(flags) is _int and bool(flags & write_flags)
+        for i in paths:
+            if i >= _len(args):
+                continue
+            p = args[i]
+            if p is None or _type(p) is _int:
+                continue   # the current folder, or a descriptor the sample already holds
+            if _type(p) is not _str and _type(p) is not _bytes:
+                raise _deny("sandbox: " + event + " of a " + _type(p).__name__ + " path is not allowed")
+            real = resolve(p)
+            if not (under(real, (workdir,)) or (not writes and under(real, read_roots))):
+                raise _deny("sandbox: " + event + " outside the sample's folder is not allowed")
+
+    return check_files
+
+
+def _make_hook(workdir, read_roots, confine_files, own_handlers):
+    """The hook judges real types only (an argument of a str subclass is refused, never str()-ed).
+
+    confine_files (mode none): file access is confined to workdir (read/write) and the stdlib
+    folders (read), after resolving symlinks with functions bound now; and since that is a check
+    before the open, nothing of the sample may run between the two: no symlink may be created (a
+    swapped path component is then always a real folder, whose '..' the lexical resolution
+    matches), no file access while the garbage collector is on (a finalizer could run inside the
+    check or the open) or while a Python signal handler of the sample is installed (it could run
+    inside the check), and threads are stopped by RLIMIT_NPROC (the sample is never the host's
+    root)."""
+    resolve, under = _path_resolver(), _under
+    note_pyc, trusted_bytecode = _stdlib_bytecode(workdir, read_roots, resolve, under)
+    check_files = _file_check(workdir, read_roots, resolve, under, _quiet_check(own_handlers))
+    blocked, frame_attrs, fs_events = BLOCKED_EVENTS, FRAME_ATTRS, FS_EVENTS
+    modules, prefixes = frozenset(FORBIDDEN_MODULES), FORBIDDEN_PREFIXES
     gc_after = [None]      # the collector's state before an allowed marshal.loads
-    gc_enable, gc_disable = gc.enable, gc.disable
+    gc_enable, gc_disable, gc_isenabled = gc.enable, gc.disable, gc.isenabled
 
-    def trusted_bytecode(data, _type=type, _bytes=bytes, _len=len):
-        """marshal.loads is allowed for one thing: the import system loading a stdlib .pyc, i.e.
-        data (the event's copy of the buffer) equal to the body of the .pyc last opened under the
-        stdlib folders, which the sample cannot write."""
-        path = last_pyc[0]
-        if path is None or _type(data) is not _bytes:
-            return False
-        fd = os_open(path, O_RDONLY)       # raises an 'open' event of its own: a stdlib .pyc again
-        try:
-            body, chunk = b"", b"x"
-            while chunk:
-                chunk = os_read(fd, 1 << 20)
-                body += chunk
-        finally:
-            os_close(fd)
-        return _len(body) > 16 and _bytes(data) == body[16:]
-
-    def hook(event, args, _type=type, _str=str, _bytes=bytes, _int=int, _deny=PermissionError, _valueerror=ValueError,
-             _len=len, _tuple=tuple):
+    def hook(event, args, _type=type, _str=str, _deny=PermissionError, _valueerror=ValueError, _len=len):
         if event == "open" and args and _type(args[0]) is _str and args[0].endswith(".pyc"):
-            real = resolve(args[0])
-            last_pyc[0] = real if under(real, read_roots) and not under(real, (workdir,)) else None
+            note_pyc(args[0])
         if gc_after[0] is not None:        # the first event after an allowed marshal.loads
             was, gc_after[0] = gc_after[0], None
             if was:
@@ -260,100 +321,47 @@ def _make_hook(workdir, read_roots, confine_files, own_handlers):
             if last in modules or last.startswith(prefixes):
                 raise _deny("sandbox: import " + name + " is not allowed")
         if confine_files and event in fs_events:
-            if event == "os.symlink":
-                raise _deny("sandbox: os.symlink is not allowed (isolation 'none')")
-            quiet()
-            paths, dirfds, writes = fs_events[event]
-            for i in dirfds:    # absent: None, or AT_FDCWD (-100) as some events pass it
-                if i < _len(args) and _type(args[i]) is _int and args[i] >= 0:
-                    raise _deny("sandbox: " + event + " with dir_fd is not allowed")
-            if writes is None:     # open(path, mode, flags)
-                flags = args[2] if _len(args) > 2 else 0
-                writes = _type(flags) is _int and bool(flags & write_flags)
-            for i in paths:
-                if i >= _len(args):
-                    continue
-                p = args[i]
-                if p is None or _type(p) is _int:
-                    continue   # the current folder, or a descriptor the sample already holds
-                if _type(p) is not _str and _type(p) is not _bytes:
-                    raise _deny("sandbox: " + event + " of a " + _type(p).__name__ + " path is not allowed")
-                real = resolve(p)
-                if not (under(real, (workdir,)) or (not writes and under(real, read_roots))):
-                    raise _deny("sandbox: " + event + " outside the sample's folder is not allowed")
+            check_files(event, args)
 
     return hook
 
 
 # --------------------------------------------------------------------------- the sample (child only)
+#
+# What _run_sample uses once the candidate code has started is bound before it: its locals, and the
+# helpers below, which it binds as locals too and which read no global: what they call is a
+# parameter or a default value, evaluated when this file ran in the zygote, before any sample.
 
-def _run_sample(workdir, read_roots, confine_files):
-    """Runs in the sample's process (a fork of the zygote, confined and limited). Everything used
-    after the candidate code starts is bound here as a local first: a sample can rebind module
-    attributes and builtins, not these."""
-    import builtins
-    import sys as _sys
-    head = _read_exact(1, 4)                       # frame 1, from the runner, before any sample code
-    req = json.loads(_read_exact(1, int.from_bytes(head, "big")))
-    nonce, code, timeout = req["nonce"], req["code"], float(req["timeout"])
-    del req, head
-    _write, _read, _exit, _exec, _compile, _eval, _repr, _dict, _len, _type, _str = (
-        os.write, os.read, os._exit, exec, compile, eval, repr, dict, len, type, str)
-    _set_blocking, _from_bytes, _fromhex, _read_n = os.set_blocking, int.from_bytes, bytes.fromhex, _read_exact_bound
-    _setitimer, _signal, _ITIMER_REAL, _SIGALRM = signal.setitimer, signal.signal, signal.ITIMER_REAL, signal.SIGALRM
-    _timers = (signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF)
-    _sigmask, _SIG_BLOCK, _SIG_SETMASK, _all_signals = (signal.pthread_sigmask, signal.SIG_BLOCK, signal.SIG_SETMASK,
-                                                        signal.valid_signals())
-    _gc_disable, _gc_enable, _gc_isenabled = gc.disable, gc.enable, gc.isenabled
-    _BaseException, _AssertionError, _Exception = BaseException, AssertionError, Exception
-    _StringIO = io.StringIO
-    sys.stdin = sys.__stdin__ = _StringIO("")
-    sys.stdout = sys.stderr = sys.__stdout__ = sys.__stderr__ = _StringIO()
-    sys.argv = ["sandbox"]
+def _read_exact_bound(read, fd, n, _len=len):
+    """_read_exact with os.read passed in (the sample may have rebound os.read by then)."""
+    buf = b""
+    while _len(buf) < n:
+        chunk = read(fd, n - _len(buf))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return buf
 
-    class _Timeout(_BaseException):
-        pass
 
-    def _alarm(signum, frame):
-        raise _Timeout()
-
-    hook = _make_hook(workdir, read_roots, confine_files, (_alarm,))
-    # nothing of the zygote's module is left for the sample to read or call
-    main = sys.modules.get("__main__")
-    if main is not None:
-        for k in [k for k in vars(main) if not k.startswith("__")]:
-            delattr(main, k)
-
-    def _error(e):             # "error: <type>: <message>" (300 characters), or the type alone when str(e) raises
-        try:
-            s = _type(e).__name__ + ": " + _str(e)
-            return "error: " + (s if _len(s) <= 300 else s[:300] + "...")
-        except _BaseException:
-            return "error: " + _type(e).__name__
-
-    if confine_files:
-        _gc_disable()          # mode none: no finalizer may run inside a file check (see _make_hook)
-    _sys.addaudithook(hook)    # the first hook and the last: it refuses sys.addaudithook
-    del hook, main
-    results = []
-    ns = {"__name__": "__sandbox__", "__builtins__": builtins}
-    _signal(_SIGALRM, _alarm)
-    _setitimer(_ITIMER_REAL, timeout)
+def _error_text(e, _type=type, _str=str, _len=len, _BaseException=BaseException):
+    """"error: <type>: <message>" (300 characters), or the type alone when str(e) raises."""
     try:
-        try:
-            _exec(_compile(code, "<candidate>", "exec"), ns)
-            load_err = None
-        except _Timeout:
-            load_err = "timeout"
-        except _BaseException as e:
-            load_err = _error(e)
-        finally:
-            _setitimer(_ITIMER_REAL, 0)
-    except _Timeout:
-        load_err = "timeout"
-    del code
-    # loaded; now frozen: no timer of the sample fires, no signal handler or finalizer of the
-    # sample runs while the tests come in; only then are they asked for
+        s = _type(e).__name__ + ": " + _str(e)
+        return "error: " + (s if _len(s) <= 300 else s[:300] + "...")
+    except _BaseException:
+        return "error: " + _type(e).__name__
+
+
+def _receive_tests(nonce, _write=os.write, _read=os.read, _exit=os._exit, _set_blocking=os.set_blocking,
+                   _from_bytes=int.from_bytes, _fromhex=bytes.fromhex, _read_n=_read_exact_bound,
+                   _setitimer=signal.setitimer, _timers=(signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF),
+                   _sigmask=signal.pthread_sigmask, _SIG_BLOCK=signal.SIG_BLOCK, _SIG_SETMASK=signal.SIG_SETMASK,
+                   _all_signals=signal.valid_signals(), _gc_disable=gc.disable, _gc_enable=gc.enable,
+                   _gc_isenabled=gc.isenabled, _BaseException=BaseException):
+    """The sample is loaded; now frozen (no timer of the sample fires, no signal handler or
+    finalizer of the sample runs) while the tests come in, and only then are they asked for:
+    "loaded:<nonce>" out, the tests in. Exits 72 when the runner went away, or the sample broke
+    its own descriptors."""
     tests = None
     try:
         for which in _timers:
@@ -373,18 +381,28 @@ def _run_sample(workdir, read_roots, confine_files):
             _gc_enable()
         _sigmask(_SIG_SETMASK, old_mask)
     except _BaseException:
-        _exit(72)              # the runner went away, or the sample broke its own descriptors
+        _exit(72)
+    return tests
+
+
+def _run_tests(tests, load_err, ns, timeout, timeout_error, alarm, _error=_error_text, _exec=exec,
+               _compile=compile, _eval=eval, _repr=repr, _dict=dict, _type=type, _str=str,
+               _handle=signal.signal, _setitimer=signal.setitimer, _ITIMER_REAL=signal.ITIMER_REAL,
+               _SIGALRM=signal.SIGALRM, _AssertionError=AssertionError, _BaseException=BaseException):
+    """Each test in a copy of the loaded namespace, under its timer: "pass", "timeout", "fail: …" or
+    "error: …" (the load's error for every test when the load failed)."""
+    results = []
     for test in tests:
         if load_err is not None:
             results.append(load_err)
             continue
         try:
-            _signal(_SIGALRM, _alarm)
+            _handle(_SIGALRM, alarm)
             _setitimer(_ITIMER_REAL, timeout)
             try:
                 _exec(_compile(test, "<test>", "exec"), _dict(ns))
                 res = "pass"
-            except _Timeout:
+            except timeout_error:
                 res = "timeout"
             except _AssertionError:
                 got = ""
@@ -398,11 +416,16 @@ def _run_sample(workdir, read_roots, confine_files):
                 res = _error(e)
             finally:
                 _setitimer(_ITIMER_REAL, 0)
-        except _Timeout:
+        except timeout_error:
             res = "timeout"
         if _type(res) is not _str:
             res = "error: the sample returned a non-text error"
         results.append(res)
+    return results
+
+
+def _report(nonce, results, _set_blocking=os.set_blocking, _write=os.write, _exit=os._exit):
+    """The one line "<nonce>:" + hex results, then the end of the sample's process."""
     try:
         line = nonce + ":" + ",".join([r.encode("utf-8", "backslashreplace").hex() for r in results]) + "\n"
         data = line.encode()
@@ -413,15 +436,60 @@ def _run_sample(workdir, read_roots, confine_files):
         _exit(0)
 
 
-def _read_exact_bound(read, fd, n, _len=len):
-    """_read_exact with os.read passed in (the sample may have rebound os.read by then)."""
-    buf = b""
-    while _len(buf) < n:
-        chunk = read(fd, n - _len(buf))
-        if not chunk:
-            raise EOFError
-        buf += chunk
-    return buf
+def _run_sample(workdir, read_roots, confine_files):
+    """Runs in the sample's process (a fork of the zygote, confined and limited): installs the hook,
+    loads the code, then receives and runs the tests (see the module docstring). Everything used
+    after the candidate code starts is bound as a local first (the helpers above included, whose
+    own values are parameters and defaults): a sample can rebind module attributes and builtins,
+    not these."""
+    import builtins
+    import sys as _sys
+    head = _read_exact(1, 4)                       # frame 1, from the runner, before any sample code
+    req = json.loads(_read_exact(1, int.from_bytes(head, "big")))
+    nonce, code, timeout = req["nonce"], req["code"], float(req["timeout"])
+    del req, head
+    _exec, _compile, error_text = exec, compile, _error_text
+    receive_tests, run_tests, report = _receive_tests, _run_tests, _report
+    _setitimer, _handle, _ITIMER_REAL, _SIGALRM = signal.setitimer, signal.signal, signal.ITIMER_REAL, signal.SIGALRM
+    _gc_disable, _BaseException, _StringIO = gc.disable, BaseException, io.StringIO
+    sys.stdin = sys.__stdin__ = _StringIO("")
+    sys.stdout = sys.stderr = sys.__stdout__ = sys.__stderr__ = _StringIO()
+    sys.argv = ["sandbox"]
+
+    class _Timeout(_BaseException):
+        pass
+
+    def _alarm(signum, frame):
+        raise _Timeout()
+
+    hook = _make_hook(workdir, read_roots, confine_files, (_alarm,))
+    # nothing of the zygote's module is left for the sample to read or call
+    main = sys.modules.get("__main__")
+    if main is not None:
+        for k in [k for k in vars(main) if not k.startswith("__")]:
+            delattr(main, k)
+    if confine_files:
+        _gc_disable()          # mode none: no finalizer may run inside a file check (see _make_hook)
+    _sys.addaudithook(hook)    # the first hook and the last: it refuses sys.addaudithook
+    del hook, main
+    ns = {"__name__": "__sandbox__", "__builtins__": builtins}
+    _handle(_SIGALRM, _alarm)
+    _setitimer(_ITIMER_REAL, timeout)
+    try:
+        try:
+            _exec(_compile(code, "<candidate>", "exec"), ns)
+            load_err = None
+        except _Timeout:
+            load_err = "timeout"
+        except _BaseException as e:
+            load_err = error_text(e)
+        finally:
+            _setitimer(_ITIMER_REAL, 0)
+    except _Timeout:
+        load_err = "timeout"
+    del code
+    tests = receive_tests(nonce)         # loaded: now frozen, and only then the tests
+    report(nonce, run_tests(tests, load_err, ns, timeout, _Timeout, _alarm))
 
 
 def _set_limits(req):
