@@ -30,6 +30,7 @@ import socket
 import sys
 import time
 
+import _signal  # noqa: E402  (the C functions behind signal's: the sample can rebind signal.py's globals)
 import gc  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402  (control frames and frame 1 only: never used after candidate code starts)
@@ -110,7 +111,9 @@ class _Control:
 #
 # The hook and every function it calls are made by _make_hook before the sample runs and read no
 # global: what they call is bound in their closure or as a default value (the sample can rebind
-# module attributes and builtins, and _run_sample empties this module's namespace before it runs).
+# module attributes and builtins, and _run_sample empties this module's namespace before it runs;
+# signal's functions are the C ones of _signal, since signal.py's wrappers read that module's
+# globals). test_sandbox_threats.py::test_the_harness_reads_no_global_once_the_sample_runs checks it.
 
 # audit events a sample may never raise
 BLOCKED_EVENTS = frozenset((
@@ -149,7 +152,7 @@ def _path_resolver():
     lstat, readlink, getcwd = os.lstat, os.readlink, os.getcwd
     islnk = __import__("stat").S_ISLNK
 
-    def resolve(p, _bytes=bytes, _type=type, _deny=PermissionError):
+    def resolve(p, _bytes=bytes, _type=type, _deny=PermissionError, _oserror=OSError):
         if _type(p) is _bytes:
             p = p.decode("utf-8", "surrogateescape")
         if not p.startswith("/"):
@@ -166,7 +169,7 @@ def _path_resolver():
             cur = "/" + "/".join(done + [part])
             try:
                 st = lstat(cur)
-            except OSError:
+            except _oserror:
                 done.append(part)
                 continue
             if islnk(st.st_mode):
@@ -215,8 +218,8 @@ def _stdlib_bytecode(workdir, read_roots, resolve, under):
 
 def _quiet_check(own_handlers):
     """quiet(), mode none: nothing of the sample can run between the check and the open."""
-    getsignal, signals = signal.getsignal, tuple(sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}))
-    fine_handlers = (signal.SIG_DFL, signal.SIG_IGN, None, signal.default_int_handler)
+    getsignal, signals = _signal.getsignal, tuple(sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}))
+    fine_handlers = (_signal.SIG_DFL, _signal.SIG_IGN, None, _signal.default_int_handler)
     gc_isenabled = gc.isenabled
 
     def quiet(_deny=PermissionError):
@@ -245,7 +248,8 @@ def _file_check(workdir, read_roots, resolve, under, quiet):
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     fs_events = FS_EVENTS
 
-    def check_files(event, args, _type=type, _str=str, _bytes=bytes, _int=int, _deny=PermissionError, _len=len):
+    def check_files(event, args, _type=type, _str=str, _bytes=bytes, _int=int, _bool=bool, _deny=PermissionError,
+                    _len=len):
         if event == "os.symlink":
             raise _deny("sandbox: os.symlink is not allowed (isolation 'none')")
         quiet()
@@ -255,7 +259,7 @@ def _file_check(workdir, read_roots, resolve, under, quiet):
                 raise _deny("sandbox: " + event + " with dir_fd is not allowed")
         if writes is None:     # open(path, mode, flags)
             flags = args[2] if _len(args) > 2 else 0
-            writes = _type(flags) is _int and bool(flags & write_flags)
+            writes = _type(flags) is _int and _bool(flags & write_flags)
         for i in paths:
             if i >= _len(args):
                 continue
@@ -332,13 +336,13 @@ def _make_hook(workdir, read_roots, confine_files, own_handlers):
 # helpers below, which it binds as locals too and which read no global: what they call is a
 # parameter or a default value, evaluated when this file ran in the zygote, before any sample.
 
-def _read_exact_bound(read, fd, n, _len=len):
+def _read_exact_bound(read, fd, n, _len=len, _eof=EOFError):
     """_read_exact with os.read passed in (the sample may have rebound os.read by then)."""
     buf = b""
     while _len(buf) < n:
         chunk = read(fd, n - _len(buf))
         if not chunk:
-            raise EOFError
+            raise _eof
         buf += chunk
     return buf
 
@@ -355,7 +359,7 @@ def _error_text(e, _type=type, _str=str, _len=len, _BaseException=BaseException)
 def _receive_tests(nonce, _write=os.write, _read=os.read, _exit=os._exit, _set_blocking=os.set_blocking,
                    _from_bytes=int.from_bytes, _fromhex=bytes.fromhex, _read_n=_read_exact_bound,
                    _setitimer=signal.setitimer, _timers=(signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF),
-                   _sigmask=signal.pthread_sigmask, _SIG_BLOCK=signal.SIG_BLOCK, _SIG_SETMASK=signal.SIG_SETMASK,
+                   _sigmask=_signal.pthread_sigmask, _SIG_BLOCK=signal.SIG_BLOCK, _SIG_SETMASK=signal.SIG_SETMASK,
                    _all_signals=signal.valid_signals(), _gc_disable=gc.disable, _gc_enable=gc.enable,
                    _gc_isenabled=gc.isenabled, _BaseException=BaseException):
     """The sample is loaded; now frozen (no timer of the sample fires, no signal handler or
@@ -387,7 +391,7 @@ def _receive_tests(nonce, _write=os.write, _read=os.read, _exit=os._exit, _set_b
 
 def _run_tests(tests, load_err, ns, timeout, timeout_error, alarm, _error=_error_text, _exec=exec,
                _compile=compile, _eval=eval, _repr=repr, _dict=dict, _type=type, _str=str,
-               _handle=signal.signal, _setitimer=signal.setitimer, _ITIMER_REAL=signal.ITIMER_REAL,
+               _handle=_signal.signal, _setitimer=signal.setitimer, _ITIMER_REAL=signal.ITIMER_REAL,
                _SIGALRM=signal.SIGALRM, _AssertionError=AssertionError, _BaseException=BaseException):
     """Each test in a copy of the loaded namespace, under its timer: "pass", "timeout", "fail: …" or
     "error: …" (the load's error for every test when the load failed)."""
@@ -450,7 +454,7 @@ def _run_sample(workdir, read_roots, confine_files):
     del req, head
     _exec, _compile, error_text = exec, compile, _error_text
     receive_tests, run_tests, report = _receive_tests, _run_tests, _report
-    _setitimer, _handle, _ITIMER_REAL, _SIGALRM = signal.setitimer, signal.signal, signal.ITIMER_REAL, signal.SIGALRM
+    _setitimer, _handle, _ITIMER_REAL, _SIGALRM = signal.setitimer, _signal.signal, signal.ITIMER_REAL, signal.SIGALRM
     _gc_disable, _BaseException, _StringIO = gc.disable, BaseException, io.StringIO
     sys.stdin = sys.__stdin__ = _StringIO("")
     sys.stdout = sys.stderr = sys.__stdout__ = sys.__stderr__ = _StringIO()

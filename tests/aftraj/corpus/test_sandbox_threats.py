@@ -103,6 +103,69 @@ def test_imports_still_compile_the_sample_s_own_modules(isolation, make_sandbox)
     assert run.results == ("pass", "pass"), run.results
 
 
+# --------------------------------------------------------------------------- the harness's own bindings
+
+def _zygote_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_zygote_under_test", Path(sandbox_module.__file__).with_name(
+        "sandbox_zygote.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)       # defines only: main() runs under __main__
+    return mod
+
+
+def _global_reads(code) -> list[str]:
+    """Names a code object (and the code nested in it) looks up in its module or the builtins."""
+    import dis
+    import types
+
+    out = [f"{code.co_name}: {i.argval}" for i in dis.get_instructions(code)
+           if "GLOBAL" in i.opname or i.opname in ("LOAD_NAME", "STORE_NAME", "DELETE_NAME")]
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out += _global_reads(c)
+    return out
+
+
+def _functions_reachable(fn, seen=None) -> list:
+    """fn and the functions its closure cells and default values hold, recursively."""
+    import types
+
+    seen = [] if seen is None else seen
+    if isinstance(fn, types.FunctionType) and all(fn is not f for f in seen):
+        seen.append(fn)
+        for v in [c.cell_contents for c in fn.__closure__ or ()] + list(fn.__defaults__ or ()):
+            _functions_reachable(v, seen)
+    return seen
+
+
+def test_the_harness_reads_no_global_once_the_sample_runs(tmp_path):
+    """A sample can rebind builtins (`builtins.bool = lambda x: False` made mode none's hook take a
+    write under the stdlib folders for a read), module attributes (signal.py's `_int_to_enum`,
+    behind signal.getsignal, would hide its handlers from the hook's check) and add names to the
+    zygote's emptied module (through its own signal handler's __globals__): the audit hook, every
+    function it calls, and all that runs the tests after the load read none of them."""
+    z = _zygote_module()
+    hook = z._make_hook(str(tmp_path), ["/usr"], True, ())
+    after_load = [z._receive_tests, z._run_tests, z._report, z._error_text]
+    reached = _functions_reachable(hook) + [f for fn in after_load for f in _functions_reachable(fn)]
+    assert len(reached) >= 10, [f.__name__ for f in reached]    # hook, resolve, quiet, check_files, ...
+    assert [r for f in reached for r in _global_reads(f.__code__)] == []
+    # _run_sample itself: nothing global from the hook's installation on (its _alarm neither)
+    code = z._run_sample.__code__
+    import dis
+    import inspect
+
+    src, first = inspect.getsourcelines(z._run_sample)
+    installed = first + next(n for n, line in enumerate(src) if "addaudithook(hook)" in line)
+    late = [f"{i.argval} (line {i.positions.lineno})" for i in dis.get_instructions(code)
+            if i.positions.lineno and i.positions.lineno > installed
+            and ("GLOBAL" in i.opname or i.opname.endswith("_NAME"))]
+    alarm = next(c for c in code.co_consts if getattr(c, "co_name", "") == "_alarm")
+    assert late == [] and _global_reads(alarm) == [], (late, _global_reads(alarm))
+
+
 # --------------------------------------------------------------------------- 7: hidden tests
 
 HIDDEN = ("assert f(3) == 9041", "assert f(5) == 7723", "assert f(8) == 1187")
