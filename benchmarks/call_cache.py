@@ -32,13 +32,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from eval.auditors import get_auditor
     from eval.resume import CachedAuditor, CallCache
-    from eval.run import EvalConfig, call_settings, load_eval_data
+    from eval.run import EvalConfig, auditor_options, call_settings, load_eval_data
     from eval.walker import WalkConfig, walk
 
     cfg = EvalConfig(auditor=args.auditor, data=args.data, split=args.split, out="-")
     trajs, _ = load_eval_data(cfg)
     wc = WalkConfig(all_prefixes=args.all_prefixes)
     settings = call_settings(cfg)
+    opts = auditor_options(cfg)          # what `aftraj eval` gives this auditor (`data` to a floor)
 
     def strip(recs):
         return [{k: v for k, v in r.items() if k != "latencies_s"} for r in recs]
@@ -53,12 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         return best, out
 
     with tempfile.TemporaryDirectory() as tmp:
-        bare_s, bare = timed(lambda: walk(get_auditor(args.auditor, data=args.data), trajs, wc, progress=False))
+        bare_s, bare = timed(lambda: walk(get_auditor(args.auditor, **opts), trajs, wc, progress=False))
 
         def filling():
             (Path(tmp) / "calls.jsonl").unlink(missing_ok=True)
             with CallCache(Path(tmp), settings, keep=False) as cache:
-                return walk(CachedAuditor(get_auditor(args.auditor, data=args.data), cache), trajs, wc,
+                return walk(CachedAuditor(get_auditor(args.auditor, **opts), cache), trajs, wc,
                             progress=False)
 
         fill_s, filled = timed(filling)
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def replaying():
             with CallCache(Path(tmp), settings, keep=True) as cache:
-                recs = walk(CachedAuditor(get_auditor(args.auditor, data=args.data), cache), trajs, wc,
+                recs = walk(CachedAuditor(get_auditor(args.auditor, **opts), cache), trajs, wc,
                             progress=False)
                 return recs, cache.hits, cache.misses
 

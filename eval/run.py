@@ -84,6 +84,36 @@ class EvalConfig:
     data_format: str | None = None  # audit: an agent framework's export (aftraj.adapters.ADAPTERS); None: aftraj.readers
     command: str | None = None      # the command line that reproduces it (provenance)
 
+    def __post_init__(self) -> None:
+        """What can be checked without the data, the auditor or the output folder: a bad value
+        is a `UsageError` naming its flag, before anything runs."""
+        for flag, v in (("--sample", self.sample), ("--limit", self.limit)):
+            if v is not None and v < 1:
+                raise UsageError(f"{flag} must be >= 1, got {v}")
+        if self.auc_start < 0:
+            raise UsageError(f"--auc-start must be >= 0 (the first step of the per-step AUC), got {self.auc_start}")
+        if self.resume and self.overwrite:
+            raise UsageError("--resume and --overwrite exclude each other: continue the run in --out, or replace it")
+        self.walk_config()
+
+    def prices(self) -> dict | None:
+        """Per-token prices for the report's cost line (cached tokens at the prompt price unless
+        given), or None when no price is set."""
+        if all(x is None for x in (self.price_prompt, self.price_cached, self.price_completion)):
+            return None
+        return {"prompt": self.price_prompt or 0.0, "completion": self.price_completion or 0.0,
+                "cached": self.price_cached if self.price_cached is not None else (self.price_prompt or 0.0)}
+
+    def walk_config(self):
+        """The walker's settings (`eval.walker.WalkConfig`: protocol, parser, max_in_flight, …)."""
+        from eval.walker import WalkConfig
+
+        try:
+            return WalkConfig(protocol=self.protocol, max_in_flight=self.max_in_flight,
+                              all_prefixes=self.all_prefixes, parser=self.parser, lookahead=self.lookahead)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+
     @classmethod
     def from_namespace(cls, args, **extra) -> "EvalConfig":
         """From `aftraj eval`'s parsed arguments (`--no-progress` -> progress=False)."""
@@ -162,15 +192,11 @@ def load_eval_data(cfg: EvalConfig, *, labels: bool = True,
     if cfg.sample is not None:
         from eval.sample import stratified_sample
 
-        if cfg.sample < 1:
-            raise UsageError(f"--sample must be >= 1, got {cfg.sample}")
         if cfg.sample >= len(trajs) and say is not None:
             say(f"warning: --sample {cfg.sample}: {where} holds {len(trajs)} trajectories, so all "
                 f"{len(trajs)} are evaluated (no sample is drawn)")
         trajs = stratified_sample(trajs, cfg.sample, cfg.sample_seed)
     if cfg.limit is not None:
-        if cfg.limit < 1:
-            raise UsageError(f"--limit must be >= 1, got {cfg.limit}")
         if cfg.limit > len(trajs) and say is not None:
             say(f"warning: --limit {cfg.limit}: {where} holds {len(trajs)} trajectories; all are evaluated")
         trajs = trajs[: cfg.limit]
@@ -198,8 +224,6 @@ def check_out(out: Path, *, resume: bool, overwrite: bool, flag: str = "--out") 
     everything else is checked and the auditor is built (a failure before leaves the old run)."""
     if out.exists() and not out.is_dir():   # before any evaluation starts (issue 23)
         raise UsageError(f"{flag} {out}: is a file, not a folder; give a folder for the reports")
-    if resume and overwrite:
-        raise UsageError("--resume and --overwrite exclude each other: continue the run in --out, or replace it")
     held = [f for f in EVAL_OUTPUTS if (out / f).exists()]
     if not held or resume:
         return []
@@ -242,7 +266,6 @@ def call_settings(cfg: EvalConfig) -> dict:
 def _build(cfg: EvalConfig):
     """(auditor class, walk config, emitters or None, auditor) for cfg, checked before any walk."""
     from eval.auditors import auditor_class, get_auditor, parse_spec
-    from eval.walker import WalkConfig
 
     name, _ = parse_spec(cfg.auditor)
     try:
@@ -252,16 +275,8 @@ def _build(cfg: EvalConfig):
     if str(cfg.model or "").startswith("builtin:"):
         raise UsageError(f"--model {cfg.model}: resolve it to its prepared folder first "
                          f"(`aftraj eval` and `aftraj audit` do: aftraj.models.resolve_model_spec)")
-    try:
-        walk_cfg = WalkConfig(protocol=cfg.protocol, max_in_flight=cfg.max_in_flight,
-                              all_prefixes=cfg.all_prefixes, parser=cfg.parser, lookahead=cfg.lookahead)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    for key, takes in (("decision_threshold", ("hf", "hf-steps", "vllm-steps")), ("decision_finish", ("hf",)),
-                       ("mixed_precision", ("hf", "hf-steps"))):     # the model auditors' own flags
-        if getattr(cfg, key) is not None and name not in takes:
-            raise UsageError(f"--{key.replace('_', '-')} applies to the {' and '.join(takes)} auditors only, "
-                             f"not {cfg.auditor!r}")
+    walk_cfg = cfg.walk_config()
+    _check_own_flags(cfg, cls)
     emitters = None
     if cfg.emit:     # checked before the walk: an unknown name fails at once
         from aftraj.adapters.emit import from_spec
@@ -273,15 +288,36 @@ def _build(cfg: EvalConfig):
     return cls, walk_cfg, emitters, lambda: _make_auditor(cfg, get_auditor)
 
 
+# The EvalConfig fields that reach an auditor as the option of the same name, each only to an
+# auditor that takes it (`eval.auditors.accepted_options`) and only when set (not None).
+AUDITOR_OPTIONS = ("model", "endpoint", "api_model", "api_key_env", "concurrency", "timeout", "retries",
+                   "max_new_tokens", "budget", "reference_answer", "seed", "data", "layout",
+                   "decision_threshold", "draft_tokens", "decision_finish", "mixed_precision")
+# Of those, the model auditors' own flags: set for an auditor that does not take them, an error.
+OWN_FLAGS = ("decision_threshold", "decision_finish", "mixed_precision")
+
+
+def _check_own_flags(cfg: EvalConfig, cls) -> None:
+    from eval.auditors import accepted_options, auditor_class, available_auditors
+
+    for key in OWN_FLAGS:
+        if getattr(cfg, key) is not None and key not in accepted_options(cls):
+            takes = [n for n in available_auditors() if key in accepted_options(auditor_class(n))]
+            raise UsageError(f"--{key.replace('_', '-')} applies to the {' and '.join(takes)} auditors only, "
+                             f"not {cfg.auditor!r}")
+
+
+def auditor_options(cfg: EvalConfig) -> dict:
+    """The options cfg gives its auditor: the `AUDITOR_OPTIONS` it takes that are set."""
+    from eval.auditors import accepted_options
+
+    takes = accepted_options(cfg.auditor)
+    return {k: getattr(cfg, k) for k in AUDITOR_OPTIONS if k in takes and getattr(cfg, k) is not None}
+
+
 def _make_auditor(cfg: EvalConfig, get_auditor):
-    kw = dict(model=cfg.model, endpoint=cfg.endpoint, api_model=cfg.api_model,
-              api_key_env=cfg.api_key_env, concurrency=cfg.concurrency, timeout=cfg.timeout,
-              retries=cfg.retries, max_new_tokens=cfg.max_new_tokens, budget=cfg.budget,
-              reference_answer=cfg.reference_answer, seed=cfg.seed, data=cfg.data,
-              layout=cfg.layout, decision_threshold=cfg.decision_threshold, draft_tokens=cfg.draft_tokens,
-              decision_finish=cfg.decision_finish, mixed_precision=cfg.mixed_precision)
     try:
-        return get_auditor(cfg.auditor, **{k: v for k, v in kw.items() if v is not None})
+        return get_auditor(cfg.auditor, **auditor_options(cfg))
     except (ValueError, FileNotFoundError) as e:   # AuditorError is a UsageError (a ValueError)
         from eval.auditors.floors import FLOORS, parse_rule
 
@@ -331,13 +367,12 @@ def _walk(cfg: EvalConfig, auditor, trajs: list, walk_cfg, log, cache, say,
 def evaluate(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> EvalResult:
     """Walk cfg.data with cfg.auditor and write the reports into cfg.out. `say`: the run's notes
     (resuming, auditor notes) for a person; the CLI prefixes them with `aftraj eval: `."""
+    from eval.floors import add_floors_to_report
     from eval.report import write_report
     from eval.resume import CallCache, PredictionLog
 
     out = Path(cfg.out)
     stale = check_out(out, resume=cfg.resume, overwrite=cfg.overwrite)
-    if cfg.auc_start < 0:
-        raise UsageError(f"--auc-start must be >= 0 (the first step of the per-step AUC), got {cfg.auc_start}")
     cls, walk_cfg, emitters, make = _build(cfg)
     inert = inert_flags(cfg, cls, say)
     trajs, split = load_eval_data(cfg, say=say)
@@ -348,19 +383,48 @@ def evaluate(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> EvalRe
     t0 = time.perf_counter()
     with auditor, log, cache:
         preds = _walk(cfg, auditor, trajs, walk_cfg, log, cache, say)
-        expectation = None
-        if hasattr(auditor, "analytic_expectation"):
-            subsets = sorted({p["subset"] for p in preds})
-            overall = auditor.analytic_expectation(trajs)
-            if overall is not None:
-                expectation = {"overall": overall, "by_subset": {
-                    s: auditor.analytic_expectation(
-                        [t for t, p in zip(trajs, preds) if p["subset"] == s]) for s in subsets}}
-    wall = time.perf_counter() - t0
-    prices = None
-    if any(x is not None for x in (cfg.price_prompt, cfg.price_cached, cfg.price_completion)):
-        prices = {"prompt": cfg.price_prompt or 0.0, "completion": cfg.price_completion or 0.0,
-                  "cached": cfg.price_cached if cfg.price_cached is not None else (cfg.price_prompt or 0.0)}
+        expectation = _expectation(auditor, trajs, preds)
+    meta = _report_meta(cfg, cls, auditor, trajs, split, inert, time.perf_counter() - t0,
+                        resumed=len(log.done), cached=cache.hits)
+    notes = _auditor_notes(auditor, trajs, say)
+    if hasattr(auditor, "report_notes"):
+        meta["auditor_notes"] = notes
+    metrics = write_report(preds, out, meta=meta, n_boot=cfg.n_boot, seed=cfg.seed,
+                           prices=cfg.prices(), expectation=expectation, auc_start=cfg.auc_start)
+    add_floors_to_report(out, cfg.data, trajs, auditor_spec=cfg.auditor, seed=cfg.seed)   # a report stage
+    res = EvalResult(metrics=metrics, out=out, predictions=preds, auditor_label=auditor.label, notes=notes)
+    if emitters:
+        res.emitted = _emit(emitters, cfg, preds, trajs, auditor.label)
+    calls = metrics["calls"]
+    if calls["n"] and calls["errors"] == calls["n"]:
+        res.all_calls_failed = (f"every one of the {calls['n']} auditor calls failed "
+                                f"(first: {calls['first_error']})")
+    return res
+
+
+def _expectation(auditor, trajs: list, preds: list[dict]) -> dict | None:
+    """An auditor's analytic expectation of its metrics (`dummy:uniform`), overall and per subset."""
+    if not hasattr(auditor, "analytic_expectation"):
+        return None
+    overall = auditor.analytic_expectation(trajs)
+    if overall is None:
+        return None
+    subsets = sorted({p["subset"] for p in preds})
+    return {"overall": overall, "by_subset": {
+        s: auditor.analytic_expectation([t for t, p in zip(trajs, preds) if p["subset"] == s]) for s in subsets}}
+
+
+def _auditor_notes(auditor, trajs: list, say: Callable[[str], None]) -> list[str]:
+    """What the report must say of these runs (rules: message-only runs), each also said."""
+    notes = auditor.report_notes(trajs) if hasattr(auditor, "report_notes") else []
+    for note in notes:
+        say(f"note: {note}")
+    return notes
+
+
+def _report_meta(cfg: EvalConfig, cls, auditor, trajs: list, split, inert: list[str], wall: float, *,
+                 resumed: int, cached: int) -> dict:
+    """metrics.json's description of the run: the auditor, the data, the settings, provenance."""
     applied = renders_prompt_of(cls)
     meta = {"auditor": auditor.label, "auditor_spec": cfg.auditor, "posthoc": auditor.posthoc,
             "strategy": auditor.strategy, "protocol": cfg.protocol, "data": str(cfg.data),
@@ -370,28 +434,11 @@ def evaluate(cfg: EvalConfig, *, say: Callable[[str], None] = _stderr) -> EvalRe
             "split": split, "n_trajectories": len(trajs),
             "layout": cfg.layout if applied else None, "parser": cfg.parser if applied else None,
             "sample": (None if cfg.sample is None else {"n": cfg.sample, "seed": cfg.sample_seed}),
-            "resumed_trajectories": len(log.done), "cached_calls": cache.hits}
+            "resumed_trajectories": resumed, "cached_calls": cached}
     if inert:
         meta["inert_flags"] = inert
     meta["provenance"] = _provenance(cfg, applied)
-    notes: list[str] = []
-    if hasattr(auditor, "report_notes"):     # what the report must say of these runs (rules: message-only runs)
-        notes = meta["auditor_notes"] = auditor.report_notes(trajs)
-        for note in notes:
-            say(f"note: {note}")
-    metrics = write_report(preds, out, meta=meta, n_boot=cfg.n_boot, seed=cfg.seed,
-                           prices=prices, expectation=expectation, auc_start=cfg.auc_start)
-    from eval.floors import add_floors_to_report  # the floors beside it (a report stage)
-
-    add_floors_to_report(out, cfg.data, trajs, auditor_spec=cfg.auditor, seed=cfg.seed)
-    res = EvalResult(metrics=metrics, out=out, predictions=preds, auditor_label=auditor.label, notes=notes)
-    if emitters:
-        res.emitted = _emit(emitters, cfg, preds, trajs, auditor.label)
-    calls = metrics["calls"]
-    if calls["n"] and calls["errors"] == calls["n"]:
-        res.all_calls_failed = (f"every one of the {calls['n']} auditor calls failed "
-                                f"(first: {calls['first_error']})")
-    return res
+    return meta
 
 
 def _emit(emitters, cfg: EvalConfig, records: list[dict], trajs: list, label: str) -> dict:

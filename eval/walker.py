@@ -173,90 +173,105 @@ def walk(auditor: Auditor, trajs: Iterable[Trajectory], cfg: WalkConfig = WalkCo
     The progress reporter (`aftraj.console.progress`) counts auditor calls: its total is the
     most calls the walks can take and shrinks as walks end early (an ALARM), so it moves with
     every call, not every trajectory."""
-    from aftraj.console import progress as make_progress
+    return _Walker(auditor, list(trajs), cfg, progress, on_record).run()
 
-    trajs = list(trajs)
-    budget = {i: max_calls(auditor, t, cfg) for i, t in enumerate(trajs)}
-    bar = make_progress(sum(budget.values()), f"eval {auditor.label}", "call", enabled=progress is not False)
-    n_done = 0
-    pending = iter(enumerate(trajs))
-    live: dict[int, _Walk] = {}
-    records: dict[int, dict] = {}
 
-    cap = min(cfg.max_in_flight, auditor.max_in_flight or cfg.max_in_flight)
+class _Walker:
+    """One `walk`: the live walks (at most `cap`), their records and the progress bar."""
 
-    def refill() -> None:
-        while len(live) < cap:
-            nxt = next(pending, None)
+    def __init__(self, auditor: Auditor, trajs: list[Trajectory], cfg: WalkConfig, progress: bool | None,
+                 on_record: Callable[[int, dict], None] | None) -> None:
+        from aftraj.console import progress as make_progress
+
+        self.auditor, self.trajs, self.cfg, self.on_record = auditor, trajs, cfg, on_record
+        self.budget = {i: max_calls(auditor, t, cfg) for i, t in enumerate(trajs)}
+        self.bar = make_progress(sum(self.budget.values()), f"eval {auditor.label}", "call",
+                                 enabled=progress is not False)
+        self.n_done = 0
+        self.pending = iter(enumerate(trajs))
+        self.live: dict[int, _Walk] = {}
+        self.records: dict[int, dict] = {}
+        self.cap = min(cfg.max_in_flight, auditor.max_in_flight or cfg.max_in_flight)
+        self.reparse = parse_with(cfg.parser) if cfg.parser != "strict" else None
+
+    def run(self) -> list[dict]:
+        try:
+            self.refill()
+            if self.auditor.submit is not None:
+                _walk_async(self.auditor, self.live, self.refill, self.finish, self.check, self.called)
+            while self.live:
+                self.round()
+                self.refill()
+        finally:
+            self.bar.close()
+        return [self.records[i] for i in range(len(self.trajs))]
+
+    def refill(self) -> None:
+        while len(self.live) < self.cap:
+            nxt = next(self.pending, None)
             if nxt is None:
                 return
             i, traj = nxt
-            mode, plan = plan_for(auditor, traj, cfg)
-            w = _Walk(traj, mode, plan, cfg.all_prefixes)
+            mode, plan = plan_for(self.auditor, traj, self.cfg)
+            w = _Walk(traj, mode, plan, self.cfg.all_prefixes)
             if w.next_t is None:  # an empty plan cannot happen (N >= 1), but stay total
-                records[i] = w.record()
+                self.records[i] = w.record()
                 continue
-            live[i] = w
+            self.live[i] = w
 
-    def finish(i: int) -> None:
-        nonlocal n_done
-        w = live.pop(i)
-        records[i] = w.record()
-        auditor.end(w.traj)
-        if on_record is not None:
-            on_record(i, records[i])
-        unused = budget[i] - len(w.results)   # calls this walk no longer needs
-        if unused > 0 and bar.total is not None:
-            bar.total -= unused
-        n_done += 1
-        bar.set_postfix_str(f"{n_done}/{len(trajs)} trajectories", refresh=False)
-        bar.refresh()
+    def round(self) -> None:
+        """One `audit_batch` of every live walk's next prefix (and, with lookahead, spare rows of
+        their later prefixes: an answer counts only when its walk asks for that prefix)."""
+        live = self.live
+        order = sorted(live)
+        asked = [(i, live[i].next_t) for i in order]
+        if self.cfg.lookahead and self.auditor.lookahead:
+            asked += lookahead(live, order, self.cap - len(order))
+        requests: Sequence[tuple[Trajectory, int]] = [(live[i].traj, t) for i, t in asked]
+        results = self.auditor.audit_batch(requests)
+        if len(results) != len(requests):
+            raise RuntimeError(f"{self.auditor.label}: audit_batch returned {len(results)} results "
+                               f"for {len(requests)} requests")
+        for (i, t), r in zip(asked, results):
+            w = live.get(i)
+            if w is None or w.next_t != t:   # a lookahead answer its walk did not ask for
+                continue
+            self.called(w, self.check(w, r))
+            if w.next_t is None:
+                self.finish(i)
 
-    def called(w: _Walk, r: AuditResult) -> None:
+    def finish(self, i: int) -> None:
+        w = self.live.pop(i)
+        self.records[i] = w.record()
+        self.auditor.end(w.traj)
+        if self.on_record is not None:
+            self.on_record(i, self.records[i])
+        unused = self.budget[i] - len(w.results)   # calls this walk no longer needs
+        if unused > 0 and self.bar.total is not None:
+            self.bar.total -= unused
+        self.n_done += 1
+        self.bar.set_postfix_str(f"{self.n_done}/{len(self.trajs)} trajectories", refresh=False)
+        self.bar.refresh()
+
+    def called(self, w: _Walk, r: AuditResult) -> None:
         w.send(r)
-        bar.update(1)
+        self.bar.update(1)
 
-    reparse = parse_with(cfg.parser) if cfg.parser != "strict" else None
-
-    def check(w: _Walk, r: AuditResult) -> AuditResult:
+    def check(self, w: _Walk, r: AuditResult) -> AuditResult:
+        """The answer for the prefix the walk asked, re-read by `parser`; an ALARM must blame a
+        step 0..t (the release's parser may blame a later one)."""
+        label = self.auditor.label
         if r.t != w.next_t:
-            raise RuntimeError(f"{auditor.label}: answered prefix {r.t} of {w.traj.id!r} "
-                               f"when asked for {w.next_t}")
-        if reparse is not None and r.raw is not None and r.verdict is not None:
-            r = dataclasses.replace(r, verdict=reparse(r.raw, r.t))
+            raise RuntimeError(f"{label}: answered prefix {r.t} of {w.traj.id!r} when asked for {w.next_t}")
+        if self.reparse is not None and r.raw is not None and r.verdict is not None:
+            r = dataclasses.replace(r, verdict=self.reparse(r.raw, r.t))
         k = getattr(r.verdict, "step", None) if r.alarm else 0
-        if reparse is not None and isinstance(k, int) and k > r.t:
+        if self.reparse is not None and isinstance(k, int) and k > r.t:
             return r   # the release's rules accept a step after the prefix
         if not (isinstance(k, int) and not isinstance(k, bool) and 0 <= k <= r.t):
-            raise RuntimeError(f"{auditor.label}: the ALARM on {w.traj.id!r} blames step {k!r} "
+            raise RuntimeError(f"{label}: the ALARM on {w.traj.id!r} blames step {k!r} "
                                f"at prefix {r.t} (a step 0..{r.t} is required)")
         return r
-
-    try:
-        refill()
-        if auditor.submit is not None:
-            _walk_async(auditor, live, refill, finish, check, called)
-        while live:
-            order = sorted(live)
-            asked = [(i, live[i].next_t) for i in order]
-            if cfg.lookahead and auditor.lookahead:
-                asked += lookahead(live, order, cap - len(order))
-            requests: Sequence[tuple[Trajectory, int]] = [(live[i].traj, t) for i, t in asked]
-            results = auditor.audit_batch(requests)
-            if len(results) != len(requests):
-                raise RuntimeError(f"{auditor.label}: audit_batch returned {len(results)} results "
-                                   f"for {len(requests)} requests")
-            for (i, t), r in zip(asked, results):
-                w = live.get(i)
-                if w is None or w.next_t != t:   # a lookahead answer its walk did not ask for
-                    continue
-                called(w, check(w, r))
-                if w.next_t is None:
-                    finish(i)
-            refill()
-    finally:
-        bar.close()
-    return [records[i] for i in range(len(trajs))]
 
 
 def lookahead(live: dict, order: list[int], spare: int) -> list[tuple[int, int]]:
@@ -266,8 +281,7 @@ def lookahead(live: dict, order: list[int], spare: int) -> list[tuple[int, int]]
     first ALARM), so those answers are used in order and the rest dropped: the records are the
     ones the walk without lookahead writes. The spare rows of a round (a sample's tail, or a
     sample smaller than the batch) share one read of the weights a token; each still reads its
-    own cache, so the gain shrinks as prompts grow (`hf`, 2 CPU cores: ×1.60 on 2 held-out runs
-    of ~1,000-token prompts, ×1.05-1.14 on a Who&When run of up to 7,300; walk_speed.py)."""
+    own cache, so the gain shrinks as prompts grow (`benchmarks/walk_speed.py` measures it)."""
     extra: list[tuple[int, int]] = []
     depth = 1
     while len(extra) < spare:

@@ -65,6 +65,16 @@ def register(sub) -> None:
 def add_walk_args(p, *, audit: bool = False) -> None:
     """The flags `aftraj eval` and `aftraj audit` share (one definition); `audit` leaves out those
     that need gold labels (protocol, bootstrap, sample strata, AUC, model card)."""
+    _data_args(p, audit)
+    _backend_args(p)
+    _decision_args(p)
+    _walk_args(p, audit)
+    _output_args(p, audit)
+
+
+def _data_args(p, audit: bool) -> None:
+    """What is audited and how it is read: the auditor, the data, its split, the output folder,
+    the walk's protocol, the prompt layout, the parser."""
     p.add_argument("--auditor", metavar="NAME[:ARG]",
                    help="dummy:gold, heuristic:uniform-random, hf, openai[:METHOD], rules, … (required); "
                         "the content-blind floors (heuristic:position-prior, heuristic:length, …) fit on the "
@@ -93,6 +103,10 @@ def add_walk_args(p, *, audit: bool = False) -> None:
                         "text around the answer, \"safe\", \"2\", 2.0, null agent, a step after the "
                         "prefix), to compare with the paper's table. Reports count the strict parse "
                         "failures the reference rules accept either way")
+
+
+def _backend_args(p) -> None:
+    """The model behind the auditor: a folder, an endpoint and its client's settings, budgets."""
     p.add_argument("--model", help="hf: a local model folder, or builtin:NAME (tiny-qwen2, smollm2-135m: "
                                    "prepared locally, as `aftraj models prepare` does); openai: the served "
                                    "model's folder, for its tokenizer")
@@ -108,6 +122,10 @@ def add_walk_args(p, *, audit: bool = False) -> None:
                    help="generation budget per call (hf-steps: the reason generated on a crossing, at most 256; "
                         "0: no reason, the score's line: the walk's metrics do not read it)")
     p.add_argument("--budget", type=int, help="prompt token budget (the fold's view beyond it)")
+
+
+def _decision_args(p) -> None:
+    """The model auditors' own decoding flags (hf, hf-steps, vllm-steps); the reference answer."""
     p.add_argument("--decision-threshold", type=float, metavar="LOG_ODDS",
                    help="hf: at the decision token choose ALARM iff log p(ALARM) - log p(SAFE) >= this "
                         "(tune it on a validation walk: `aftraj eval tune-threshold`); default: greedy. "
@@ -126,6 +144,11 @@ def add_walk_args(p, *, audit: bool = False) -> None:
                         "(greedy speculative decoding: the same tokens, fewer forwards; 0 turns it off; default 64)")
     p.add_argument("--reference-answer", action="store_true",
                    help="show the ground-truth answer in the prompt (Who&When 'with ground truth')")
+
+
+def _walk_args(p, audit: bool) -> None:
+    """How the runs are walked and scored: in flight, lookahead, every prefix, limit, sample,
+    bootstrap, seed, prices."""
     p.add_argument("--max-in-flight", type=int, default=32, help="trajectories walked at once")
     p.add_argument("--no-lookahead", dest="lookahead", action="store_false",
                    help="hf: leave a round's spare rows empty instead of auditing the live walks' next "
@@ -151,6 +174,10 @@ def add_walk_args(p, *, audit: bool = False) -> None:
         p.add_argument("--price-cached", type=float, help="USD per million cached prompt tokens")
     if not audit:
         p.add_argument("--price-completion", type=float, help="USD per million completion tokens")
+
+
+def _output_args(p, audit: bool) -> None:
+    """Progress, resume or overwrite, emitting the verdicts, the model card."""
     p.add_argument("--no-progress", action="store_true",
                    help="no progress (else a bar on a terminal, a line every few seconds in a log)")
     p.add_argument("--resume", action="store_true",
@@ -170,7 +197,6 @@ def add_walk_args(p, *, audit: bool = False) -> None:
         p.add_argument("--update-model-card", action="store_true",
                        help="add this evaluation to the model card (README.md) of the --model folder "
                             "(a checkpoint of ours); without it no file outside --out is written")
-
 
 def run_compare(args) -> int:
     from eval.compare import compare_runs

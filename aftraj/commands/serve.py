@@ -52,21 +52,25 @@ def _load(path, kind):
 
 def build_auditor(a):
     """The in-process auditor an `auditor:` section names (`backend`: a registered auditor, its
-    `options` as keyword arguments), or None for `none` and `openai`. An unknown name or option is
-    a ConfigError naming the key."""
+    `options` as keyword arguments), or None for `none` and `openai`. An unknown name is a
+    ConfigError on `auditor.backend`; an option the auditor does not take (the one rule,
+    `eval.auditors.check_options`) one on `auditor.options.<option>`; a value it refuses one on
+    `auditor.options`."""
     from aftraj.config import ConfigError
     from serve.config import AUDITOR_BACKENDS
 
     if a.backend in AUDITOR_BACKENDS:
         return None
-    from eval.auditors import available_auditors, get_auditor
+    from eval.auditors import UnknownOptionError, available_auditors, get_auditor
 
     known = available_auditors()
     if a.backend not in known:
         raise ConfigError(f"must be one of {AUDITOR_BACKENDS} or a registered auditor ({', '.join(known)}), "
                           f"got {a.backend!r}", key="auditor.backend")
     try:
-        return get_auditor(a.backend, **a.options)
+        return get_auditor(a.backend, **a.options)      # checks the options first (check_options)
+    except UnknownOptionError as e:
+        raise ConfigError(str(e), key=f"auditor.options.{e.options[0]}") from None
     except (TypeError, ValueError, FileNotFoundError) as e:
         raise ConfigError(f"{a.backend} auditor: {e}", key="auditor.options") from None
 

@@ -36,8 +36,12 @@ The contract:
   accepts several prefixes of one trajectory in a round (`hf`): when fewer walks are live than
   `max_in_flight` (the sample's tail, a small sample), the walker fills the round's spare rows
   with the live online walks' next prefixes and keeps an answer only when its walk asks for it.
-- Constructor: `Cls(arg=None, **kw)`; `get_auditor("name:arg", model=…, endpoint=…, …)` builds
-  one. Unknown keywords should be accepted and ignored (`**kw`) so one CLI can feed any auditor.
+- Constructor: `Cls(arg=None, *, option=…, **kw)`, passing `**kw` on to `super().__init__`;
+  `get_auditor("name:arg", model=…, …)` builds one. An option no class of the chain declares is
+  an error (`UnknownOptionError`, a TypeError naming the auditor, the options and those it
+  takes); callers that hold options for any auditor (`aftraj eval`'s flags) pass each auditor
+  only what `accepted_options` says it takes. A registered name whose `__new__` builds another
+  class (`floor:NAME`, `heuristic:NAME` for a floor) says which in `resolve(arg)`.
 - Modules in this package are imported on the first `get_auditor`/`available_auditors`, so keep
   heavy imports (torch, transformers) inside methods.
 
@@ -121,8 +125,15 @@ class Auditor:
     arguments: tuple[tuple[str, str], ...] = ()
 
     def __init__(self, arg: str | None = None, *, layout: str = "ours", **kw) -> None:
+        if kw:   # what no class of the chain took: a misspelt or foreign option is never dropped
+            raise UnknownOptionError(self.name, sorted(kw), accepted_options(type(self)))
         self.arg = arg
         self.layout = layout   # prompt layout for auditors that render prompts (aftraj.prompt)
+
+    @classmethod
+    def resolve(cls, arg: str | None) -> type[Auditor]:
+        """The class `cls(arg, …)` builds: itself, unless its `__new__` dispatches on `arg`."""
+        return cls
 
     @property
     def posthoc(self) -> bool:
@@ -153,6 +164,50 @@ class Auditor:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# --------------------------------------------------------------------------- options
+
+class UnknownOptionError(TypeError):
+    """An option the auditor does not take (a misspelt key, a flag of another backend). A
+    TypeError, as Python's own for an unexpected keyword; `aftraj serve gateway` reports it as a
+    ConfigError on `auditor.options.<name>`, `aftraj eval` never passes one."""
+
+    def __init__(self, auditor: str, options: Sequence[str], accepted: Sequence[str]) -> None:
+        self.auditor, self.options, self.accepted = auditor, list(options), sorted(accepted)
+        names = ", ".join(repr(o) for o in self.options)
+        super().__init__(f"the {auditor} auditor takes no option {names} (it takes: "
+                         f"{', '.join(self.accepted) or 'none'})")
+
+
+def accepted_options(spec: str | type[Auditor]) -> frozenset[str]:
+    """The keyword options an auditor takes ("NAME[:ARG]" or its class): every keyword parameter of
+    the `__init__`s along its class chain, up to the first that takes no `**kw` (for a spec, of
+    the class it builds: `Auditor.resolve`)."""
+    import inspect
+
+    if isinstance(spec, str):
+        name, arg = parse_spec(spec)
+        cls = auditor_class(name).resolve(arg)
+    else:
+        cls = spec
+    out: set[str] = set()
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        params = list(inspect.signature(vars(klass)["__init__"]).parameters.values())[1:]   # not self
+        out |= {p.name for p in params if p.name != "arg" and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+        if not any(p.kind is p.VAR_KEYWORD for p in params) or klass is Auditor:
+            break
+    return frozenset(out)
+
+
+def check_options(spec: str, options) -> None:
+    """Raise `UnknownOptionError` when `options` names one the auditor of `spec` does not take."""
+    extra = sorted(set(options) - accepted_options(spec))
+    if extra:
+        name, arg = parse_spec(spec)
+        raise UnknownOptionError(name, extra, accepted_options(spec))
 
 
 # --------------------------------------------------------------------------- registry
@@ -269,13 +324,14 @@ def describe_auditor(name: str) -> dict:
 
 
 def get_auditor(spec: str, **kw) -> Auditor:
-    """Build an auditor from "NAME[:ARG]"; keyword arguments go to its constructor."""
-    _discover()
+    """Build an auditor from "NAME[:ARG]"; keyword arguments go to its constructor, and one it
+    does not take is an `UnknownOptionError` before anything is built or loaded."""
     name, arg = parse_spec(spec)
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown auditor {name!r}; available: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name](arg, **kw)
+    cls = auditor_class(name)
+    check_options(spec, kw)
+    return cls(arg, **kw)
 
 
-__all__ = ["AuditResult", "Auditor", "STRATEGIES", "auditor_class", "available_auditors", "describe_auditor",
-           "get_auditor", "parse_spec", "register_auditor", "renders_prompt"]
+__all__ = ["AuditResult", "Auditor", "STRATEGIES", "UnknownOptionError", "accepted_options", "auditor_class",
+           "available_auditors", "check_options", "describe_auditor", "get_auditor", "parse_spec",
+           "register_auditor", "renders_prompt"]

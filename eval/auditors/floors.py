@@ -177,10 +177,14 @@ class FloorAuditor(Auditor):
     strategy = "posthoc"
 
     def __new__(cls, arg: str | None = None, **kw):
+        return cls.resolve(arg)(arg, **kw)
+
+    @classmethod
+    def resolve(cls, arg: str | None) -> type[Auditor]:
         rule = (arg or "").split(",")[0]
         if rule not in ALL_FLOORS:
             raise ValueError(f"floor auditor needs one of {', '.join(ALL_FLOORS)} (floor:NAME); got {rule!r}")
-        return ALL_FLOORS[rule](arg, **kw)
+        return ALL_FLOORS[rule]
 
 
 def parse_rule(spec: str) -> str | None:

@@ -40,12 +40,16 @@ class HeuristicAuditor(Auditor):
     strategy = "posthoc"
 
     def __new__(cls, arg: str | None = None, **kw):
+        floor = cls.resolve(arg)
+        return floor(arg, **kw) if floor is not cls else super().__new__(cls)
+
+    @classmethod
+    def resolve(cls, arg: str | None) -> type[Auditor]:
         # heuristic:position-prior, heuristic:length (content-blind) and heuristic:lexical, :bow,
         # :structure (floors that read) are the floors of floors.py and reading.py
         from eval.auditors.floors import ALL_FLOORS
 
-        floor = ALL_FLOORS.get((arg or "").split(",")[0])
-        return floor(arg, **kw) if floor is not None else super().__new__(cls)
+        return ALL_FLOORS.get((arg or "").split(",")[0], cls)
 
     def __init__(self, arg: str | None = None, *, seed: int = 0, **kw) -> None:
         super().__init__(arg, **kw)

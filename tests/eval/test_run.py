@@ -35,13 +35,15 @@ def test_evaluate_writes_the_reports_and_returns_the_metrics(tmp_path, make_traj
     ({"sample": 0}, r"^--sample must be >= 1, got 0$"),
     ({"max_in_flight": 0}, r"max_in_flight"),
     ({"auc_start": -1}, r"^--auc-start must be >= 0"),
+    ({"limit": 0}, r"^--limit must be >= 1, got 0$"),
+    ({"resume": True, "overwrite": True}, r"^--resume and --overwrite exclude each other"),
+    ({"protocol": "lenient"}, r"protocol"),
     ({"split": "val"}, r"^--split val: .* has no splits"),
 ])
 def test_evaluate_raises_usage_errors_naming_the_flag(tmp_path, make_traj, kw, match):
     data = _data(tmp_path, make_traj)
-    cfg = EvalConfig(**{"auditor": "dummy:gold", "data": str(data), "out": tmp_path / "o", **kw})
-    with pytest.raises(UsageError, match=match):
-        evaluate(cfg)
+    with pytest.raises(UsageError, match=match):   # the config's own checks fail as it is built
+        evaluate(EvalConfig(**{"auditor": "dummy:gold", "data": str(data), "out": tmp_path / "o", **kw}))
     assert not (tmp_path / "o" / "metrics.json").exists()
 
 
