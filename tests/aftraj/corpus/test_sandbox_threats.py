@@ -166,6 +166,31 @@ def test_the_harness_reads_no_global_once_the_sample_runs(tmp_path):
     assert late == [] and _global_reads(alarm) == [], (late, _global_reads(alarm))
 
 
+def test_a_rebound_builtin_does_not_turn_a_write_into_a_read(tmp_path):
+    """Mode none's file check, called as the hook is (in a fresh interpreter: builtins are
+    rebound there): with `builtins.bool` made to answer False, an open for writing under the
+    stdlib folders was judged a read and allowed."""
+    import subprocess
+    import sys
+
+    zygote = Path(sandbox_module.__file__).with_name("sandbox_zygote.py")
+    script = (
+        "import builtins, gc, importlib.util, os, sys\n"
+        f"spec = importlib.util.spec_from_file_location('z', {str(zygote)!r})\n"
+        "z = importlib.util.module_from_spec(spec); spec.loader.exec_module(z)\n"
+        "root = os.path.dirname(os.__file__)\n"
+        f"hook = z._make_hook({str(tmp_path)!r}, [root], True, ())\n"
+        "gc.disable()\n"
+        "builtins.bool = lambda x: False\n"
+        "try:\n"
+        "    hook('open', (root + '/os.py', 'w', os.O_WRONLY | os.O_CREAT | os.O_TRUNC))\n"
+        "    print('allowed')\n"
+        "except PermissionError as e:\n"
+        "    print('refused', e)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.stdout.startswith("refused sandbox: open outside"), (out.stdout, out.stderr)
+
+
 # --------------------------------------------------------------------------- 7: hidden tests
 
 HIDDEN = ("assert f(3) == 9041", "assert f(5) == 7723", "assert f(8) == 1187")
