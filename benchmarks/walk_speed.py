@@ -6,7 +6,7 @@ aside and floats to 1e-4, must equal "now"'s, or the script says so and exits 1)
   now          this build: drafts shrink after a miss, lookahead, finished rows leave the
                stack, grouped KV heads attended without transformers' repeat copy on CPU
   no-lookahead a round's spare rows stay empty (`WalkConfig(lookahead=False)`)
-  fixed-drafts every draft as long as `draft_tokens` (no `_next_cap`)
+  fixed-drafts every draft as long as `draft_tokens` (no `Decoder.next_cap`)
   gqa-copy     transformers' repeat of the KV heads under a mask (no `masked_gqa`)
   before       all three off (the walk of b0feec0, finished rows aside)
 
