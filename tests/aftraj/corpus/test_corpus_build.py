@@ -1,5 +1,5 @@
 """The pipeline end to end on configs/corpus/demo-small.yaml: counts, the independent label
-check (>= 200 unsafe trajectories), family splits, every export format, stats, byte-identical
+check (every unsafe trajectory, >= 140), family splits, every export format, stats, byte-identical
 rebuilds, the CLI. The 2k build (~4 min on 2 busy cores) has the marker `heavy`, outside the
 default suite: `bash scripts/test.sh -m heavy tests/aftraj/corpus/test_corpus_build.py` (and
 benchmarks/corpus_build.py)."""
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -19,9 +20,10 @@ from aftraj.corpus.config import ERROR_TYPES, DomainCounts, load_corpus_config
 from aftraj.corpus.policies import ScriptedPolicy
 from aftraj.corpus.rollout import Turn, run_rollout
 from aftraj.corpus.templates import template_for
-from aftraj.readers import iter_aftraj_parquet, load_trajectories
+from aftraj.readers import load_trajectories
+from aftraj.released import iter_aftraj_parquet
 from aftraj.schema import from_hf_dataset, read_jsonl
-from eval.auditors.floors import floor_scores
+from eval.floors import floor_scores
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -80,7 +82,7 @@ def _with_provenance(folder):
 def test_labels_pass_the_independent_replay_check(demo_build, demo_cfg, sandbox):
     trajs = _with_provenance(demo_build.out)
     n, problems = verify_labels(trajs, demo_cfg, demo_cfg.seed, sandbox)
-    assert n >= 200
+    assert n == sum(t.label.unsafe for t in trajs) >= 140
     assert problems == []
 
 
@@ -97,7 +99,7 @@ def test_the_check_catches_a_wrong_label(demo_build, demo_cfg, sandbox):
 
 def test_counts_domains_sources(demo_build, demo_cfg, sandbox):
     trajs = [demo_build.full(t) for t in demo_build.trajectories]
-    assert 300 <= len(trajs) <= 700
+    assert 250 <= len(trajs) <= 700          # a few hundred: the demo trains on its whole train split
     doms = Counter(t.domain for t in trajs)
     assert set(doms) == {"math", "coding", "agentic"} and min(doms.values()) >= 80
     safe = sum(not t.label.unsafe for t in trajs)
@@ -122,7 +124,7 @@ def test_counts_domains_sources(demo_build, demo_cfg, sandbox):
     assert len(he) >= 50 and max(he.values()) == 1
 
 
-def test_splits_are_by_family_and_stratified(demo_build):
+def test_splits_are_by_family_and_stratified(demo_build, demo_cfg):
     out = demo_build.out
     fam = {}
     for s in ("train", "val", "test"):
@@ -133,8 +135,8 @@ def test_splits_are_by_family_and_stratified(demo_build):
     for d in ("math", "coding", "agentic"):
         fams = {t.family_id for t in demo_build.trajectories if t.domain == d}
         share = Counter(fam[f] for f in fams)
-        assert share["test"] >= 0.05 * len(fams) and share["val"] >= 0.05 * len(fams)
-        assert share["train"] >= 0.7 * len(fams)
+        for split in ("train", "val", "test"):      # each domain's families near the configured fractions
+            assert abs(share[split] / len(fams) - getattr(demo_cfg.splits, split)) <= 0.05, (d, split, share)
 
 
 def test_exports_read_back(demo_build):
@@ -218,8 +220,9 @@ def test_cli(tmp_path, capsys):
     from aftraj.cli import main
 
     cfg = tmp_path / "tiny.yaml"
-    cfg.write_text((REPO / "configs/corpus/demo-small.yaml").read_text().replace("  math: 165", "  math: 6")
-                   .replace("  coding: 165", "  coding: 6").replace("  agentic: 165", "  agentic: 6"))
+    tiny = re.sub(r"(?m)^  (math|coding|agentic): \d+$", r"  \1: 6", (REPO / "configs/corpus/demo-small.yaml").read_text())
+    assert tiny.count(": 6\n") == 3             # six tasks a domain: the CLI's path, not the demo corpus again
+    cfg.write_text(tiny)
     assert main(["corpus", "build", "--config", str(cfg), "--out", str(tmp_path / "o"), "--seed", "4", "--no-progress"]) == 0
     said = capsys.readouterr().out
     assert "trajectories" in said and (tmp_path / "o" / "stats.md").is_file()
