@@ -347,10 +347,28 @@ class AgenticTemplate(Template):
         return None
 
     def scripted_next(self, task, turns, ctx):
+        """The next turn: the opening (plan, notes), the answer once confirmed, the hop in progress,
+        or, every hop claimed, the Manager's evidence check."""
+        turn = self._opening(task, turns, ctx)
+        if turn is not None:
+            return turn
+        if turns[-1].sim.get("act") == "confirm":
+            return self.final_turn(task, turns[-1].sim["value"])
+        claims, attempts = self._claims(turns)
+        hop = next((h for h in range(len(task.data["hops"])) if h not in claims), None)
+        if hop is None:
+            return self._check_evidence(task, turns, ctx, claims, attempts)
+        att = attempts.get(hop, 0)
+        for react in (self._on_search, self._on_lookup):
+            turn = react(task, turns, ctx, claims, hop, att)
+            if turn is not None:
+                return turn
+        return self._next_hop(task, turns, ctx, claims, hop, att)
+
+    def _opening(self, task, turns, ctx):
+        """The plan said twice, the plan, and now and then a note from each side after it."""
         hops = task.data["hops"]
         last = turns[-1]
-        claims, attempts = self._claims(turns)
-        n_checks = sum(1 for t in turns if t.sim.get("act") in ("redo", "confirm"))
         again = self._redundant(turns, ctx)
         if again is not None:
             return again
@@ -374,15 +392,16 @@ class AgenticTemplate(Template):
                         content="Thought: one hop at a time, citing each document.\n" + say(task, "prenote", (
                             f"Understood; starting with {hops[0]['subject']}.", "On it.",
                             f"Starting the chain at {hops[0]['subject']}.")))
-        if last.sim.get("act") == "confirm":
-            return self.final_turn(task, last.sim["value"])
-        hop = next((h for h in range(len(hops)) if h not in claims), None)
-        att = attempts.get(hop, 0) if hop is not None else 0
-        if last.kind == "tool_result" and last.sim.get("of") == "search" and hop is not None \
+        return None
+
+    def _on_search(self, task, turns, ctx, claims, hop, att):
+        """After a search: a new query if it found nothing, else the page to open (now and then
+        announced first; a slip opens the wrong one)."""
+        hops, last = task.data["hops"], turns[-1]
+        if last.kind == "tool_result" and last.sim.get("of") == "search" \
                 and not last.error and not last.sim.get("hits"):
             return self.search_turn(task, hop, self._subject(task, claims, hop), att, requery=True)
-        if hop is not None and (last.kind == "tool_result" and last.sim.get("of") == "search"
-                                or last.sim.get("act") == "precall"):
+        if last.kind == "tool_result" and last.sim.get("of") == "search" or last.sim.get("act") == "precall":
             res = last if last.kind == "tool_result" else turns[-2]
             hits = list(res.sim.get("hits") or [])
             subj = self._subject(task, claims, hop)
@@ -395,37 +414,50 @@ class AgenticTemplate(Template):
             if others and ctx.slip("wrong_tool_argument", "lk", hop, att):
                 pick, slip = others[ctx.pick(len(others), "lkpick", hop, att)], "wrong_tool_argument"
             return self.lookup_turn(task, hop, pick, subj, att, slip=slip)
-        if last.kind == "tool_result" and last.sim.get("of") == "lookup" and hop is not None:
-            rel = hops[hop]["relation"]
-            doc = doc_by_id(task, last.sim.get("doc_id")) if not last.error else None
-            value = str(doc["facts"].get(rel, "unknown")) if doc else "unknown"
-            did = doc["id"] if doc else None
-            slip = None
-            subj = self._subject(task, claims, hop)
-            distract = [d for d in task.data["docs"] if d["title"] != subj and d["title"].startswith(subj.split(" ")[0])
-                        and rel in d["facts"] and str(d["facts"][rel]) != value]
-            if distract and ctx.slip("wrong_entity", "ent", hop, att):
-                value, slip = str(distract[0]["facts"][rel]), "wrong_entity"
-            elif value.isdigit() and ctx.slip("computation_slip", "num", hop, att):
-                value, slip = str(int(value) + [1, -1, 10][ctx.pick(3, "numd", hop, att)]), "computation_slip"
-            return self.claim_turn(task, hop, subj, value, did, att, slip=slip)
-        if hop is not None:
-            if last.sim.get("act") == "claim" and last.sim["hop"] < len(hops) - 1 and \
-                    ctx.slip("premature_termination", "prem", last.sim["hop"], att):
-                return self.final_turn(task, last.sim["value"], slip="premature_termination")
-            if last.sim.get("act") == "claim" and ctx.pick(100, "note", last.sim["hop"], att) < NOTE_PERCENT:
-                v = last.sim["value"]
-                return Turn(agent="Manager", kind="message", sim={"act": "note", "hop": last.sim["hop"]},
-                            content="Thought: one more link of the chain.\n" + say(task, ("note", last.sim["hop"], att), (
-                                f"Got it: {v}. Next hop.", f"Noted ({v}); continue.", f"OK, {v}. Keep going.",
-                                f"Got it: {v}. Nothing looks wrong so far.")))
-            subj = self._subject(task, claims, hop)
-            if len(turns) + 6 * (len(hops) - len(claims)) < OPTIONAL_UNTIL + 6 and ctx.detour("empty_search", "es", hop, att):
-                typo = " ".join(garble(w, hop) for w in subj.split())
-                if typo != subj and not search_docs(task.data["docs"], typo):
-                    return self.search_turn(task, hop, subj, att, query=typo)
-            return self.search_turn(task, hop, subj, att)
-        # every hop has a claim: the Manager checks the evidence chain
+        return None
+
+    def _on_lookup(self, task, turns, ctx, claims, hop, att):
+        """After a page was read: the claimed fact (a slip takes a look-alike's, or miscopies a number)."""
+        last = turns[-1]
+        if not (last.kind == "tool_result" and last.sim.get("of") == "lookup"):
+            return None
+        rel = task.data["hops"][hop]["relation"]
+        doc = doc_by_id(task, last.sim.get("doc_id")) if not last.error else None
+        value = str(doc["facts"].get(rel, "unknown")) if doc else "unknown"
+        did = doc["id"] if doc else None
+        slip = None
+        subj = self._subject(task, claims, hop)
+        distract = [d for d in task.data["docs"] if d["title"] != subj and d["title"].startswith(subj.split(" ")[0])
+                    and rel in d["facts"] and str(d["facts"][rel]) != value]
+        if distract and ctx.slip("wrong_entity", "ent", hop, att):
+            value, slip = str(distract[0]["facts"][rel]), "wrong_entity"
+        elif value.isdigit() and ctx.slip("computation_slip", "num", hop, att):
+            value, slip = str(int(value) + [1, -1, 10][ctx.pick(3, "numd", hop, att)]), "computation_slip"
+        return self.claim_turn(task, hop, subj, value, did, att, slip=slip)
+
+    def _next_hop(self, task, turns, ctx, claims, hop, att) -> Turn:
+        """After a claim: stopping early (a slip), a note, or the search for the next hop."""
+        hops, last = task.data["hops"], turns[-1]
+        if last.sim.get("act") == "claim" and last.sim["hop"] < len(hops) - 1 and \
+                ctx.slip("premature_termination", "prem", last.sim["hop"], att):
+            return self.final_turn(task, last.sim["value"], slip="premature_termination")
+        if last.sim.get("act") == "claim" and ctx.pick(100, "note", last.sim["hop"], att) < NOTE_PERCENT:
+            v = last.sim["value"]
+            return Turn(agent="Manager", kind="message", sim={"act": "note", "hop": last.sim["hop"]},
+                        content="Thought: one more link of the chain.\n" + say(task, ("note", last.sim["hop"], att), (
+                            f"Got it: {v}. Next hop.", f"Noted ({v}); continue.", f"OK, {v}. Keep going.",
+                            f"Got it: {v}. Nothing looks wrong so far.")))
+        subj = self._subject(task, claims, hop)
+        if len(turns) + 6 * (len(hops) - len(claims)) < OPTIONAL_UNTIL + 6 and ctx.detour("empty_search", "es", hop, att):
+            typo = " ".join(garble(w, hop) for w in subj.split())
+            if typo != subj and not search_docs(task.data["docs"], typo):
+                return self.search_turn(task, hop, subj, att, query=typo)
+        return self.search_turn(task, hop, subj, att)
+
+    def _check_evidence(self, task, turns, ctx, claims, attempts) -> Turn:
+        """Every hop has a claim: the Manager checks the evidence chain (a redo, or the confirmation)."""
+        hops = task.data["hops"]
+        n_checks = sum(1 for t in turns if t.sim.get("act") in ("redo", "confirm"))
         bad = self._check_chain(task, turns, claims)
         final = str(claims[len(hops) - 1]["value"])
         if bad is not None and sum(attempts.values()) < 2:

@@ -387,10 +387,22 @@ class MathTemplate(Template):
         return st
 
     def scripted_next(self, task, turns, ctx):
-        plan = task.data["plan"]
+        """The next turn: the first of these reactions, in order, that has one."""
         st = self._state(turns)
+        for react in (self._on_tool_result, self._on_message, self._said_twice, self._optional_opening):
+            turn = react(task, turns, ctx, st)
+            if turn is not None:
+                return turn
+        return self._next_step(task, turns, ctx, st)
+
+    @staticmethod
+    def _ids(task) -> list[str]:
+        return [sg["id"] for sg in task.data["plan"]]
+
+    def _on_tool_result(self, task, turns, ctx, st):
+        """After the tool: the computed value claimed, the Verifier's verdict on its recomputation,
+        or (after the misnamed argument's error) the value worked out by hand."""
         last = turns[-1]
-        ids = [sg["id"] for sg in plan]
         if last.kind == "tool_result" and last.sim.get("of") == "call" and not last.error:
             caller = next(t for t in reversed(turns) if t.kind == "tool_call")
             sg = caller.sim["sg"]
@@ -402,22 +414,32 @@ class MathTemplate(Template):
                 v, slip = fmt_num(eval_arith(v) + delta), "computation_slip"
             return self.claim_turn(task, sg, v, slip=slip)
         if last.kind == "tool_result" and last.sim.get("of") == "vcall":
-            r = last.sim.get("value")
-            claimed = st["claims"].get(ids[-1])
-            n = st["verdicts"]
-            if r is not None and claimed is not None and eval_arith(r) == eval_arith(claimed):
-                if ctx.slip("verdict_misread", "verdict", n):
-                    wrong = fmt_num(eval_arith(r) + [1, -1, 3][ctx.pick(3, "vdelta", n)])
-                    return self.verdict_turn(task, False, claimed, wrong, n, slip="verdict_misread")
-                return self.verdict_turn(task, True, claimed, claimed, n)
-            if r is not None and ctx.catches("verdict", n, claimed, r):
-                return self.verdict_turn(task, False, claimed, r, n)
-            return self.verdict_turn(task, True, claimed, claimed, n, slip="verdict_misread" if r is not None else None)
+            return self._verdict(task, last, ctx, st)
         if last.kind == "tool_result" and last.sim.get("of") == "call" and last.error:
             caller = next(t for t in reversed(turns) if t.kind == "tool_call")
             expr = (caller.arguments or {}).get("expr")
             if isinstance(expr, str):   # the misnamed argument: works it out by hand, ignoring the error
                 return self.claim_turn(task, caller.sim["sg"], fmt_num(eval_arith(expr)), by_hand=True)
+        return None
+
+    def _verdict(self, task, last, ctx, st) -> Turn:
+        """The Verifier's verdict on its recomputation `last` of the final figure."""
+        r = last.sim.get("value")
+        claimed = st["claims"].get(self._ids(task)[-1])
+        n = st["verdicts"]
+        if r is not None and claimed is not None and eval_arith(r) == eval_arith(claimed):
+            if ctx.slip("verdict_misread", "verdict", n):
+                wrong = fmt_num(eval_arith(r) + [1, -1, 3][ctx.pick(3, "vdelta", n)])
+                return self.verdict_turn(task, False, claimed, wrong, n, slip="verdict_misread")
+            return self.verdict_turn(task, True, claimed, claimed, n)
+        if r is not None and ctx.catches("verdict", n, claimed, r):
+            return self.verdict_turn(task, False, claimed, r, n)
+        return self.verdict_turn(task, True, claimed, claimed, n, slip="verdict_misread" if r is not None else None)
+
+    def _on_message(self, task, turns, ctx, st):
+        """After a message: the final answer once verified (or signed off from the notes), the ledger
+        check or a note on a claim, the check of a plan that misses a step, the revised plan."""
+        last, ids = turns[-1], self._ids(task)
         if last.sim.get("act") == "verdict" or (st["verdict"] is not None and last.agent == "Verifier"):
             vd = st["verdict"]
             ans = vd["expected"] if not vd.get("ok") else st["claims"].get(ids[-1], vd.get("expected"))
@@ -434,12 +456,17 @@ class MathTemplate(Template):
             return self.plan_check_turn(task, last.sim["missing"])
         if last.sim.get("act") == "plan_check":
             return self.plan_turn(task, revised=True)
-        again = self._redundant(turns, ctx)
-        if again is not None:
-            return again
+        return None
+
+    def _said_twice(self, task, turns, ctx, st):
+        return self._redundant(turns, ctx)
+
+    def _optional_opening(self, task, turns, ctx, st):
+        """Around the plan, now and then: the MathSolver lists the givens, the Verifier acknowledges."""
+        last = turns[-1]
         if last.sim.get("act") in ("plan", "note") and last.sim.get("sg") is None and "givens" not in st["notes"] \
                 and ctx.pick(100, "opening", len(turns)) < OPENING_PERCENT:
-            nums = ", ".join(str(a) for sg in plan for a in sg["args"] if not isinstance(a, str))
+            nums = ", ".join(str(a) for sg in task.data["plan"] for a in sg["args"] if not isinstance(a, str))
             return Turn(agent="MathSolver", kind="message", sim={"act": "note", "sg": "givens"},
                         content="Thought: first, the numbers the problem gives.\n" + say(task, "givens", (
                             f"Givens: {nums}.", f"The problem gives {nums}.", f"Numbers to use: {nums}.")))
@@ -448,6 +475,11 @@ class MathTemplate(Template):
                         content="Thought: I'll check the final figure independently.\n" + say(task, "prenote", (
                             "Fine by me; go ahead.", "Agreed. Post each sub-result as you get it.",
                             "Plan looks complete. I'll recompute at the end.")))
+        return None
+
+    def _next_step(self, task, turns, ctx, st) -> Turn:
+        """The work itself: the plan, the next sub-goal, the Verifier's recomputation, the answer."""
+        plan = task.data["plan"]
         if not st["plan"]:
             missing = None
             if len(plan) >= 3 and not any(act(t) == "plan" for t in turns) and ctx.detour("plan_slip", "plan"):
@@ -455,37 +487,42 @@ class MathTemplate(Template):
             return self.plan_turn(task, missing=missing)
         todo = [sg for sg in plan if sg["id"] not in st["claims"]]
         if todo:
-            sg = todo[0]
-            k = ids.index(sg["id"])
-            attempt = st["calls"].get(sg["id"], 0)
-            if 0 < k and st["claims"] and ctx.slip("premature_termination", "prem", sg["id"]):
-                return self.final_turn(task, st["claims"][ids[k - 1]], slip="premature_termination")
-            if last.sim.get("act") != "precall" and len(turns) + 4 * len(todo) < OPTIONAL_UNTIL + 4 and ctx.pick(100, "precall", sg["id"], attempt) < PRECALL_PERCENT:
-                return self.precall_turn(task, sg["id"], [st["claims"].get(a, "?") if isinstance(a, str) else str(a)
-                                                          for a in sg["args"]])
-            args = [st["claims"].get(a, "0") if isinstance(a, str) else str(a) for a in sg["args"]]
-            slip = None
-            if ctx.slip("wrong_tool_argument", "call", sg["id"], attempt):
-                nums = [j for j, a in enumerate(sg["args"]) if not isinstance(a, str)]
-                if nums:
-                    j = nums[ctx.pick(len(nums), "callarg", sg["id"], attempt)]
-                    args[j] = str(int(args[j]) + [1, 2, -1][ctx.pick(3, "calldelta", sg["id"], attempt)])
-                    slip = "wrong_tool_argument"
-            elif k >= 2 and ctx.slip("wrong_entity", "ent", sg["id"], attempt):
-                refs = [j for j, a in enumerate(sg["args"]) if isinstance(a, str)]
-                if refs:
-                    other = ids[ctx.pick(k - 1, "entpick", sg["id"]) % (k - 1)]   # an earlier quantity
-                    if other != sg["args"][refs[0]] and other in st["claims"] \
-                            and st["claims"][other] != st["claims"].get(sg["args"][refs[0]]):
-                        args[refs[0]] = st["claims"][other]
-                        slip = "wrong_entity"
-            expr = sg["template"].format(*args)
-            if slip is None and attempt == 0 and ctx.slip("tool_misuse", "misuse", sg["id"]):
-                return self.call_turn(task, sg["id"], expr, attempt=attempt, args_key="expr")
-            return self.call_turn(task, sg["id"], expr, attempt=attempt, slip=slip)
+            return self._next_subgoal(task, turns, ctx, st, todo)
         if st["verdict"] is None and st["vcalls"] < 2:
             return self.vcall_turn(task, st["vcalls"])
-        return self.final_turn(task, st["claims"][ids[-1]])
+        return self.final_turn(task, st["claims"][self._ids(task)[-1]])
+
+    def _next_subgoal(self, task, turns, ctx, st, todo) -> Turn:
+        """The first sub-goal not yet claimed: its tool call (or the slips and detours around it)."""
+        ids, last = self._ids(task), turns[-1]
+        sg = todo[0]
+        k = ids.index(sg["id"])
+        attempt = st["calls"].get(sg["id"], 0)
+        if 0 < k and st["claims"] and ctx.slip("premature_termination", "prem", sg["id"]):
+            return self.final_turn(task, st["claims"][ids[k - 1]], slip="premature_termination")
+        if last.sim.get("act") != "precall" and len(turns) + 4 * len(todo) < OPTIONAL_UNTIL + 4 and ctx.pick(100, "precall", sg["id"], attempt) < PRECALL_PERCENT:
+            return self.precall_turn(task, sg["id"], [st["claims"].get(a, "?") if isinstance(a, str) else str(a)
+                                                      for a in sg["args"]])
+        args = [st["claims"].get(a, "0") if isinstance(a, str) else str(a) for a in sg["args"]]
+        slip = None
+        if ctx.slip("wrong_tool_argument", "call", sg["id"], attempt):
+            nums = [j for j, a in enumerate(sg["args"]) if not isinstance(a, str)]
+            if nums:
+                j = nums[ctx.pick(len(nums), "callarg", sg["id"], attempt)]
+                args[j] = str(int(args[j]) + [1, 2, -1][ctx.pick(3, "calldelta", sg["id"], attempt)])
+                slip = "wrong_tool_argument"
+        elif k >= 2 and ctx.slip("wrong_entity", "ent", sg["id"], attempt):
+            refs = [j for j, a in enumerate(sg["args"]) if isinstance(a, str)]
+            if refs:
+                other = ids[ctx.pick(k - 1, "entpick", sg["id"]) % (k - 1)]   # an earlier quantity
+                if other != sg["args"][refs[0]] and other in st["claims"] \
+                        and st["claims"][other] != st["claims"].get(sg["args"][refs[0]]):
+                    args[refs[0]] = st["claims"][other]
+                    slip = "wrong_entity"
+        expr = sg["template"].format(*args)
+        if slip is None and attempt == 0 and ctx.slip("tool_misuse", "misuse", sg["id"]):
+            return self.call_turn(task, sg["id"], expr, attempt=attempt, args_key="expr")
+        return self.call_turn(task, sg["id"], expr, attempt=attempt, slip=slip)
 
 
 # =========================================================================== slip detector
