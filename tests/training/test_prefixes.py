@@ -7,10 +7,19 @@ import json
 import pytest
 import torch
 
+from aftraj.prompt import render
 from aftraj.schema import write_jsonl
+from aftraj.tokens import TEMPLATE_MARGIN, tokenizer_counter
 from training.common import synthetic_trajectories
 from training.prefixes.config import load_prefixes_config
 from training.prefixes.trainer import prefix_run, select_runs, train
+
+
+def _cap_for(traj, t, tok) -> int:
+    """The least max_prompt_tokens whose budget (`prompt_budget`: less TEMPLATE_MARGIN) holds
+    prefix t's full render, counted as render() counts it."""
+    count = tokenizer_counter(tok)
+    return sum(count(m["content"]) for m in render(traj, t)) + TEMPLATE_MARGIN
 
 
 def test_rows_of_unsafe_and_safe_runs_match_what_the_hf_auditor_reads(tiny_model_dir, tiny_tokenizer):
@@ -34,10 +43,12 @@ def test_rows_of_unsafe_and_safe_runs_match_what_the_hf_auditor_reads(tiny_model
         with torch.no_grad():
             alone = aud.model(input_ids=torch.tensor([ids + start]), use_cache=False).logits[0, -1]
         torch.testing.assert_close(logits[i], alone, atol=1e-4, rtol=1e-4)
-    # a prompt cap below k*'s prompt drops the unsafe run; a safe run keeps the prefixes within it
-    n_k = len(r.pack.ids) and r.pack.pos[r.pack.last[-1]]
-    assert prefix_run(unsafe, tiny_tokenizer, n_k - 5) is None
-    short = prefix_run(safe, tiny_tokenizer, s.pack.pos[s.pack.last[1]] - 2)
+    # the cap goes through the one budget rule: a cap whose budget cannot hold k*'s full prompt
+    # drops the unsafe run; a safe run keeps the prefixes whose full prompts it holds
+    n_k = _cap_for(unsafe, k, tiny_tokenizer)
+    assert prefix_run(unsafe, tiny_tokenizer, n_k - 1) is None
+    assert prefix_run(unsafe, tiny_tokenizer, n_k).ts == r.ts
+    short = prefix_run(safe, tiny_tokenizer, _cap_for(safe, 1, tiny_tokenizer) - 1)
     assert short is not None and short.ts == [0]
 
 
@@ -144,8 +155,8 @@ def test_a_cap_that_leaves_no_unsafe_run_is_a_usage_error_naming_it(tmp_path, ti
     from aftraj.errors import UsageError
 
     cfg = load_prefixes_config("configs/prefixes/tiny-cpu.yaml", {
-        "model": str(tiny_model_dir), "output_dir": str(tmp_path / "run"), "max_prompt_tokens": 10})
-    with pytest.raises(UsageError, match="max_prompt_tokens=10"):
+        "model": str(tiny_model_dir), "output_dir": str(tmp_path / "run"), "max_prompt_tokens": 40})
+    with pytest.raises(UsageError, match="max_prompt_tokens=40"):
         train(cfg)
 
 
@@ -157,8 +168,9 @@ def test_safe_runs_have_their_own_prompt_cap(tiny_tokenizer):
         "configs/prefixes/tiny-cpu.yaml", {"max_prompt_tokens": 4096}))[0]}
     safe = next(r for r in full.values() if not any(r.alarm) and len(r.ts) >= 3)
     unsafe = next(r for r in full.values() if any(r.alarm) and len(r.ts) >= 2)
-    cap = safe.pack.pos[safe.pack.last[1]] + 1          # room for the safe run's first two prefixes
-    n_unsafe = unsafe.pack.pos[unsafe.pack.last[-1]] + 1
+    by_id = {t.id: t for t in trajs}
+    cap = _cap_for(by_id[safe.traj_id], 1, tiny_tokenizer)        # room for the safe run's first two prefixes
+    n_unsafe = _cap_for(by_id[unsafe.traj_id], unsafe.ts[-1], tiny_tokenizer)
     over = {"max_prompt_tokens": max(cap, n_unsafe), "max_safe_prompt_tokens": cap}
     runs = {r.traj_id: r for r in select_runs(trajs, tiny_tokenizer, load_prefixes_config(
         "configs/prefixes/tiny-cpu.yaml", over))[0]}
@@ -174,6 +186,8 @@ def test_safe_runs_have_their_own_prompt_cap(tiny_tokenizer):
                                        ({"attn_implementation": "flash_attention_2"}, "attn_implementation"),
                                        ({"max_safe_runs": -1}, "max_safe_runs"),
                                        ({"max_safe_prompt_tokens": 0}, "max_safe_prompt_tokens"),
+                                       ({"max_safe_prompt_tokens": 32}, "max_safe_prompt_tokens"),
+                                       ({"max_prompt_tokens": 32}, "max_prompt_tokens"),
                                        ({"twin_weight": -1}, "twin_weight"),
                                        ({"mixed_precision": "fp8"}, "mixed_precision")])
 def test_bad_configs_name_the_key(over, key):

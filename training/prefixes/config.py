@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from aftraj.config import ConfigError, ModelConfig, check_types, load
+from aftraj.tokens import TEMPLATE_MARGIN
 from training.stage1.config import EXPORT_DTYPES
 
 
@@ -27,8 +28,9 @@ class PrefixesConfig(ModelConfig):
     export_dtype: str = "float32"
 
     # --- data: TRAIN-split runs; unsafe runs give prefixes 0..k* (k* ALARM, the rest SAFE), safe
-    # runs every prefix (SAFE); prefixes whose chat prompt is longer than max_prompt_tokens are
-    # left out (full renders only: no bounded view), and so is an unsafe run whose k* prompt is longer
+    # runs every prefix (SAFE); a prefix is rendered within aftraj.tokens.prompt_budget(
+    # max_prompt_tokens), the one budget rule; prefixes it would show as a bounded view are left
+    # out (full renders only), and so is an unsafe run whose k* prompt does not fit
     data: str = "builtin:synthetic"
     synthetic_trajectories: int = 12
     max_prompt_tokens: int = 1100
@@ -81,6 +83,11 @@ class PrefixesConfig(ModelConfig):
                                                         or self.max_safe_prompt_tokens < 1):
             raise ConfigError(f"must be null or an integer >= 1, got {self.max_safe_prompt_tokens!r}",
                               key="max_safe_prompt_tokens")
+        for k in ("max_prompt_tokens", "max_safe_prompt_tokens"):
+            v = getattr(self, k)
+            if v is not None and v <= TEMPLATE_MARGIN:
+                raise ConfigError(f"must be > {TEMPLATE_MARGIN} (aftraj.tokens.TEMPLATE_MARGIN: the budget rule "
+                                  f"keeps that room for the chat template), got {v!r}", key=k)
         for k in ("max_unsafe_runs", "max_safe_runs", "max_heldout_runs"):
             v = getattr(self, k)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):

@@ -60,12 +60,13 @@ class PrefixRun:
 def prefix_run(traj: Trajectory, tok, max_prompt_tokens: int) -> PrefixRun | None:
     """The rows of `traj`: unsafe, prefixes 0..k* (ALARM at k*, the canonical alarm at step t
     blaming step t's agent, i.e. (k*, a*)); safe, every prefix. A prefix's ids are its chat
-    prompt (a full render, as the hf auditor reads it within its budget) and the canonical
-    completions' common start. Prefixes past max_prompt_tokens are dropped; None when nothing
-    is left, or when an unsafe run's k* is among the dropped."""
-    from aftraj.prompt import render
+    prompt, rendered within the one budget rule (`aftraj.tokens.prompt_budget(max_prompt_tokens)`,
+    as the hf auditor reads it), and the canonical completions' common start. Rows are full renders
+    only: the prefixes from the first one the budget would show as a bounded view are dropped;
+    None when nothing is left, or when an unsafe run's k* is among the dropped."""
+    from aftraj.prompt import PrefixCache, render_prompt
     from aftraj.scoring import Pack, decision_ids
-    from aftraj.tokens import chat_prompt_ids
+    from aftraj.tokens import PromptBudgetError, chat_prompt_ids, prompt_budget, tokenizer_counter
     from aftraj.verdict import canonical_verdict, norm_agent
 
     lb = traj.label
@@ -74,11 +75,16 @@ def prefix_run(traj: Trajectory, tok, max_prompt_tokens: int) -> PrefixRun | Non
         raise UsageError(f"trajectory {traj.id!r}: label.decisive_agent {lb.decisive_agent!r} is not "
                          f"step {k}'s agent {traj.steps[k].agent!r}")
     last = k if k is not None else len(traj.steps) - 1
+    budget, count, cache = prompt_budget(max_prompt_tokens, tok), tokenizer_counter(tok), PrefixCache()
     seqs, ts, safe, alarm = [], [], [], []
     for t in range(last + 1):
-        p = chat_prompt_ids(tok, render(traj, t))
-        if len(p) > max_prompt_tokens:
-            break                                   # prompts only grow with t
+        try:
+            shown = render_prompt(traj, t, budget, count_tokens=count, cache=cache)
+        except PromptBudgetError:                   # not even a bounded view fits
+            break
+        if shown.coverage is not None:
+            break                                   # a bounded view: prompts only grow with t
+        p = chat_prompt_ids(tok, shown.messages)
         s, a, d = decision_ids(tok, t, canonical_verdict(t, t, traj.steps[t].agent))
         seqs.append(p + s[:d])
         ts.append(t)
@@ -234,24 +240,55 @@ class PrefixesResult:
 
 
 def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
+    """Write the run folder, capture the frozen layers' output for every training (and held-out)
+    run, train the top layers for `num_epochs`, score the held-out rows and export final/."""
     import torch
-    import torch.nn.functional as F
-    from transformers import get_cosine_schedule_with_warmup
-
-    from aftraj.boundary import find_twins
-    from aftraj.scoring import autocast, packed_logits, resolve_mixed_precision, top_layers_only
-    from training.common import export_folder, freeze_below, load_model, load_tokenizer, load_training_trajectories
-    from aftraj.models import resolve_model_spec
 
     torch.manual_seed(cfg.seed)
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n", encoding="utf-8")
+    model, tok, device = _setup_model(cfg)
+    d = _setup_data(cfg, model, tok, out, progress=progress)
+    o = _setup_optimizer(cfg, model, d)
+    history = _train_epochs(cfg, model, d, o, device, out / "metrics.jsonl", progress=progress)
+    model.eval()
+    if d.held:
+        _score_heldout(cfg, model, d, out)
+    return _finish(cfg, model, tok, device, d, o, history, out)
+
+
+def _setup_model(cfg: PrefixesConfig):
+    """(model, tokenizer, device): a CUDA GPU where there is one (its features, masks and targets
+    stay on it), else the CPU."""
+    import torch
+
+    from aftraj.models import resolve_model_spec
+    from training.common import load_model, load_tokenizer
+
     path = resolve_model_spec(cfg.model)
     tok = load_tokenizer(path)
-    # a CUDA GPU where there is one (its features, masks and targets stay on it), else the CPU
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = load_model(cfg, path).to(device)
+    return load_model(cfg, path).to(device), tok, device
+
+
+@dataclass
+class _Data:
+    """The training runs and their captured features; the held-out runs likewise; data.json's dict."""
+    trajs: list[Trajectory]
+    runs: list[PrefixRun]
+    cached: list
+    held: list[PrefixRun]
+    held_trajs: dict[str, Trajectory]
+    held_cached: list
+    w_alarm: float
+    data: dict
+    t_capture: float            # when the capture began (train_s counts from it)
+
+
+def _setup_data(cfg: PrefixesConfig, model, tok, out: Path, *, progress: bool) -> _Data:
+    from training.common import load_training_trajectories
+
     trajs, src = load_training_trajectories(cfg.data, synthetic_n=cfg.synthetic_trajectories, seed=cfg.seed)
     t0 = time.perf_counter()
     runs, counts = select_runs(trajs, tok, cfg)
@@ -259,7 +296,7 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
         raise UsageError(f"{src}: no unsafe run has its k* prompt within max_prompt_tokens="
                          f"{cfg.max_prompt_tokens} ({counts})")
     w_alarm = _weights(runs, cfg.alarm_weight)
-    held, held_trajs = [], {}
+    held, held_trajs, hcounts = [], {}, {}
     if cfg.heldout_split:
         from aftraj.readers import load_trajectories
 
@@ -273,8 +310,8 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
     t1 = time.perf_counter()
     cached = capture(model, runs, cfg.trainable_layers, progress=progress, mixed_precision=cfg.mixed_precision)
     # the held-out rows are a measurement (and pick the walk's threshold): float32 whatever the
-    # training precision. bf16 autocast moves the decision log-odds by more than a run's post-vs-twin
-    # gap: the same stage-1 model probed 71.1 % post > twin in float32, 51.1 % under bf16 (2026-12-02)
+    # training precision (bf16 autocast moves the decision log-odds by more than a run's
+    # post-vs-twin gap)
     held_cached = capture(model, held, cfg.trainable_layers, progress=progress)
     data = {"source": src, **counts, "alarm_weight": w_alarm, "tokenize_s": round(t1 - t0, 1),
             "capture_s": round(time.perf_counter() - t1, 1),
@@ -285,92 +322,155 @@ def train(cfg: PrefixesConfig, *, progress: bool = False) -> PrefixesResult:
     (out / "data.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     if progress:
         print(json.dumps({"data": data}), flush=True)
+    return _Data(trajs, runs, cached, held, held_trajs, held_cached, w_alarm, data, t1)
+
+
+@dataclass
+class _Optim:
+    """The trainable parameters, AdamW and its cosine schedule, and every epoch's steps (each a
+    list of run groups; a twin pair's runs share a group, `pairs_of` keyed by the group's twin)."""
+    params: list
+    opt: object
+    sched: object
+    plan: list[list[list[list[int]]]]
+    pairs_of: dict[int, list[tuple[int, int, int, int]]]
+    n_trainable: int
+
+    @property
+    def total(self) -> int:
+        return sum(len(e) for e in self.plan)
+
+
+def _setup_optimizer(cfg: PrefixesConfig, model, d: _Data) -> _Optim:
+    import torch
+    from transformers import get_cosine_schedule_with_warmup
+
+    from aftraj.boundary import find_twins
+    from training.common import freeze_below
 
     n_trainable = freeze_below(model, cfg.trainable_layers)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     rng = random.Random(cfg.seed)
-    pairs = twin_pairs(runs, find_twins(trajs)) if cfg.twin_weight > 0 else []
-    pairs_of = {}
+    pairs = twin_pairs(d.runs, find_twins(d.trajs)) if cfg.twin_weight > 0 else []
+    pairs_of: dict[int, list] = {}
     for pr in pairs:
         pairs_of.setdefault(pr[1], []).append(pr)           # keyed by the twin: its group holds them
-    groups = step_groups(len(runs), pairs)
+    groups = step_groups(len(d.runs), pairs)
     plan = [epoch_batches(groups, cfg.runs_per_step, rng) for _ in range(cfg.num_epochs)]
-    total = sum(len(e) for e in plan)
-    sched = get_cosine_schedule_with_warmup(opt, cfg.warmup_steps, total)
-    data["twin_pairs"] = len(pairs)
+    sched = get_cosine_schedule_with_warmup(opt, cfg.warmup_steps, sum(len(e) for e in plan))
+    d.data["twin_pairs"] = len(pairs)
+    return _Optim(params, opt, sched, plan, pairs_of, n_trainable)
+
+
+def _train_epochs(cfg: PrefixesConfig, model, d: _Data, o: _Optim, device, log_path: Path, *,
+                  progress: bool) -> list[dict]:
+    """Every step of the plan; each logged step's record to `log_path` (and stdout with `progress`)."""
     history, step = [], 0
     model.train()
-    with (out / "metrics.jsonl").open("w", encoding="utf-8") as log:
-        for epoch, batches in enumerate(plan):
+    with log_path.open("w", encoding="utf-8") as log:
+        for epoch, batches in enumerate(o.plan):
             for b, batch in enumerate(batches):
                 t_step = time.perf_counter()
-                members = [i for g in batch for i in g]
-                w_total = sum(len(runs[i].ts) - sum(runs[i].alarm) + w_alarm * sum(runs[i].alarm) for i in members)
-                n_pairs = sum(len(pairs_of.get(i, ())) for i in members)
-                loss_sum, lo_a, lo_s, margins = 0.0, [], [], []
-                for g in batch:                     # one backward a group: a run and its twin together
-                    loss, decision = 0.0, {}
-                    for i in g:
-                        r, (feat, mask, _) = runs[i], cached[i]
-                        with top_layers_only(model, cfg.trainable_layers), autocast(cfg.mixed_precision, device):
-                            logits = packed_logits(model, r.pack, embeds=feat, mask=mask).float()
-                        ce = F.cross_entropy(logits, torch.tensor(r.targets, device=device), reduction="none")
-                        w = torch.tensor([w_alarm if y else 1.0 for y in r.alarm], device=device)
-                        loss = loss + (w * ce).sum() / w_total
-                        if g[0] in pairs_of:
-                            decision[i] = torch.log_softmax(logits, -1)
-                        with torch.no_grad():
-                            lo = r.log_odds(logits)
-                        lo_a += [v for v, y in zip(lo, r.alarm) if y]
-                        lo_s += [v for v, y in zip(lo, r.alarm) if not y]
-                    for i, j, ri, rj in pairs_of.get(g[0], ()):
-                        u, t = runs[i], runs[j]
-                        m = ((decision[i][ri, u.alarm_tok[ri]] - decision[i][ri, u.safe_tok[ri]])
-                             - (decision[j][rj, t.alarm_tok[rj]] - decision[j][rj, t.safe_tok[rj]]))
-                        loss = loss + cfg.twin_weight * F.softplus(-m) / n_pairs
-                        margins.append(float(m.detach()))
-                    loss.backward()
-                    loss_sum += float(loss.detach())
-                gnorm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
-                opt.step()
-                sched.step()
-                opt.zero_grad(set_to_none=True)
+                rec, twin = _train_step(cfg, model, d, o, batch, device)
                 step += 1
-                rec = {"step": step, "epoch": epoch + (b + 1) / len(batches), "loss": round(loss_sum, 5),
-                       "grad_norm": round(gnorm, 4), "lr": sched.get_last_lr()[0],
-                       "log_odds_alarm_rows": round(sum(lo_a) / len(lo_a), 4) if lo_a else None,
-                       "log_odds_safe_rows": round(sum(lo_s) / len(lo_s), 4) if lo_s else None,
-                       "step_s": round(time.perf_counter() - t_step, 3)}
-                if margins:     # log-odds at k* minus the twin's at k*: > 0 where the step reads content
-                    rec.update(twin_pairs=len(margins), twin_margin=round(sum(margins) / len(margins), 4),
-                               twin_wins=round(sum(m > 0 for m in margins) / len(margins), 4))
+                rec = {"step": step, "epoch": epoch + (b + 1) / len(batches), **rec,
+                       "step_s": round(time.perf_counter() - t_step, 3), **twin}
                 history.append(rec)
-                if step % cfg.logging_steps == 0 or step == total:
+                if step % cfg.logging_steps == 0 or step == o.total:
                     log.write(json.dumps(rec) + "\n")
                     log.flush()
                     if progress:
                         print(json.dumps(rec), flush=True)
-    model.eval()
-    if held:
-        rows = []
-        with torch.no_grad(), top_layers_only(model, cfg.trainable_layers):      # float32 (above)
-            for r, (feat, mask, before) in zip(held, held_cached):
-                after = r.log_odds(packed_logits(model, r.pack, embeds=feat, mask=mask).float())
-                steps = held_trajs[r.traj_id].steps
-                rows += [{"id": r.traj_id, "t": t, "alarm": y, "step_agent": steps[t].agent,
-                          "log_odds_before": round(b, 4), "log_odds_after": round(a, 4)}
-                         for t, y, b, a in zip(r.ts, r.alarm, before, after)]
-        with (out / "heldout.jsonl").open("w", encoding="utf-8") as f:
-            f.writelines(json.dumps(x) + "\n" for x in rows)
-        data["heldout"].update(before=heldout_summary(rows, "log_odds_before"),
-                               after=heldout_summary(rows, "log_odds_after"))
+    return history
+
+
+def _train_step(cfg: PrefixesConfig, model, d: _Data, o: _Optim, batch: list[list[int]],
+                device) -> tuple[dict, dict]:
+    """One optimizer step over `batch`'s run groups (one backward a group: a run and its twin
+    together): the step's record (but for its number, epoch and time), and its twin margins."""
+    import torch
+    import torch.nn.functional as F
+
+    from aftraj.scoring import autocast, packed_logits, top_layers_only
+
+    runs, w_alarm = d.runs, d.w_alarm
+    members = [i for g in batch for i in g]
+    w_total = sum(len(runs[i].ts) - sum(runs[i].alarm) + w_alarm * sum(runs[i].alarm) for i in members)
+    n_pairs = sum(len(o.pairs_of.get(i, ())) for i in members)
+    loss_sum, lo_a, lo_s, margins = 0.0, [], [], []
+    for g in batch:
+        loss, decision = 0.0, {}
+        for i in g:
+            r, (feat, mask, _) = runs[i], d.cached[i]
+            with top_layers_only(model, cfg.trainable_layers), autocast(cfg.mixed_precision, device):
+                logits = packed_logits(model, r.pack, embeds=feat, mask=mask).float()
+            ce = F.cross_entropy(logits, torch.tensor(r.targets, device=device), reduction="none")
+            w = torch.tensor([w_alarm if y else 1.0 for y in r.alarm], device=device)
+            loss = loss + (w * ce).sum() / w_total
+            if g[0] in o.pairs_of:
+                decision[i] = torch.log_softmax(logits, -1)
+            with torch.no_grad():
+                lo = r.log_odds(logits)
+            lo_a += [v for v, y in zip(lo, r.alarm) if y]
+            lo_s += [v for v, y in zip(lo, r.alarm) if not y]
+        for i, j, ri, rj in o.pairs_of.get(g[0], ()):
+            u, t = runs[i], runs[j]
+            m = ((decision[i][ri, u.alarm_tok[ri]] - decision[i][ri, u.safe_tok[ri]])
+                 - (decision[j][rj, t.alarm_tok[rj]] - decision[j][rj, t.safe_tok[rj]]))
+            loss = loss + cfg.twin_weight * F.softplus(-m) / n_pairs
+            margins.append(float(m.detach()))
+        loss.backward()
+        loss_sum += float(loss.detach())
+    gnorm = float(torch.nn.utils.clip_grad_norm_(o.params, cfg.max_grad_norm))
+    o.opt.step()
+    o.sched.step()
+    o.opt.zero_grad(set_to_none=True)
+    rec = {"loss": round(loss_sum, 5), "grad_norm": round(gnorm, 4), "lr": o.sched.get_last_lr()[0],
+           "log_odds_alarm_rows": round(sum(lo_a) / len(lo_a), 4) if lo_a else None,
+           "log_odds_safe_rows": round(sum(lo_s) / len(lo_s), 4) if lo_s else None}
+    twin = {}
+    if margins:     # log-odds at k* minus the twin's at k*: > 0 where the step reads content
+        twin = {"twin_pairs": len(margins), "twin_margin": round(sum(margins) / len(margins), 4),
+                "twin_wins": round(sum(m > 0 for m in margins) / len(margins), 4)}
+    return rec, twin
+
+
+def _score_heldout(cfg: PrefixesConfig, model, d: _Data, out: Path) -> None:
+    """Every held-out row's log-odds before and after training (OUT/heldout.jsonl), in float32,
+    and their AUCs in data.json's `heldout`."""
+    import torch
+
+    from aftraj.scoring import packed_logits, top_layers_only
+
+    rows = []
+    with torch.no_grad(), top_layers_only(model, cfg.trainable_layers):      # float32 (the capture's note)
+        for r, (feat, mask, before) in zip(d.held, d.held_cached):
+            after = r.log_odds(packed_logits(model, r.pack, embeds=feat, mask=mask).float())
+            steps = d.held_trajs[r.traj_id].steps
+            rows += [{"id": r.traj_id, "t": t, "alarm": y, "step_agent": steps[t].agent,
+                      "log_odds_before": round(b, 4), "log_odds_after": round(a, 4)}
+                     for t, y, b, a in zip(r.ts, r.alarm, before, after)]
+    with (out / "heldout.jsonl").open("w", encoding="utf-8") as f:
+        f.writelines(json.dumps(x) + "\n" for x in rows)
+    d.data["heldout"].update(before=heldout_summary(rows, "log_odds_before"),
+                             after=heldout_summary(rows, "log_odds_after"))
+
+
+def _finish(cfg: PrefixesConfig, model, tok, device, d: _Data, o: _Optim, history: list[dict],
+            out: Path) -> PrefixesResult:
+    """final/ (the whole model) and data.json with the run's totals."""
+    import torch
+
+    from aftraj.scoring import resolve_mixed_precision
+    from training.common import export_folder
+
     final = export_folder(model, tok, out / "final", lora=False, dtype=cfg.export_dtype)
-    summary = {"steps": step, "mixed_precision": resolve_mixed_precision(cfg.mixed_precision),
-               "trainable_parameters": n_trainable, "train_s": round(time.perf_counter() - t1, 1),
+    summary = {"steps": len(history), "mixed_precision": resolve_mixed_precision(cfg.mixed_precision),
+               "trainable_parameters": o.n_trainable, "train_s": round(time.perf_counter() - d.t_capture, 1),
                "peak_rss_gib": round(_rss_gib(), 2), "device": device.type}
     if device.type == "cuda":
         summary["peak_gpu_gib"] = round(torch.cuda.max_memory_allocated() / 2 ** 30, 2)
-    data.update(summary)
-    (out / "data.json").write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    return PrefixesResult(out, final, history, data)
+    d.data.update(summary)
+    (out / "data.json").write_text(json.dumps(d.data, indent=1) + "\n", encoding="utf-8")
+    return PrefixesResult(out, final, history, d.data)
