@@ -58,7 +58,7 @@ def _cut(text: str, limit: int, mark: str) -> str:
 
 
 def _action(step: Step) -> str | None:
-    from aftraj.corpus.export import release_action   # the one place that spells actions
+    from aftraj.released import release_action   # the one place that spells actions
 
     return release_action(step)
 

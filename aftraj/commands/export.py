@@ -29,7 +29,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from aftraj.corpus.export import write_aftraj_parquet
+    from aftraj.released import write_aftraj_parquet
     from aftraj.readers import load_trajectories
     from aftraj.schema import ReadReport
 

@@ -1,8 +1,8 @@
 """Write a built corpus: corpus.jsonl (our schema), train/val/test.jsonl, a Hugging Face dataset
 repository (README.md card with `configs:` + data/{train,val,test}-*.parquet, so
-`datasets.load_dataset(folder)` gives the three splits), and the released AFTraj-2K parquet layout (aftraj_safe.parquet,
-aftraj_unsafe.parquet, splits_test.json) that `aftraj.readers.iter_aftraj_parquet` reads back
-and the release's own loader reads. Everything is byte-stable: fixed order, fixed key order,
+`datasets.load_dataset(folder)` gives the three splits), and the released AFTraj-2K parquet layout
+(aftraj_safe.parquet, aftraj_unsafe.parquet, splits_test.json: `aftraj.released`, which reads it
+back as the release's own loader does). Everything is byte-stable: fixed order, fixed key order,
 no timestamps.
 
     from aftraj.corpus.export import export_corpus
@@ -12,122 +12,12 @@ no timestamps.
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 from aftraj.corpus.splits import SPLITS
+from aftraj.released import write_aftraj_parquet
 from aftraj.schema import Trajectory, to_hf_dataset, write_jsonl
-
-# AFTraj's unsafe_source spelling for our label sources (a row read from the release keeps its own)
-_UNSAFE_SOURCE = {"injected": "injected", "diagnosed": "diagnosed"}
-
-
-def release_action(step) -> str | None:
-    """A step's `action` string in the released layout: the release's own string when the step
-    was read from it, else our tool call as the release spells one."""
-    if "action" in step.meta:           # read from the release: its string, byte for byte
-        return step.meta["action"]
-    if step.kind == "tool_call" and step.tool is not None:
-        return json.dumps([{"name": step.tool, "arguments": json.dumps(step.arguments or {}, sort_keys=True)}],
-                          sort_keys=True)
-    if step.kind == "tool_result" and step.tool is not None:
-        return json.dumps([{"name": step.tool}])   # which tool answered (the reader keeps it)
-    return None
-
-
-def _turn(step, null_content: bool) -> dict:
-    role = "environment" if step.kind == "tool_result" else step.agent
-    return {"role": role, "thought": step.thought, "action": release_action(step),
-            "content": None if null_content else step.content}
-
-
-def aftraj_row(t: Trajectory) -> dict:
-    """One row in the released column layout (`aftraj.readers.AFTRAJ_COLUMNS`). A trajectory
-    read from the release gives back its row unchanged: id, domain spelling, thought, action,
-    tools, num_turns and the label columns of safe rows are kept in `meta['aftraj']`."""
-    lb, rel = t.label, t.meta.get("aftraj") or {}
-    nulls = set(rel.get("null_content") or ())
-    if "tools" in rel:
-        tools = rel["tools"]
-    else:
-        tools = [{"name": n, "description": None} for n in sorted({s.tool for s in t.steps if s.tool})]
-    if lb.unsafe:
-        source = lb.provenance.get("unsafe_source", _UNSAFE_SOURCE.get(lb.label_source, lb.label_source))
-        tail = (lb.decisive_step, lb.decisive_agent, lb.reason, source)
-    else:
-        tail = (-1, rel.get("mistake_agent"), rel.get("mistake_reason"), rel.get("unsafe_source"))
-    return {
-        "conv_id": t.id, "domain": rel.get("domain", t.domain), "task": t.task,
-        "gold_answer": t.reference_answer,
-        "num_turns": rel["num_turns"] if "num_turns" in rel else len(t.steps),
-        "turns": [_turn(s, s.index in nulls) for s in t.steps], "tools": tools,
-        "mistake_step": tail[0], "mistake_agent": tail[1], "mistake_reason": tail[2],
-        "unsafe_source": tail[3],
-    }
-
-
-def aftraj_schema():
-    """The released parquet schema (column order of `aftraj.readers.AFTRAJ_COLUMNS`)."""
-    import pyarrow as pa
-
-    turn = pa.struct([("role", pa.string()), ("thought", pa.string()), ("action", pa.string()),
-                      ("content", pa.string())])
-    tool = pa.struct([("name", pa.string()), ("description", pa.string())])
-    return pa.schema([("conv_id", pa.string()), ("domain", pa.string()), ("task", pa.string()),
-                      ("gold_answer", pa.string()), ("num_turns", pa.int64()),
-                      ("turns", pa.list_(turn)), ("tools", pa.list_(tool)),
-                      ("mistake_step", pa.int64()), ("mistake_agent", pa.string()),
-                      ("mistake_reason", pa.string()), ("unsafe_source", pa.string())])
-
-
-def _write_atomic(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        write(tmp)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def write_aftraj_parquet(trajs: list[Trajectory], split_of: dict[str, str] | None, out: Path) -> dict[str, int]:
-    """The released layout in `out`: aftraj_safe.parquet, aftraj_unsafe.parquet and
-    splits_test.json ({"test_safe": […], "test_unsafe": […]}), which the release's own loader
-    reads; plus splits.json (every split by conv_id) and, where a family is not its id,
-    families.json, so our reader gets the train/val/test families back. `split_of` maps
-    family_id -> split (a corpus build); None takes each trajectory's meta['split'].
-    Returns {file: rows}."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    schema, counts = aftraj_schema(), {}
-    for name, unsafe in (("aftraj_safe.parquet", False), ("aftraj_unsafe.parquet", True)):
-        rows = [aftraj_row(t) for t in trajs if t.label.unsafe == unsafe]
-        table = pa.Table.from_pylist(rows, schema=schema)
-        _write_atomic(out / name, lambda p, table=table: pq.write_table(
-            table, p, compression="zstd", write_statistics=False))
-        counts[name] = len(rows)
-    split = {t.id: (split_of[t.family_id] if split_of is not None else t.meta.get("split")) for t in trajs}
-    if any(v is not None for v in split.values()):
-        test = {"test_safe": [t.id for t in trajs if split[t.id] == "test" and not t.label.unsafe],
-                "test_unsafe": [t.id for t in trajs if split[t.id] == "test" and t.label.unsafe]}
-        by_split: dict[str, list[str]] = {}
-        for t in trajs:
-            if split[t.id] is not None:
-                by_split.setdefault(split[t.id], []).append(t.id)
-        for name, obj in (("splits_test.json", test), ("splits.json", by_split)):
-            _write_atomic(out / name, lambda p, obj=obj: p.write_text(json.dumps(obj, indent=1) + "\n"))
-    families = {t.id: t.family_id for t in trajs if t.family_id != t.id}
-    if families:
-        _write_atomic(out / "families.json",
-                      lambda p: p.write_text(json.dumps(families, indent=1, sort_keys=True) + "\n"))
-    else:
-        (out / "families.json").unlink(missing_ok=True)
-    return counts
-
 
 # --------------------------------------------------------------------------- Hub dataset repository
 

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from aftraj.corpus.export import aftraj_schema
-from aftraj.readers import detect_format, iter_aftraj_parquet, load_trajectories
+from aftraj.readers import detect_format, load_trajectories
+from aftraj.released import aftraj_schema, iter_aftraj_parquet
 from aftraj.schema import SchemaError
 
 TURN = pa.struct([("role", pa.string()), ("thought", pa.string()), ("action", pa.string()),
@@ -151,7 +151,7 @@ def test_round_trip_gives_back_equal_rows(tmp_path):
 def test_release_loader_reads_our_export(tmp_path):
     """What the release's own loader (inference/data.py) does with the files, by hand."""
     out = tmp_path / "out"
-    from aftraj.corpus.export import write_aftraj_parquet
+    from aftraj.released import write_aftraj_parquet
 
     write_aftraj_parquet(load_trajectories(write_released(tmp_path / "rel")), None, out)
     safe = pq.read_table(out / "aftraj_safe.parquet").to_pylist()

@@ -12,7 +12,8 @@ import sys
 import pytest
 
 import aftraj.schema as schema
-from aftraj.readers import iter_who_and_when, label_int, load_trajectories, read_who_and_when_file
+from aftraj.fields import label_int
+from aftraj.readers import iter_who_and_when, load_trajectories, read_who_and_when_file
 from aftraj.schema import ReadReport, SchemaError, Trajectory, iter_jsonl, write_jsonl
 
 GOOD = {"history": [{"content": "hi", "role": "human"}, {"content": "ok", "role": "WebSurfer"}],

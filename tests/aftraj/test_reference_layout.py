@@ -13,7 +13,8 @@ import pytest
 
 from aftraj.escape import escape
 from aftraj.prompt import render, render_prompt
-from aftraj.readers import aftraj_row_to_trajectory, load_trajectories
+from aftraj.readers import load_trajectories
+from aftraj.released import aftraj_row_to_trajectory
 from aftraj.reference_layout import CONTENT_MARK, SYSTEM_PROMPT, TASK_MARK, render_reference
 from aftraj.tokens import PromptBudgetError
 
