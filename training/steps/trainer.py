@@ -206,7 +206,7 @@ class Trunk:
         device = next(self.model.parameters()).device
         hook = self.layers[len(self.layers) - self.n_top].register_forward_pre_hook(grab, with_kwargs=True)
         # transformers' SDPA copies grouped KV heads under a mask unless told not to (a cache with
-        # several new tokens is that case): eval/auditors/hf.py's masked_gqa, for the bottom's forward
+        # several new tokens is that case): eval/hf_compat.py's masked_gqa, for the bottom's forward
         gqa = os.environ.get("TRANSFORMERS_SDPA_FORCE_GQA")
         os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1" if device.type == "cpu" else (gqa or "0")
         try:
