@@ -124,6 +124,12 @@ class Stage1Config(ModelConfig):
     def __post_init__(self) -> None:
         check_types(self)
         self.check_model()
+        self._check_counts_and_choices()
+        self._check_loss_and_batches()
+        self._check_optimiser_and_sampler()
+        self._check_schedule()
+
+    def _check_counts_and_choices(self) -> None:
         pos = ("process_group_timeout_minutes", "logging_steps", "save_steps",
                "max_prompt_tokens", "max_completion_tokens",
                "sample_max_new_tokens", "sample_batch_size", "per_device_batch_size",
@@ -148,6 +154,8 @@ class Stage1Config(ModelConfig):
         for t in self.report_to:
             if t not in TRACKERS:
                 raise ConfigError(f"unknown tracker {t!r}; choose from {', '.join(TRACKERS)}", key="report_to")
+
+    def _check_loss_and_batches(self) -> None:
         if self.beta <= 0:
             raise ConfigError(f"must be > 0, got {self.beta}", key="beta")
         for k in ("weight_pre", "weight_post", "weight_twin", "nll_coef", "decision_coef", "weight_decay"):
@@ -176,6 +184,8 @@ class Stage1Config(ModelConfig):
                                 ("reference", self.reference == "precomputed", "precomputed")):
                 if not ok:
                     raise ConfigError(f"feature_cache: true needs {k}: {need}", key=k)
+
+    def _check_optimiser_and_sampler(self) -> None:
         if self.learning_rate <= 0:
             raise ConfigError(f"must be > 0, got {self.learning_rate}", key="learning_rate")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
@@ -190,6 +200,8 @@ class Stage1Config(ModelConfig):
                     raise ConfigError("is required when sampler is 'openai'", key=k)
         if "wandb" in self.report_to and not self.wandb_project:
             raise ConfigError("is required when report_to holds 'wandb'", key="wandb_project")
+
+    def _check_schedule(self) -> None:
         if (self.num_epochs is None) == (self.max_steps is None):
             raise ConfigError("set exactly one of num_epochs and max_steps (the other null); got "
                               f"num_epochs={self.num_epochs}, max_steps={self.max_steps}", key="num_epochs")
