@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from aftraj.schema import Trajectory
-from aftraj.scoring import decision_ids  # noqa: F401  (the one definition; eval.probe.decision_ids stays a name)
+from aftraj.scoring import decision_ids
 from aftraj.verdict import Verdict
 
 # A scorer: (prompt messages, t, the ALARM verdict that competes with SAFE) ->

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from aftraj.verdict import ParseFailure, parse_verdict
-from training.stage1.config import ConfigError
+from aftraj.config import ConfigError
 from training.common import synthetic_trajectories
 from training.warmup.config import WarmupConfig, load_warmup_config
 from training.warmup.data import warmup_examples
