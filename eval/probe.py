@@ -16,7 +16,7 @@ Headline: **post beats twin**, the share of runs with a twin where the post prom
 exceed the twin's (a tie counts one half), with a bootstrap 95 % interval over runs, on
 **kind-matched** pairs only: post and twin have the same step kind at k* (`kind_matched`; issue 43:
 a `fabricated_tool_result` post is a message where its twin is a tool call, so "kind = message ⇒
-alarm" passed 63 % of all pairs). Pairs that cannot be matched are left out of the headline and
+alarm" passed most of all pairs). Pairs that cannot be matched are left out of the headline and
 counted (`kind_unmatched_pairs`); the figure over every pair is kept beside it
 (`post_beats_twin_all_pairs`). On kind-matched pairs post and twin have the same length, agents and
 step kinds and differ only in step k*'s content: every content-blind rule scores exactly 50 % by
@@ -113,9 +113,9 @@ def shared_trunk_scorers(models: Sequence, tok) -> tuple[list[Scorer], list[int]
     layers kept (`aftraj.scoring.pair_features`, stage 1's feature capture, the prompts run in turn from where they
     leave the last); each other model of the group runs only its top layers on those features.
     Equal to scoring each model on its own (tests/eval/test_probe.py); the ablation's warmed base,
-    stage 1 and every-prefix rows share 28 of SmolLM2's 30 layers: their three probes took 222 s
-    against 152 s for one probe alone (2026-12-03). A model outside the group gets its own `hf_scorer`. Returns (scorers, per model the top
-    layers it ran on the shared trunk, 0 for the first model and a model that ran alone).
+    stage 1 and every-prefix rows share 28 of SmolLM2's 30 layers, so the group costs little more
+    than one probe. A model outside the group gets its own `hf_scorer`. Returns (scorers, per model
+    the top layers it ran on the shared trunk, 0 for the first model and a model that ran alone).
 
     Each scorer must be called on the same prompts in the same order (`probe` over one list of
     runs, model after model): a group's scores for a prompt are computed at its first request and
@@ -176,7 +176,7 @@ def decision_log_odds(model, tok, messages: list[dict], t: int, alarm: Verdict) 
 # --------------------------------------------------------------------------- content-blind rules
 
 def _rule_not_environment(traj: Trajectory, t: int) -> float:
-    """Alarm iff the last shown step is not by `environment` (passed 81 % of the old "both" probe)."""
+    """Alarm iff the last shown step is not by `environment` (it passed most of the old "both" probe)."""
     return 0.0 if traj.steps[t].agent.strip().casefold() == "environment" else 1.0
 
 
@@ -186,7 +186,7 @@ def _rule_later_alarms(traj: Trajectory, t: int) -> float:
 
 
 def _rule_kind_message(traj: Trajectory, t: int) -> float:
-    """Alarm iff the last shown step is a message (63.3 % post > twin over all pairs, issue 43)."""
+    """Alarm iff the last shown step is a message (it beats most twins over all pairs, issue 43)."""
     return 1.0 if traj.steps[t].kind == "message" else 0.0
 
 

@@ -161,7 +161,7 @@ def precompute_reference(model, pairs: list[TokenizedPair], pad_id: int, batch_s
     out = []
     # the accelerator's autocast (bf16 under mixed_precision bf16): the reference and the features
     # come from the same precision as the steps' forwards, and the capture of an unwrapped model
-    # (feature_cache) is not left in float32 (~2.5x slower for a 1,100-token SmolLM2 pair on a CPU)
+    # (feature_cache) is not left in float32, slower than bf16 on a CPU that computes bf16 natively
     if per_pair:
         # feature_cache (one process): a run's pairs (pre, post, twin) come in turn, and each prompt
         # runs from where it leaves the last; the wrapped model (FSDP, DDP) runs each whole
