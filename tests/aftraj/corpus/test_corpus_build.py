@@ -101,7 +101,7 @@ def test_counts_domains_sources(demo_build, demo_cfg, sandbox):
     trajs = [demo_build.full(t) for t in demo_build.trajectories]
     assert 250 <= len(trajs) <= 700          # a few hundred: the demo trains on its whole train split
     doms = Counter(t.domain for t in trajs)
-    assert set(doms) == {"math", "coding", "agentic"} and min(doms.values()) >= 80
+    assert set(doms) == {"math", "coding", "agentic"} and min(doms.values()) >= 60
     safe = sum(not t.label.unsafe for t in trajs)
     assert 0.4 <= safe / len(trajs) <= 0.6
     srcs = Counter(t.label.label_source for t in trajs)
