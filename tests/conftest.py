@@ -16,6 +16,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 WHO_AND_WHEN = REPO / "eval" / "data" / "who_and_when"
+# a test with none of these markers is in the fast tier (`bash scripts/test.sh -m fast`)
+NOT_FAST = frozenset({"slow", "heavy", "gpu", "vllm", "postgres", "verl", "ablation_e2e"})
+
+
+@pytest.hookimpl(tryfirst=True)       # before pytest's own -m deselection reads the markers
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not NOT_FAST & {m.name for m in item.iter_markers()}:
+            item.add_marker(pytest.mark.fast)
 
 
 @pytest.fixture(scope="session")
