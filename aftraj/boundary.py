@@ -132,7 +132,7 @@ def is_twin(unsafe: Trajectory, safe: Trajectory) -> bool:
     a, b = safe.steps[k], unsafe.steps[k]
     if (a.agent, a.kind, a.tool) != (b.agent, b.kind, b.tool) or _same_step(a, b):
         return False
-    return all(_same_step(a, b) for a, b in zip(safe.steps[:k], unsafe.steps[:k]))
+    return all(_same_step(a, b) for a, b in zip(safe.steps[:k], unsafe.steps[:k], strict=True))
 
 
 def find_twins(trajs: Sequence[Trajectory]) -> dict[str, Trajectory]:

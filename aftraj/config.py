@@ -114,7 +114,7 @@ def fits(v: Any, hint: Any) -> bool:
             return False
         if len(args) == 2 and args[1] is Ellipsis:
             return all(fits(x, args[0]) for x in v)
-        return len(args) == len(v) and all(fits(x, h) for x, h in zip(v, args))
+        return len(args) == len(v) and all(fits(x, h) for x, h in zip(v, args, strict=True))
     if origin is dict:
         return isinstance(v, dict)
     if hint is float:

@@ -69,7 +69,7 @@ class ToolCall:
                 self.result_ids, self.error, self.result_event_id, self.result_pos]
 
     def to_dict(self) -> dict:
-        return dict(zip(ToolCall.FIELDS, self.to_list()))
+        return dict(zip(ToolCall.FIELDS, self.to_list(), strict=True))
 
 
 class RunState:

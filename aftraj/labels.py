@@ -81,7 +81,7 @@ def read_label_csv(path: str | Path) -> list[LabelSpec]:
                 continue
             if len(row) > len(header):
                 raise UsageError(f"{path}:{line}: {len(row)} fields, the header has {len(header)}")
-            d = dict(zip(header, [c.strip() for c in row] + [""] * (len(header) - len(row))))
+            d = dict(zip(header, [c.strip() for c in row] + [""] * (len(header) - len(row)), strict=True))
             where = f"{path}:{line}"
             if not d["id"]:
                 raise UsageError(f"{where}: field 'id' is empty")

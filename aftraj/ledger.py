@@ -560,7 +560,7 @@ class SqlLedger(Ledger):
 
     @staticmethod
     def _reset(events, had_seq) -> None:
-        for ev, had in zip(events, had_seq):
+        for ev, had in zip(events, had_seq, strict=True):
             if not had:
                 ev.seq = None
 

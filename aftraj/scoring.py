@@ -121,7 +121,9 @@ class PrefixCache:
 
         import torch
 
-        n = next((j for j, (x, y) in enumerate(zip(self.ids, ids)) if x != y), min(len(self.ids), len(ids)))
+        # the shared prefix's length (the first difference, else the shorter one)
+        n = next((j for j, (x, y) in enumerate(zip(self.ids, ids, strict=False)) if x != y),
+                 min(len(self.ids), len(ids)))
         n = min(n, len(ids) - 1)                          # at least one token runs: its logits are read
         cache = None
         if self.cache is not None and n >= self.min_shared:
@@ -312,7 +314,7 @@ def top_layers_only(model, n_top: int):
     try:
         yield model
     finally:
-        for a, i in zip(attns, saved_idx):
+        for a, i in zip(attns, saved_idx, strict=True):
             a.layer_idx = i
         inner.config.num_hidden_layers = saved_n
         inner.layers = layers

@@ -12,6 +12,7 @@ caller (stdout), never into the files.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -48,7 +49,7 @@ def load_tasks(cfg: CorpusConfig, seed: int, sandbox: Sandbox | None = None) -> 
         if domain == "coding" and cfg.tasks.humaneval:
             sb = sandbox or _sandbox(cfg)
             tasks += generate_tasks(domain, getattr(cfg.tasks, domain), seed, humaneval=True,
-                                    screen=lambda fs: screen_functions(fs, sb))
+                                    screen=functools.partial(screen_functions, sandbox=sb))
         else:
             tasks += generate_tasks(domain, getattr(cfg.tasks, domain), seed)
     for pool in cfg.public_pools:
@@ -151,7 +152,8 @@ def split_provenance(t: Trajectory) -> tuple[Trajectory, dict]:
 def attach_provenance(t: Trajectory, prov: dict) -> Trajectory:
     if prov.get("id") != t.id or len(prov.get("sim", [])) != len(t.steps):
         raise ValueError(f"provenance record does not match trajectory {t.id}")
-    steps = tuple(replace(s, meta={**s.meta, "sim": sim} if sim else s.meta) for s, sim in zip(t.steps, prov["sim"]))
+    steps = tuple(replace(s, meta={**s.meta, "sim": sim} if sim else s.meta)
+                  for s, sim in zip(t.steps, prov["sim"], strict=True))
     return replace(t, steps=steps, meta={**t.meta, **prov["meta"]},
                    label=replace(t.label, provenance=prov["label_provenance"]))
 

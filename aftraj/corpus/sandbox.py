@@ -448,7 +448,7 @@ class Sandbox:
         items = [(c, tuple(t)) for c, t in items]
         keys = [sample_key(c, t) for c, t in items]
         todo: dict[str, tuple[str, tuple[str, ...]]] = {}
-        for k, item in zip(keys, items):
+        for k, item in zip(keys, items, strict=True):
             if k not in self.cache and k not in todo:
                 todo[k] = item
         if todo:
@@ -457,7 +457,7 @@ class Sandbox:
             else:
                 with ThreadPoolExecutor(self.workers) as ex:
                     results = list(ex.map(lambda ct: self._run_one(*ct), todo.values()))
-            for k, r in zip(todo, results):
+            for k, r in zip(todo, results, strict=True):
                 self.cache[k] = TestRun(k, r)
         return [self.cache[k] for k in keys]
 

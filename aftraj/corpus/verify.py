@@ -10,6 +10,7 @@ per-step readings come from the corpus's provenance.jsonl (train/test files do n
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -77,15 +78,11 @@ def verify_corpus(trajs, cfg, seed: int | None = None, *, progress: bool = False
         tpl = template_for(tr.domain)
         turns = [Turn.from_step(s) for s in tr.steps]
         fixed = {k: turns[k] for k in tr.meta.get("fixed_steps", [])}
-
-        def safe_version(j: int) -> Turn:
-            if turns[j - 1].kind == "tool_call":
-                return tpl.execute(task, turns[:j], sb)
-            return policy.next_turn(tpl, task, turns[:j], seed=seed, clean=True)
-
+        safe_version = functools.partial(_safe_turn, tpl, task, turns, policy=policy, sandbox=sb, seed=seed)
         again = replay_with(tpl, task, policy, turns, 1, turns[1], seed=seed, sandbox=sb, fixed=fixed,
                             max_steps=cfg.max_steps)
-        if len(again.turns) != len(turns) or not all(a.same_as(b) for a, b in zip(again.turns, turns)) or again.success:
+        if (len(again.turns) != len(turns) or again.success
+                or not all(a.same_as(b) for a, b in zip(again.turns, turns, strict=True))):
             rep.problems.append((tr.id, "reproduce: the stored run does not replay"))
             continue
         rep.reproduced += 1
@@ -104,3 +101,10 @@ def verify_corpus(trajs, cfg, seed: int | None = None, *, progress: bool = False
                            max_steps=cfg.max_steps).success:
                 rep.problems.append((tr.id, f"earliest: restoring earlier step {j} fixes the run"))
     return rep
+
+
+def _safe_turn(tpl, task, turns: list[Turn], j: int, *, policy: ScriptedPolicy, sandbox: Sandbox, seed: int) -> Turn:
+    """The safe version of turn j: the tool's real result after a tool call, else the clean policy's turn."""
+    if turns[j - 1].kind == "tool_call":
+        return tpl.execute(task, turns[:j], sandbox)
+    return policy.next_turn(tpl, task, turns[:j], seed=seed, clean=True)

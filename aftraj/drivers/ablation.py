@@ -471,7 +471,7 @@ class Ablation:
                 for ids in ranked:
                     keep |= set(rng.sample(ids, min(len(ids), self.cfg.probe_runs - len(keep))))
                 fams = {t.family_id for t in trajs if t.id in keep}
-                lines = [ln for ln, t in zip(lines, trajs) if t.id in keep
+                lines = [ln for ln, t in zip(lines, trajs, strict=True) if t.id in keep
                          or (not t.label.unsafe and t.family_id in fams)]
             tmp = f.with_suffix(".partial")
             tmp.write_text("".join(ln + "\n" for ln in lines), encoding="utf-8")

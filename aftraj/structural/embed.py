@@ -130,7 +130,7 @@ class HashingEmbedder:
         out = np.zeros((len(texts), DIM), np.float32)   # fast: no progress to report
         for i, t in enumerate(texts):
             words = re.findall(r"[a-z_]+|\d+|[^\sa-z_\d]", t.lower())
-            for f in words + [a + " " + b for a, b in zip(words, words[1:])]:
+            for f in words + [a + " " + b for a, b in zip(words, words[1:], strict=False)]:
                 h = int.from_bytes(hashlib.blake2b(f.encode(), digest_size=8).digest(), "little")
                 out[i, h % DIM] += 1.0 if (h >> 32) & 1 else -1.0
             n = np.linalg.norm(out[i])
@@ -160,7 +160,7 @@ class EmbeddingCache:
         if self.path is not None and self.path.is_file():
             with np.load(self.path, allow_pickle=False) as z:
                 if str(z["embedder"]) == embedder.name:
-                    self._vec = dict(zip(z["keys"].tolist(), z["vectors"]))
+                    self._vec = dict(zip(z["keys"].tolist(), z["vectors"], strict=True))
 
     def __len__(self) -> int:
         return len(self._vec)
@@ -170,7 +170,7 @@ class EmbeddingCache:
         report the embedding's counts and ETA under (None: silent)."""
         keys = [text_key(t) for t in texts]
         todo: dict[str, str] = {}
-        for k, t in zip(keys, texts):
+        for k, t in zip(keys, texts, strict=True):
             if k not in self._vec and k not in todo:
                 todo[k] = t
         self.misses += len(todo)
@@ -178,7 +178,7 @@ class EmbeddingCache:
         if todo:
             vecs = (self.embedder(list(todo.values()), progress=progress) if progress is not None
                     else self.embedder(list(todo.values())))
-            self._vec.update(zip(todo, vecs))
+            self._vec.update(zip(todo, vecs, strict=True))
         return np.stack([self._vec[k] for k in keys]) if keys else np.zeros((0, DIM), np.float32)
 
     def save(self, path: str | Path | None = None) -> Path:

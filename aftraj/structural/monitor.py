@@ -115,23 +115,24 @@ class StructuralMonitor:
                 rows.append((a_row[a], o_row[o]))
             step_rows.append(rows)
         before = cache.misses
-        A = cache.embed(list(a_row), progress="structural fit: embedding action texts" if progress else None)
-        O = cache.embed(list(o_row), progress="structural fit: embedding observation texts" if progress else None)
+        act_vecs = cache.embed(list(a_row), progress="structural fit: embedding action texts" if progress else None)
+        obs_vecs = cache.embed(list(o_row),
+                               progress="structural fit: embedding observation texts" if progress else None)
         t_embed = time.perf_counter() - t0
         log(f"embedded {len(a_row)} action and {len(o_row)} observation texts "
             f"({cache.misses - before} new) in {t_embed:.1f} s")
         # --- vocabulary and token sequences (training steps are tagged like unseen ones)
-        vocab, _, _ = Vocabulary.fit(A, np.array(a_w), O, np.array(o_w),
+        vocab, _, _ = Vocabulary.fit(act_vecs, np.array(a_w), obs_vecs, np.array(o_w),
                                      [p for rows in step_rows for p in rows], cfg)
-        a_cls = _nearest_rows(A, vocab.action_centroids)
-        o_cls = _nearest_rows(O, vocab.obs_centroids)
+        a_cls = _nearest_rows(act_vecs, vocab.action_centroids)
+        o_cls = _nearest_rows(obs_vecs, vocab.obs_centroids)
         seqs = [[vocab.tag_classes(int(a_cls[a]), int(o_cls[o])) for a, o in rows] for rows in step_rows]
         # --- prefix index
         index = PrefixIndex(cfg)
         base_vecs, base_family, base_failed, base_past = [], [], [], []
-        step_vec_a = A / np.maximum(np.linalg.norm(A, axis=1, keepdims=True), 1e-9)
-        step_vec_o = O / np.maximum(np.linalg.norm(O, axis=1, keepdims=True), 1e-9)
-        for tr, rows, seq in zip(trajs, step_rows, seqs):
+        step_vec_a = act_vecs / np.maximum(np.linalg.norm(act_vecs, axis=1, keepdims=True), 1e-9)
+        step_vec_o = obs_vecs / np.maximum(np.linalg.norm(obs_vecs, axis=1, keepdims=True), 1e-9)
+        for tr, rows, seq in zip(trajs, step_rows, seqs, strict=True):
             f0 = first_step(tr)
             failed = tr.label.verdict == "UNSAFE"
             ks = tr.label.decisive_step
@@ -156,7 +157,7 @@ class StructuralMonitor:
                 "fit_s": round(time.perf_counter() - t0, 3), "prior": prior}
         log(f"vocabulary {vocab.size} tokens; {len(index.entries)} distinct prefixes of "
             f"{len(base_family)}; fit {info['fit_s']:.1f} s")
-        return cls(cfg, vocab, index, np.array(base_vecs, np.float32).reshape(-1, A.shape[1]),
+        return cls(cfg, vocab, index, np.array(base_vecs, np.float32).reshape(-1, act_vecs.shape[1]),
                    np.array(base_family, np.int64), np.array(base_failed, bool), np.array(base_past, bool),
                    prior, cache, info=info)
 
@@ -183,17 +184,17 @@ class StructuralMonitor:
             if tok is None:
                 todo.append((len(out) - 1, key))
         if todo:
-            A = self.cache.embed([k[0] for _, k in todo])
-            O = self.cache.embed([k[1] for _, k in todo])
-            for (i, key), tok in zip(todo, self.vocab.tag(A, O)):
+            act_vecs = self.cache.embed([k[0] for _, k in todo])
+            obs_vecs = self.cache.embed([k[1] for _, k in todo])
+            for (i, key), tok in zip(todo, self.vocab.tag(act_vecs, obs_vecs), strict=True):
                 self._tok_cache[key] = out[i] = int(tok)
         return out
 
     def _step_vectors(self, traj: Trajectory, lo: int, hi: int) -> np.ndarray:
         steps = traj.steps[lo: hi + 1]
-        A = self.cache.embed([action_text(s) for s in steps])
-        O = self.cache.embed([observation_text(s) for s in steps])
-        return _normalise(_normalise(A) + _normalise(O))
+        act_vecs = self.cache.embed([action_text(s) for s in steps])
+        obs_vecs = self.cache.embed([observation_text(s) for s in steps])
+        return _normalise(_normalise(act_vecs) + _normalise(obs_vecs))
 
     # ------------------------------------------------------------------ scores
 

@@ -184,11 +184,11 @@ class PrefixIndex:
         idx = cls(cfg)
         ends = np.cumsum(z["entry_lens"])
         toks = z["entry_tokens"].tolist()
-        idx.entries = [tuple(toks[e - n: e]) for n, e in zip(z["entry_lens"].tolist(), ends.tolist())]
+        idx.entries = [tuple(toks[e - n: e]) for n, e in zip(z["entry_lens"].tolist(), ends.tolist(), strict=True)]
         idx._entry_of = {e: i for i, e in enumerate(idx.entries)}
         mends = np.cumsum(z["member_lens"])
         ids = z["member_ids"]
-        idx._members = [ids[e - n: e].tolist() for n, e in zip(z["member_lens"].tolist(), mends.tolist())]
+        idx._members = [ids[e - n: e].tolist() for n, e in zip(z["member_lens"].tolist(), mends.tolist(), strict=True)]
         idx.m_family, idx.m_failed = z["m_family"].tolist(), z["m_failed"].tolist()
         idx.m_past, idx.m_next = z["m_past"].tolist(), z["m_next"].tolist()
         idx.families = {f: i for i, f in enumerate(z["families"].tolist())}

@@ -99,7 +99,7 @@ class Vocabulary:
         pv = np.array([np.concatenate([ac[a], oc[o]]) for a, o in keys])
         pc, p_lab = kmeans(pv, cfg.n_tokens, weights=np.array([counts[k] for k in keys], float),
                            iters=cfg.kmeans_iters, seed=cfg.seed + 2)
-        table = {k: int(t) for k, t in zip(keys, p_lab)}
+        table = {k: int(t) for k, t in zip(keys, p_lab, strict=True)}
         return cls(ac, oc, pc, table), a_lab, o_lab
 
     def tag_classes(self, a: int, o: int) -> int:
@@ -113,7 +113,7 @@ class Vocabulary:
         """Tokens of steps given their action and observation embeddings (rows)."""
         a = nearest(action_vecs, self.action_centroids)
         o = nearest(obs_vecs, self.obs_centroids)
-        return np.array([self.tag_classes(int(i), int(j)) for i, j in zip(a, o)], dtype=np.int64)
+        return np.array([self.tag_classes(int(i), int(j)) for i, j in zip(a, o, strict=True)], dtype=np.int64)
 
     def arrays(self) -> dict[str, np.ndarray]:
         keys = sorted(self.pair_table)
@@ -124,7 +124,7 @@ class Vocabulary:
 
     @classmethod
     def from_arrays(cls, z) -> Vocabulary:
-        table = {(int(a), int(o)): int(t) for (a, o), t in zip(z["pair_keys"], z["pair_tokens"])}
+        table = {(int(a), int(o)): int(t) for (a, o), t in zip(z["pair_keys"], z["pair_tokens"], strict=True)}
         return cls(np.asarray(z["action_centroids"]), np.asarray(z["obs_centroids"]),
                    np.asarray(z["pair_centroids"]), table)
 
