@@ -275,11 +275,11 @@ class Variant:
         if trace:
             self.trace = d / "trace.jsonl"
             opts.append(f"trace={self.trace}")
+        workers = [int(o[len("workers="):]) for o in self.opts if o.startswith("workers=")]   # the last one counts
         self.gateway = Gateway(d, {
             "ledger_url": f"sqlite:///{d / 'ledger.db'}",
             "api_keys": [{"name": "bench", "sha256": hash_key(KEY)}], "auditor": auditor or {"backend": "none"},
-            "limits": {"rate_per_s": 1e6, "burst": 1000000,
-                       **{"worker_threads": int(o[len("workers="):]) for o in self.opts if o.startswith("workers=")}}},
+            "limits": {"rate_per_s": 1e6, "burst": 1000000, **({"worker_threads": workers[-1]} if workers else {})}},
             code=root, name=self.label,
             argv=lambda cfg: [sys.executable, str(Path(__file__).resolve()), "--as-gateway", str(root), str(cfg), *opts])
         self.url = self.gateway.url
@@ -387,7 +387,7 @@ async def load(variants: list[Variant], runs: int, events: int, batch: int, rate
     else:
         clients = [RawClient(v.url, headers) for v in variants]
     try:
-        for v, c in zip(variants, clients):
+        for c in clients:
             for r in ids:
                 (await c.post("/v1/runs", content=orjson.dumps({"run_id": r, "task": "load test",
                                                                 "agents": ["a", "b", "c"]}))).raise_for_status()
@@ -415,7 +415,7 @@ async def load(variants: list[Variant], runs: int, events: int, batch: int, rate
                 v.events += len(evs)
 
         for s in range(segments):
-            for v, c in zip(variants, clients):
+            for v, c in zip(variants, clients, strict=True):
                 t0 = time.perf_counter()
                 await asyncio.gather(*(one(v, c, k, r, starts[cuts[s]:cuts[s + 1]]) for k, r in enumerate(ids)))
                 v.busy_s += time.perf_counter() - t0
@@ -435,13 +435,14 @@ def _pct(xs, q):
 
 
 CLIENT_GC: list[tuple[int, float, float]] = []      # the load generator's own collections (gen >= 1)
+_CLIENT_GC_START = [0.0]                            # when the collection in progress started
 
 
-def _client_gc(phase_, info, _t0=[0.0]):
+def _client_gc(phase_, info):
     if phase_ == "start":
-        _t0[0] = time.perf_counter()
+        _CLIENT_GC_START[0] = time.perf_counter()
     elif info["generation"] >= 1:
-        CLIENT_GC.append((info["generation"], _t0[0], time.perf_counter()))
+        CLIENT_GC.append((info["generation"], _CLIENT_GC_START[0], time.perf_counter()))
 
 
 PHASES = (("send->app", "send", "t0"), ("app->thread", "t0", "start"), ("thread", "start", "end"),
@@ -569,7 +570,7 @@ def main() -> None:
         for v in variants if args.trace else ():
             report_trace(v)
     for v in variants:
-        gap = [c - s for c, s in zip(v.lat, v.server)]
+        gap = [c - s for c, s in zip(v.lat, v.server, strict=True)]
         label = f"[{v.label}: {v.rev}{''.join('+' + o for o in v.opts)}] " if len(variants) > 1 else ""
         print(f"{label}gateway latency_ms p50={_pct(v.server, 50):.2f} p99={_pct(v.server, 99):.2f}; "
               f"client minus gateway p50={_pct(gap, 50):.2f} p99={_pct(gap, 99):.2f}; max_ms={max(v.lat):.1f}")

@@ -112,7 +112,7 @@ def main() -> None:
           f"windows of {args.window} requests; cores={os.cpu_count()} load_avg={os.getloadavg()[0]:.2f}")
     ratios = {}
     for name, res in rendered.items():
-        (c0, r0, p0, t0), (c1, r1, p1, t1) = res[0], res[1]
+        (c0, r0, _, t0), (c1, r1, _, t1) = res[0], res[1]
         ratios[name] = c1 / c0
         print(f"{name:8s} step~{t0 + 1 - args.window // 2}: cpu_ms/request={c0:.2f} render_ms={r0:.2f}   "
               f"step~{t1 + 1 - args.window // 2}: cpu_ms/request={c1:.2f} render_ms={r1:.2f}   "

@@ -74,7 +74,7 @@ def main() -> None:
                     a = res
                 else:
                     b = res
-    diff = max(float((x - y).abs().max()) for x, y in zip(a, b))
+    diff = max(float((x - y).abs().max()) for x, y in zip(a, b, strict=True))
     p, o = min(times["packed"]), min(times["one_by_one"])
     n_packed = sum(len(r.pack) for r in runs)
     n_unpacked = sum(r.pack.pos[i] + 1 for r in runs for i in r.pack.last)

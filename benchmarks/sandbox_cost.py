@@ -47,7 +47,7 @@ def load_ref(ref: str, folder: Path):
             if name == "sandbox_zygote.py":
                 continue                       # older designs had no zygote
             raise SystemExit(f"benchmarks/sandbox_cost.py: cannot read aftraj/corpus/{name} at {ref}: "
-                             f"{e.stderr.strip()} (a git checkout is needed for the comparison)")
+                             f"{e.stderr.strip()} (a git checkout is needed for the comparison)") from e
         (dest / name).write_text(text)
     spec = importlib.util.spec_from_file_location(f"sandbox_at_{ref}", dest / "sandbox.py")
     mod = importlib.util.module_from_spec(spec)

@@ -15,10 +15,29 @@ import json
 import time
 
 
-def _timed(fn):
+def _timed(fn, *args):
     w, c = time.perf_counter(), time.process_time()
-    out = fn()
+    out = fn(*args)
     return out, time.perf_counter() - w, time.process_time() - c
+
+
+def _generate(model, tok, ids, g: int, length: int):
+    """G sampled completions of exactly `length` tokens for one prompt (what TRL does per prompt)."""
+    import torch
+
+    return model.generate(input_ids=ids.repeat(g, 1), attention_mask=torch.ones_like(ids).repeat(g, 1), do_sample=True,
+                          max_new_tokens=length, min_new_tokens=length, top_k=0, pad_token_id=tok.pad_token_id)
+
+
+def _loss_step(model, gen, length: int) -> None:
+    """One policy forward+backward over the completions and one reference forward (adapter off)."""
+    import torch
+
+    out = model(input_ids=gen).logits[:, -length - 1:-1].float().log_softmax(-1).mean()
+    out.backward()
+    with torch.no_grad(), model.disable_adapter():
+        model(input_ids=gen)
+    model.zero_grad(set_to_none=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,19 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         for length in a.lengths:
             torch.manual_seed(0)
             model.eval()
-            gen, gw, gc = _timed(lambda: model.generate(
-                input_ids=ids.repeat(g, 1), attention_mask=torch.ones_like(ids).repeat(g, 1), do_sample=True,
-                max_new_tokens=length, min_new_tokens=length, top_k=0, pad_token_id=tok.pad_token_id))
+            gen, gw, gc = _timed(_generate, model, tok, ids, g, length)
             model.train()
-
-            def loss_step():
-                out = model(input_ids=gen).logits[:, -length - 1:-1].float().log_softmax(-1).mean()
-                out.backward()
-                with torch.no_grad(), model.disable_adapter():
-                    model(input_ids=gen)
-                model.zero_grad(set_to_none=True)
-
-            _, tw, tc = _timed(loss_step)
+            _, tw, tc = _timed(_loss_step, model, gen, length)
             step_w = a.prompts_per_step * (gw + tw)
             print(json.dumps({"G": g, "L": length, "gen_wall_s": round(gw, 2), "gen_cpu_s": round(gc, 2),
                               "loss_wall_s": round(tw, 2), "loss_cpu_s": round(tc, 2),

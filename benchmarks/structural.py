@@ -108,8 +108,8 @@ def main() -> int:
         for i in range(30):
             txt = [f"Reviewer message: unseen remark number {i} about the plan", f"error: unseen failure {i}"]
             a = time.perf_counter()
-            A, O = mon.cache.embed(txt[:1]), mon.cache.embed(txt[1:])
-            mon.vocab.tag(A, O)
+            act_vecs, obs_vecs = mon.cache.embed(txt[:1]), mon.cache.embed(txt[1:])
+            mon.vocab.tag(act_vecs, obs_vecs)
             tag.append(time.perf_counter() - a)
         tag_ms = float(np.percentile(tag, 50) * 1e3)
     info = mon.info

@@ -163,7 +163,7 @@ def main(argv=None) -> int:
             live = {tr.id: [tr, 0] for tr in trajs[i:i + args.batch_size]}
             while live:
                 req = [(tr, t) for tr, t in live.values()]
-                for (tr, t), r in zip(req, bat.audit_batch(req)):
+                for (tr, t), r in zip(req, bat.audit_batch(req), strict=True):
                     braw[tr.id, t] = r.raw
                     live[tr.id][1] += 1
                     if t + 1 == len(tr.steps):

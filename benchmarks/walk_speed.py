@@ -95,7 +95,7 @@ def main(argv=None) -> int:
         if isinstance(a, dict) and isinstance(b, dict):
             return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
         if isinstance(a, list) and isinstance(b, list):
-            return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b))
+            return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b, strict=True))
         return a == b
 
     seconds, records = {}, {}
