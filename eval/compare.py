@@ -34,8 +34,8 @@ def load_run(d: Path) -> dict:
 
 
 def _names(dirs: list[Path], runs: list[dict]) -> list[str]:
-    labels = [auditor_name(r) if "auditor" in r else d.name for d, r in zip(dirs, runs)]
-    return [f"{lab} [{d.name}]" if labels.count(lab) > 1 else lab for d, lab in zip(dirs, labels)]
+    labels = [auditor_name(r) if "auditor" in r else d.name for d, r in zip(dirs, runs, strict=True)]
+    return [f"{lab} [{d.name}]" if labels.count(lab) > 1 else lab for d, lab in zip(dirs, labels, strict=True)]
 
 
 def _preds(d: Path) -> list[dict] | None:
@@ -54,7 +54,7 @@ def comparability_warnings(dirs: list[Path], runs: list[dict], names: list[str])
     """Why the rows may not be comparable: other trajectories, data, split, sample or protocol."""
     out = []
     ids = [_ids(d) for d in dirs]
-    known = [(n, i) for n, i in zip(names, ids) if i is not None]
+    known = [(n, i) for n, i in zip(names, ids, strict=True) if i is not None]
     if len({tuple(i) for _, i in known}) > 1:
         out.append("the runs were measured on different trajectories: " + "; ".join(
             f"{n}: n={len(i)}" for n, i in known) + (f"; {len(set.intersection(*(set(i) for _, i in known)))} "
@@ -64,9 +64,10 @@ def comparability_warnings(dirs: list[Path], runs: list[dict], names: list[str])
         vals = [json.dumps(r.get(key), sort_keys=True) for r in runs]
         applied = set(vals)
         if key in ("layout", "parser"):   # null: the auditor renders no prompt, the flag never applied
-            applied = {v for v, r in zip(vals, runs) if not (key in r and r[key] is None)}
+            applied = {v for v, r in zip(vals, runs, strict=True) if not (key in r and r[key] is None)}
         if len(applied) > 1:
-            out.append(f"the runs differ in {what}: " + "; ".join(f"{n}: {v}" for n, v in zip(names, vals)))
+            out.append(f"the runs differ in {what}: "
+                       + "; ".join(f"{n}: {v}" for n, v in zip(names, vals, strict=True)))
     return out
 
 
@@ -96,7 +97,7 @@ def paired_lines(dirs: list[Path], runs: list[dict], names: list[str]) -> list[s
              "P(≤ 0): the share of resamples where the first run is not above).", "",
              "| run | " + " | ".join(f"Δ {lab}" for m, lab, _ in COLUMNS if m in PAIRED) + " |",
              "|---|" + "---|" * len(PAIRED)]
-    for name, p in zip(names[1:], preds[1:]):
+    for name, p in zip(names[1:], preds[1:], strict=True):
         cells = []
         for m in PAIRED:
             d = paired_difference(preds[0], p, m, n_boot=n_boot, seed=seed)
@@ -124,7 +125,7 @@ def compare_runs(dirs: list[Path], out: Path) -> dict[str, str]:
         w.writerow(["run", "dir", "model", "data", "split", "protocol", "n", "n_safe", "n_unsafe"]
                    + [c for m, _, _ in COLUMNS for c in (m, f"{m}_ci_low", f"{m}_ci_high")]
                    + ["stratified_auc", "stratified_auc_ci_low", "stratified_auc_ci_high"])
-        for d, name, r in zip(dirs, names, runs):
+        for d, name, r in zip(dirs, names, runs, strict=True):
             ov = r["overall"]
             row = [name, str(d), model_name(r), r.get("data"), r.get("split"), r.get("protocol"), ov["n"],
                    ov.get("n_safe"), ov.get("n_unsafe")]
@@ -145,7 +146,7 @@ def compare_runs(dirs: list[Path], out: Path) -> dict[str, str]:
     lines += ["| run | data | split | protocol | n (safe / unsafe) | " + " | ".join(lab for _, lab, _ in COLUMNS)
               + (" | stratified AUC |" if with_auc else " |"),
               "|---|---|---|---|---|" + "---|" * (len(COLUMNS) + with_auc)]
-    for name, r in zip(names, runs):
+    for name, r in zip(names, runs, strict=True):
         ov = r["overall"]
         cells = []
         for m, _, pct in COLUMNS:
@@ -194,8 +195,8 @@ def draw_compare(runs: list[dict], names: list[str], metrics: list[str]):
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics) + 2.5, height), dpi=110,
                              sharey=True, squeeze=False)
     ys = list(range(len(runs)))[::-1]
-    for ax, m in zip(axes[0], metrics):
-        for y, r, i in zip(ys, runs, range(len(runs))):
+    for ax, m in zip(axes[0], metrics, strict=True):
+        for i, (y, r) in enumerate(zip(ys, runs, strict=True)):
             g = r["overall"]
             v, ci = g.get(m), g.get(f"{m}_ci")
             if v is None:
@@ -210,8 +211,8 @@ def draw_compare(runs: list[dict], names: list[str], metrics: list[str]):
         ax.grid(alpha=0.3, axis="x")
     # short labels (the full names are compare.md's rows), so the axes keep the width
     axes[0][0].set_yticks(ys)
-    axes[0][0].set_yticklabels([f"{shorten(n, LABEL_MAX)} (n={r['overall']['n']})" for n, r in zip(names, runs)],
-                               fontsize=8)
+    axes[0][0].set_yticklabels([f"{shorten(n, LABEL_MAX)} (n={r['overall']['n']})"
+                                for n, r in zip(names, runs, strict=True)], fontsize=8)
     axes[0][0].set_ylim(-0.7, len(runs) - 0.3)
     axes[0][0].set_ylabel("run")
     # runs whose auditor renders no prompt ("layout n/a") agree with any layout and parser

@@ -277,7 +277,7 @@ class CachedAuditor:
             if len(fresh) != len(todo):
                 raise RuntimeError(f"{self._auditor.label}: audit_batch returned {len(fresh)} results "
                                    f"for {len(todo)} requests")
-            for i, r in zip(todo, fresh):
+            for i, r in zip(todo, fresh, strict=True):
                 got[i] = r
                 self._cache.put(*requests[i], r)
         return got

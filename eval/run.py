@@ -411,7 +411,8 @@ def _expectation(auditor, trajs: list, preds: list[dict]) -> dict | None:
         return None
     subsets = sorted({p["subset"] for p in preds})
     return {"overall": overall, "by_subset": {
-        s: auditor.analytic_expectation([t for t, p in zip(trajs, preds) if p["subset"] == s]) for s in subsets}}
+        s: auditor.analytic_expectation([t for t, p in zip(trajs, preds, strict=True) if p["subset"] == s])
+        for s in subsets}}
 
 
 def _auditor_notes(auditor, trajs: list, say: Callable[[str], None]) -> list[str]:
@@ -447,7 +448,7 @@ def _emit(emitters, cfg: EvalConfig, records: list[dict], trajs: list, label: st
     OTel, OpenInference or Langfuse export: `meta["otel"]`), ids derived from (cfg.tenant, run)."""
     from aftraj.adapters.emit import prediction_verdicts
 
-    for rec, traj in zip(records, trajs):
+    for rec, traj in zip(records, trajs, strict=True):
         for v in prediction_verdicts(rec):
             emitters.emit(v, tenant=cfg.tenant, run_id=rec["id"], model=cfg.model or cfg.api_model or label,
                           step=traj.steps[v["t"]])

@@ -232,7 +232,7 @@ class _Walker:
         if len(results) != len(requests):
             raise RuntimeError(f"{self.auditor.label}: audit_batch returned {len(results)} results "
                                f"for {len(requests)} requests")
-        for (i, t), r in zip(asked, results):
+        for (i, t), r in zip(asked, results, strict=True):
             w = live.get(i)
             if w is None or w.next_t != t:   # a lookahead answer its walk did not ask for
                 continue
