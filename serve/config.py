@@ -12,7 +12,6 @@ naming the file and the dotted key (`auditor.deadline_s`).
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import re
 from dataclasses import dataclass, field

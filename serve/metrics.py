@@ -41,7 +41,7 @@ class Metrics:
                     lines.append(f"{name}{{{lab}}} {v:g}" if lab else f"{name} {v:g}")
         lines.append("# TYPE aftraj_gateway_verdict_latency_ms histogram")
         acc = 0
-        for b, c in zip(LATENCY_BUCKETS_MS, self.hist):
+        for b, c in zip(LATENCY_BUCKETS_MS, self.hist, strict=False):   # hist's last cell is +Inf (hist_n below)
             acc += c
             lines.append(f'aftraj_gateway_verdict_latency_ms_bucket{{le="{b}"}} {acc}')
         lines.append(f'aftraj_gateway_verdict_latency_ms_bucket{{le="+Inf"}} {self.hist_n}')

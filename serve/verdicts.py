@@ -27,7 +27,7 @@ def verdict_head(r: Run, seq: int, policy):
     """The fold's part of the verdict for the prefix ending at `seq`: (the verdict so far,
     decision, auditor status "off", score, the first alarming finding or None)."""
     findings = [finding(r, f) for f in r.state.findings]
-    fold_alarm = next((d for f, d in zip(r.state.findings, findings) if f.alarm), None)
+    fold_alarm = next((d for f, d in zip(r.state.findings, findings, strict=True) if f.alarm), None)
     t = len(r.steps) - 1
     base = {"run_id": r.run_id, "seq": seq, "t": t, "findings": findings,
             "policy_revision": policy.revision, "confidence": None, "k": None,

@@ -309,7 +309,7 @@ def list_runs(svc: GatewayService, owner: str, limit: int = 50, after: str | Non
         rows = chunk_query(cursor, n)
         more = len(rows) == n
         summaries = _summaries(svc, owner, [r[:3] for r in rows], now, cancel)   # a chunk's reads at once
-        for i, (row, summary) in enumerate(zip(rows, summaries)):
+        for i, (row, summary) in enumerate(zip(rows, summaries, strict=True)):
             scanned += 1
             cursor = position(row)
             if state and _state_kind(summary["state"]) != state:
@@ -333,7 +333,7 @@ def _step_records(sa, conn, ev, key: str, start: int | None, total: int, cancel)
         start = max(0, int(start))
         result = conn.execute(q.order_by(ev.c.seq).limit(STEPS_PAGE).offset(start))
     records, read = [], 0
-    for seq, rec in result:
+    for _seq, rec in result:
         if len(records) % 16 == 0:
             _check(cancel)
         if read > READ_BYTES:
@@ -727,7 +727,7 @@ def timeline(data: dict) -> str:
                      f"<a href=\"/ui/runs/{rid}\">latest</a>")
     rows, size_now = [], len(head)
     prev_at = None
-    for j, s in enumerate(steps):
+    for s in steps:
         i = s["index"]
         cls = [c for c, on in (("alarm-raised", alarm is not None and alarm.get("t") == i),
                                ("decisive", alarm is not None and alarm.get("k") == i),
