@@ -143,7 +143,7 @@ class Stage2Config(ModelConfig):
             raise ConfigError(f"must be below max_steps ({self.max_steps}), got {self.warmup_steps}",
                               key="warmup_steps")
         try:
-            self.reward
+            _ = self.reward                     # the property parses and checks the reward spec
         except ValueError as e:
             raise ConfigError(str(e).removeprefix("reward: "), key=str(e).split()[1]) from None
 

@@ -80,7 +80,7 @@ def select_runs(trajs: list[Trajectory], tok, cfg: StepsConfig, caps: tuple | No
     who = next((t for t in trajs if is_from_who_and_when(t)), None)
     if who is not None:
         raise UsageError(f"trajectory {who.id!r} comes from Who&When ({who.source}): evaluation only, never trained on")
-    cap = dict(zip(("unsafe", "safe"), caps or (cfg.max_unsafe_runs, cfg.max_safe_runs)))
+    cap = dict(zip(("unsafe", "safe"), caps or (cfg.max_unsafe_runs, cfg.max_safe_runs), strict=True))
     twin_of = find_twins(trajs)
     unsafe = [t for t in trajs if t.label.unsafe]
     twins = {twin_of[t.id].id for t in unsafe if t.id in twin_of}
@@ -191,7 +191,9 @@ class Trunk:
 
         from aftraj.scoring import past
 
-        n = next((j for j, (x, y) in enumerate(zip(self.ids, ids)) if x != y), min(len(self.ids), len(ids)))
+        # the shared prefix's length (the first difference, else the shorter one)
+        n = next((j for j, (x, y) in enumerate(zip(self.ids, ids, strict=False)) if x != y),
+                 min(len(self.ids), len(ids)))
         n = min(n, len(ids) - 1)
         if self.cache is None or n < self.min_shared:
             self.cache, n = DynamicCache(config=self.model.config), 0
@@ -443,7 +445,7 @@ def _group_loss(s: _Session, g: list[int], w_total: float, n_pairs: int, scale: 
         logits = (s.trunk.row_logits([runs[i] for i in g]) if s.trunk is not None
                   else row_logits(s.model, [runs[i] for i in g], padded=s.acc is not None))
     loss, lp = 0.0, {}
-    for i, lg in zip(g, logits):
+    for i, lg in zip(g, logits, strict=True):
         lp[i] = torch.log_softmax(lg.float(), -1)
         y = torch.tensor([int(a) for *_, a in runs[i].rows], device=lp[i].device)
         tgt = torch.tensor(decisions, device=lp[i].device)[y]
@@ -451,8 +453,8 @@ def _group_loss(s: _Session, g: list[int], w_total: float, n_pairs: int, scale: 
         loss = loss + (w * F.nll_loss(lp[i], tgt, reduction="none")).sum() / w_total
         if scale:
             lo = log_odds(lp[i].detach(), decisions).tolist()
-            stats["alarm"] += [v for v, (*_, a) in zip(lo, runs[i].rows) if a]
-            stats["safe"] += [v for v, (*_, a) in zip(lo, runs[i].rows) if not a]
+            stats["alarm"] += [v for v, (*_, a) in zip(lo, runs[i].rows, strict=True) if a]
+            stats["safe"] += [v for v, (*_, a) in zip(lo, runs[i].rows, strict=True) if not a]
     for i, j, ri, rj in s.pairs_of.get(g[0], ()):
         m = log_odds(lp[i][ri:ri + 1], decisions) - log_odds(lp[j][rj:rj + 1], decisions)
         loss = loss + s.cfg.twin_weight * F.softplus(-m[0]) / n_pairs
@@ -606,7 +608,7 @@ def score_heldout(model, tok, cfg: StepsConfig, decisions, out: Path, *, progres
             lo = log_odds(torch.log_softmax(lg.float(), -1), decisions).tolist()
             steps = by_id[r.traj_id].steps
             rows += [{"id": r.traj_id, "t": t, "alarm": t == r.k, "step_agent": steps[t].agent,
-                      "log_odds": round(v, 4)} for (_, _, t, _), v in zip(r.rows, lo)]
+                      "log_odds": round(v, 4)} for (_, _, t, _), v in zip(r.rows, lo, strict=True)]
             if progress and (n + 1) % 25 == 0:
                 print(json.dumps({"heldout_runs": n + 1, "of": len(runs), "s": round(time.perf_counter() - t0, 1)}),
                       flush=True)
