@@ -70,7 +70,8 @@ def test_training_phases_ran_their_steps(quick_run):
     out, _, _ = quick_run
     cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml")
     # run.json records seeds and invocations; the steps are in the trainer's own log
-    rows = [json.loads(l) for l in (out / "ablation" / "stage2" / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    rows = [json.loads(line) for line in (out / "ablation" / "stage2" / "metrics.jsonl").read_text().splitlines()
+            if line.strip()]
     assert max(r["step"] for r in rows if "step" in r) == cfg.stage2_steps
     assert (out / "ablation" / "warmup" / "final" / "config.json").is_file()
     assert (out / "ablation" / "stage1" / "final" / "config.json").is_file()

@@ -29,7 +29,7 @@ class TriggerAuditor:
         user = json.loads(request.content)["messages"][-1]["content"]
         steps = [(int(m.group(1)), json.loads(f'"{m.group(2)}"')) for m in _STEP.finditer(user)]
         blocks = user.split("<step index=")[1:]
-        bad = next(((k, a) for (k, a), b in zip(steps, blocks) if self.trigger in b), None)
+        bad = next(((k, a) for (k, a), b in zip(steps, blocks, strict=True) if self.trigger in b), None)
         ans = ({"answer": "SAFE", "agent": None, "reason": None} if bad is None else
                {"answer": bad[0], "agent": bad[1], "reason": f"{self.trigger} is wrong"})
         return httpx.Response(200, json={

@@ -237,9 +237,16 @@ def otel_agent_run(exporter_provider):
     (one failing), chat. Returns nothing; the spans are in the provider's exporter."""
     from opentelemetry.trace import Status, StatusCode
     tracer = exporter_provider.get_tracer("scripted-agent")
-    msgs = lambda role, *parts: json.dumps([{"role": role, "parts": list(parts)}])
-    text = lambda t: {"type": "text", "content": t}
-    call = lambda i, n, a: {"type": "tool_call", "id": i, "name": n, "arguments": a}
+
+    def msgs(role, *parts):
+        return json.dumps([{"role": role, "parts": list(parts)}])
+
+    def text(t):
+        return {"type": "text", "content": t}
+
+    def call(i, n, a):
+        return {"type": "tool_call", "id": i, "name": n, "arguments": a}
+
     with tracer.start_as_current_span("invoke_agent planner", attributes={
             "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": "planner",
             "gen_ai.output.messages": msgs("assistant", text("408 pens"))}):
@@ -277,7 +284,10 @@ def ag2_groupchat():
     AG2_SCRIPTS.update({"planner": [("text", "Plan: multiply 17 by 24."), ("text", "Report the total.")],
                            "calc": [("call", "call_a", "multiply", {"a": 17, "b": 24}),
                                     ("text", "17 * 24 = 408. TERMINATE")]})
-    term = lambda m: "TERMINATE" in (m.get("content") or "")
+
+    def term(m):
+        return "TERMINATE" in (m.get("content") or "")
+
     planner = ConversableAgent("planner", llm_config=ag2_llm_config("planner"), human_input_mode="NEVER")
     calc = ConversableAgent("calc", llm_config=ag2_llm_config("calc"), human_input_mode="NEVER")
     executor = UserProxyAgent("executor", human_input_mode="NEVER", code_execution_config=False,
@@ -305,7 +315,7 @@ def agentchat_client(script):
         def __init__(self):
             self.i = 0
 
-        async def create(self, messages, *, tools=(), tool_choice="auto", json_output=None, extra_create_args={},
+        async def create(self, messages, *, tools=(), tool_choice="auto", json_output=None, extra_create_args=None,
                          cancellation_token=None):
             item = script[self.i]
             self.i += 1

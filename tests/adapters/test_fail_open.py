@@ -11,7 +11,6 @@ import importlib.util
 import json
 import socket
 import threading
-import time
 from pathlib import Path
 
 import httpx

@@ -162,7 +162,11 @@ def test_openai_agents_hook_records_the_tools_own_error(live_gateway):
                                     ("call", "c2", "lookup", {"city": "Mu"}), ("text", "unknown")])
     agent = Agent(name="research", instructions="look up", tools=[lookup], model=model)
     told = []
-    mine = lambda args: told.append(args.call_id) or f"lookup failed ({args.call_id})"
+
+    def mine(args):
+        told.append(args.call_id)
+        return f"lookup failed ({args.call_id})"
+
     url, key, _ = live_gateway("never appears")
     with GatewayClient(url, key) as gw:
         hooks = openai_agents_hooks(gw)

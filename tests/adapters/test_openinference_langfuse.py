@@ -58,7 +58,10 @@ def test_openinference_spans_of_a_real_smolagents_run(memory_provider, tmp_path)
     finally:
         inst.uninstrument()
     spans = exp.get_finished_spans()
-    kind = lambda s: s.attributes.get(SpanAttributes.OPENINFERENCE_SPAN_KIND)
+
+    def kind(s):
+        return s.attributes.get(SpanAttributes.OPENINFERENCE_SPAN_KIND)
+
     llm = [s for s in spans if kind(s) == OpenInferenceSpanKindValues.LLM.value]
     tools = [s for s in spans if kind(s) == OpenInferenceSpanKindValues.TOOL.value]
     recorded_calls = [s.attributes[k] for s in llm for k in s.attributes
@@ -188,7 +191,10 @@ def test_langfuse_sdk_trace_converts_with_the_recorded_counts(tmp_path):
     assert len(export["observations"]) == len(spans)
     (tmp_path / "trace.json").write_text(json.dumps(export))
     _otlp_json(spans, tmp_path / "spans.json")
-    steps = lambda tr: [(s.kind, s.agent, s.content, s.tool, s.error) for s in tr.steps]
+
+    def steps(tr):
+        return [(s.kind, s.agent, s.content, s.tool, s.error) for s in tr.steps]
+
     for src in ("trace.json", "spans.json"):
         (back,) = read_runs(tmp_path / src, "langfuse")
         assert steps(back) == steps(t), src

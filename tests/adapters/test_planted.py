@@ -176,7 +176,8 @@ def test_openai_agents_planted(live_gateway, plant, calls, max_turns, kind, t, k
         assert len(errs) == 3 and all("try again" not in e.payload["error"].lower() for e in errs)
         # the tool's own exception (issue 47.6), not the SDK's redacted "Error running tool (non-fatal)"
         assert all(e.payload["error"] == "ValueError: no such city" for e in errs), [e.payload for e in errs]
-        assert all(e.parent_id == c.event_id for e, c in zip(errs, [x for x in hooks.rb.events if x.kind == "tool_call"]))
+        calls = [x for x in hooks.rb.events if x.kind == "tool_call"]
+        assert all(e.parent_id == c.event_id for e, c in zip(errs, calls, strict=True))
     if plant == "step limit":
         assert hooks.rb.termination == "step_limit" and "MaxTurnsExceeded" in hooks.rb.termination_event().payload["content"]
 

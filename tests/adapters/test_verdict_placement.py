@@ -86,7 +86,7 @@ def test_verdicts_land_on_the_judged_steps_spans(live_gateway, monkeypatch):
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
     import aftraj.adapters.emit as emit
-    from aftraj.adapters.emit import Emitters, LangfuseVerdictEmitter
+    from aftraj.adapters.emit import LangfuseVerdictEmitter
     from aftraj.adapters.hooks import GatewaySpanProcessor
     col = Collector()
     try:
@@ -122,7 +122,7 @@ def test_verdicts_land_on_the_judged_steps_spans(live_gateway, monkeypatch):
         assert all(not s.parent_span_id or (s.trace_id.hex(), s.parent_span_id.hex()) in ids for _, s in spans)
         # each verdict is the child of the span of the step it judges, with the GenAI evaluation event
         step_span = {e.seq: e.meta["otel"]["span_id"] for e in orun.rb.events if "otel" in e.meta}
-        for v, (_, s) in zip(grun.verdicts, verdicts):
+        for v, (_, s) in zip(grun.verdicts, verdicts, strict=True):
             attrs = {a.key: a.value for a in s.attributes}
             assert attrs["aftraj.step"].int_value == v["t"]
             parent = s.parent_span_id.hex()

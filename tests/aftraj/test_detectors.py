@@ -224,7 +224,7 @@ def test_stall_and_budget():
 
 def test_fold_trajectory_visible_and_first_alarm():
     steps = [Step(index=0, agent="user", kind="message", content="find x")]
-    for i in range(3):
+    for _ in range(3):
         steps.append(Step(index=len(steps), agent="searcher", kind="tool_call", content="", tool="search",
                           arguments={"q": "x"}))
         steps.append(Step(index=len(steps), agent="env", kind="tool_result", content="…", tool="search",

@@ -88,7 +88,7 @@ def test_hostile_content_splits_back_into_the_original_steps(seed):
         user = render(traj, t)[1]["content"]
         back = split_rendered(user)
         assert len(back) == t + 1
-        for got, step in zip(back, traj.steps):
+        for got, step in zip(back, traj.steps, strict=False):
             assert got["index"] == step.index and got["agent"] == step.agent
             assert got["kind"] == step.kind and got["content"] == step.content
             assert got.get("tool") == step.tool and got.get("arguments") == step.arguments

@@ -163,4 +163,4 @@ def test_the_kv_cache_goes_by_the_name_the_installed_transformers_takes(tiny_mod
             got = pair_token_logps(model, seq, [[3, 4], [8]], prefix_cache=pc)
     assert pc.reused == len(seq) - 1 and cache_of(out) is not None   # the prompt ran from the cache
     want = pair_token_logps(model, seq, [[3, 4], [8]])
-    assert all(torch.allclose(g, w, atol=1e-5) for g, w in zip(got, want))
+    assert all(torch.allclose(g, w, atol=1e-5) for g, w in zip(got, want, strict=True))

@@ -108,7 +108,7 @@ def test_segments_start_with_a_coverage_line_and_keep_recent_steps(tiny_tokenize
     assert 0 < kept <= 100
     plain = step_reading(tiny_tokenizer, traj, max_step_tokens=48, max_tokens=560)
     assert all(s.first == t for s, (t, _) in zip(plain.segments[1:], [plain.scored(i)[0] for i in
-                                                                       range(1, len(plain.segments))]))
+                                                                       range(1, len(plain.segments))], strict=True))
     # every step is scored once, in the segment it arrived in
     assert [t for i in range(len(r.segments)) for t, _ in r.scored(i)] == list(range(len(traj.steps)))
 

@@ -105,7 +105,7 @@ class FakeOpenAI:
         user = body["messages"][-1]["content"]
         steps = [(int(m.group(1)), json.loads(f'"{m.group(2)}"')) for m in _STEP.finditer(user)]
         blocks = user.split("<step index=")[1:]
-        bad = next(((k, a) for (k, a), blk in zip(steps, blocks) if "[[ERROR]]" in blk), None)
+        bad = next(((k, a) for (k, a), blk in zip(steps, blocks, strict=True) if "[[ERROR]]" in blk), None)
         if bad is None:
             answer, value_tok, alt = '{"answer": "SAFE", "agent": null, "reason": null}', ' "', ' 0'
             lp_value, lp_alt = -0.2, -1.7

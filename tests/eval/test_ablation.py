@@ -145,7 +145,7 @@ def test_checkpoint_selection_rule(tmp_path, scores, expect):
     a = ab.Ablation(cfg, tmp_path, echo=False)
     run = _fake_run(tmp_path, [2, 4, 6])             # checkpoint-6 = final, merged: not a candidate
     assert [s for s, _ in ab.candidates(run)] == [2, 4, None]
-    for tag, (f1, far) in zip(("step2", "step4", "final"), scores):
+    for tag, (f1, far) in zip(("step2", "step4", "final"), scores, strict=True):
         _fake_val(a, run, tag, f1, far)
     chosen = a.select("stage 2", run)
     assert chosen == run / expect

@@ -71,7 +71,7 @@ def test_checkpoint_folder_walk(tiny_model_dir, short_ww):
     aud = get_auditor("hf", model=str(tiny_model_dir), max_new_tokens=4)
     assert get_auditor(f"hf:{tiny_model_dir}", max_new_tokens=2).model is not None
     preds = walk(aud, short_ww, WalkConfig(), progress=False)
-    for p, t in zip(preds, short_ww):
+    for p, t in zip(preds, short_ww, strict=True):
         # a random model emits garbage: every call is a parse failure, i.e. CONTINUE, to the end
         assert p["calls"] == len(t.steps) and not p["alarmed"]
         assert p["parse_failures"] == p["calls"] and p["completion_tokens"] == 4 * p["calls"]
@@ -192,10 +192,10 @@ def test_context_length_sources(noisy_tiny, monkeypatch):
 
 def _walk_rounds(aud, trajs, starts):
     """Walk trajs together from different starting prefixes; per round, audit_batch of all live."""
-    out, ts = [], dict(zip((t.id for t in trajs), starts))
+    out, ts = [], dict(zip((t.id for t in trajs), starts, strict=True))
     while any(ts[tr.id] < len(tr.steps) for tr in trajs):
         req = [(tr, ts[tr.id]) for tr in trajs if ts[tr.id] < len(tr.steps)]
-        for (tr, t), r in zip(req, aud.audit_batch(req)):
+        for (tr, t), r in zip(req, aud.audit_batch(req), strict=True):
             out.append((tr.id, t, r.raw, r.confidence, r.prompt_tokens, r.completion_tokens,
                         r.cached_tokens))
             ts[tr.id] += 1
@@ -258,7 +258,7 @@ def test_slack_cache_layers_hold_what_dynamic_layers_hold():
     for n in (5, 1, 1, 300, 1, 40):        # 5 + 1 + 1 fits the first room (256); 300 regrows it
         k, v = kv(n)
         out_ref, out_got = ref.update(k, v), got.update(k, v)
-        assert all(torch.equal(a, b) for a, b in zip(out_ref, out_got))
+        assert all(torch.equal(a, b) for a, b in zip(out_ref, out_got, strict=True))
         same()
     room = got._buf[0].shape[2]
     assert room >= got.get_seq_length() + 1
@@ -494,7 +494,7 @@ def test_bf16_autocast_runs_every_forward_and_keeps_the_log_odds(noisy_tiny, mak
 
 def _prefix_answers(aud, requests):
     return [(tr.id, t, r.raw, r.completion_tokens, r.prompt_tokens) for (tr, t), r in
-            zip(requests, aud.audit_batch(requests))]
+            zip(requests, aud.audit_batch(requests), strict=True)]
 
 
 @pytest.mark.parametrize("max_batch_tokens", [65536, 1])   # one stacked batch; every row alone
@@ -527,7 +527,7 @@ def test_a_round_whose_later_prefix_recompiles_the_view_stays_exact(noisy_tiny, 
     many = get_auditor("hf", **kw, batch_size=16)
     scratch = get_auditor("hf", **kw, reuse_cache=False)
     stable = [many.prompt_ids(traj, t) for t in range(6)]
-    assert any(s[0][:s[1]] != n[0][:s[1]] for s, n in zip(stable, stable[1:]))  # a recompile is inside
+    assert any(s[0][:s[1]] != n[0][:s[1]] for s, n in zip(stable, stable[1:], strict=False))  # a recompile is inside
     req = [(traj, t) for t in range(6)]
     got, ref = many.audit_batch(req), [scratch.audit(traj, t) for t in range(6)]
     assert [r.raw for r in got] == [r.raw for r in ref]

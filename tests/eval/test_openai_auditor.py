@@ -30,7 +30,7 @@ def test_walk_through_http(fake_openai, corpus):
     with auditor(fake_openai) as aud:
         assert aud.api_model == "fake-auditor"       # discovered from GET /models
         preds = walk(aud, corpus, WalkConfig(max_in_flight=8), progress=False)
-    for p, t in zip(preds, corpus):
+    for p, t in zip(preds, corpus, strict=True):
         if t.label.unsafe:
             k = t.label.decisive_step
             assert p["alarmed"] and p["d"] == k and p["k_hat"] == k and p["a_hat"] == t.label.decisive_agent
@@ -139,7 +139,7 @@ def test_methods(fake_openai, corpus, make_traj):
         assert all(p["calls"] == 1 for p in preds)
     with auditor(fake_openai, spec="openai:binary-search") as aud:
         preds = walk(aud, corpus, progress=False)
-        for p, t in zip(preds, corpus):
+        for p, t in zip(preds, corpus, strict=True):
             assert p["calls"] <= 4
             assert p["d"] == t.label.decisive_step
     with auditor(fake_openai, reference_answer=True) as aud:

@@ -35,8 +35,8 @@ def _markers_match_legend(ax):
     """Every legend entry that names a plotted group has the marker, fill and colour drawn for it."""
     import matplotlib.colors as mc
 
-    drawn = {(l.get_marker(), mc.to_hex(l.get_color()), l.get_markerfacecolor() == "none")
-             for l in ax.get_lines() if l.get_marker() not in (None, "None", "")}
+    drawn = {(ln.get_marker(), mc.to_hex(ln.get_color()), ln.get_markerfacecolor() == "none")
+             for ln in ax.get_lines() if ln.get_marker() not in (None, "None", "")}
     handles = [h for h in ax.get_legend().legend_handles if hasattr(h, "get_marker")]
     assert handles
     for h in handles:
@@ -56,13 +56,13 @@ def test_deployable_marks_the_parse_failure_rate(data, tmp_path):
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "100% parse failures" in texts
     assert any("parse failures 100.0%" in x for x in labels)
-    rings = [l for l in ax.get_lines() if l.get_markeredgecolor() == "red" and l.get_markerfacecolor() == "none"]
+    rings = [ln for ln in ax.get_lines() if ln.get_markeredgecolor() == "red" and ln.get_markerfacecolor() == "none"]
     assert len(rings) == 1 and list(rings[0].get_xdata()) == [0.0] and list(rings[0].get_ydata()) == [0.0]
     _markers_match_legend(ax)
     # dummy renders no prompt: its layout and parser never applied (issue 47 item 5)
     assert ax.get_legend().get_title().get_text() == "protocol strict, layout n/a, parser n/a"
     fig, ax = draw_plot("deployable.png", clean, cpreds)
-    assert not ax.texts and not any(l.get_markeredgecolor() == "red" for l in ax.get_lines())
+    assert not ax.texts and not any(ln.get_markeredgecolor() == "red" for ln in ax.get_lines())
     assert any("parse failures 0.0%" in t.get_text() for t in ax.get_legend().get_texts())
 
 
@@ -136,7 +136,7 @@ def test_far_step_acc_draws_the_decision_token_sweep(data, tmp_path):
     fig, ax = draw_plot("far_step_acc.png", m, preds)
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert labels[:2] == ["threshold sweep on P(UNSAFE)", "threshold sweep on the decision token's log-odds"]
-    curve = [l for l in ax.get_lines() if l.get_label() == labels[1]]
+    curve = [ln for ln in ax.get_lines() if ln.get_label() == labels[1]]
     assert len(curve) == 1 and list(curve[0].get_xdata()) == [0.0, 0.5] and list(curve[0].get_ydata()) == [0.25, 0.75]
     _markers_match_legend(ax)
     m["threshold_sweep"] = None           # the greedy hf walk's P(UNSAFE) is missing on some prefix

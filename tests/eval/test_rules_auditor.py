@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def looping(termination="completed", final_answer="done", n_loops=3, tool="search", domain="agentic"):
     steps = [Step(index=0, agent="user", kind="message", content="find the capital")]
-    for i in range(n_loops):
+    for _ in range(n_loops):
         steps.append(Step(index=len(steps), agent="Searcher", kind="tool_call", content="", tool=tool,
                           arguments={"q": "capital"}))
         steps.append(Step(index=len(steps), agent="env", kind="tool_result", content="…", tool=tool,

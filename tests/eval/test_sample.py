@@ -15,9 +15,11 @@ def _pool(make_traj):
     out, i = [], 0
     for domain, n_safe, n_unsafe in (("math", 30, 10), ("coding", 8, 2)):
         for _ in range(n_safe):
-            out.append(make_traj(i, 6, None, domain)); i += 1
+            out.append(make_traj(i, 6, None, domain))
+            i += 1
         for _ in range(n_unsafe):
-            out.append(make_traj(i, 6, 3, domain)); i += 1
+            out.append(make_traj(i, 6, 3, domain))
+            i += 1
     return out
 
 

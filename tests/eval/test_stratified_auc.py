@@ -13,7 +13,7 @@ from eval.metrics import _weighted_auc_num, stratified_auc
 
 def _random_preds(rng, n=40):
     preds = []
-    for i in range(n):
+    for _ in range(n):
         steps = int(rng.integers(1, 12))
         unsafe = bool(rng.random() < 0.5)
         k = int(rng.integers(0, steps)) if unsafe else None

@@ -33,7 +33,7 @@ class FakeCompletions:
             lp = torch.log_softmax(self.model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
         k = min(self.top or body["logprobs"], lp.shape[-1])
         v, i = torch.topk(lp, k)
-        top = {f"token_id:{int(j)}": float(x) for x, j in zip(v, i)}
+        top = {f"token_id:{int(j)}": float(x) for x, j in zip(v, i, strict=True)}
         prev = self.prompts[-2] if len(self.prompts) > 1 else []
         cached = len(prev) if ids[:len(prev)] == prev else 0
         return httpx.Response(200, json={
@@ -64,8 +64,9 @@ def test_client_scores_equal_hf_steps_and_prompts_extend(noisy_tiny, folder):
         want = [local.audit(traj, t).decision_log_odds for t in range(len(traj.steps))]
         assert [r.decision_log_odds for r in got] == pytest.approx(want, abs=1e-4)
         mine = server.prompts[start:]
-        assert all(b[:len(a)] == a for a, b in zip(mine, mine[1:]))      # each extends the last
-        assert all(r.cached_tokens == len(a) for r, a in zip(got[1:], mine))
+        assert all(b[:len(a)] == a for a, b in zip(mine, mine[1:], strict=False))      # each extends the last
+        # each call after the first reused the whole prompt before it (the last prompt precedes no call)
+        assert all(r.cached_tokens == len(a) for r, a in zip(got[1:], mine, strict=False))
         client.end(traj)
     client.close()
 

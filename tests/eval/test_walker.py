@@ -42,7 +42,7 @@ def test_strict_gold_walk_is_perfect(corpus):
     aud = Recording()
     preds = walk(aud, corpus, WalkConfig(max_in_flight=3), progress=False)
     assert [p["id"] for p in preds] == [t.id for t in corpus]
-    for p, t in zip(preds, corpus):
+    for p, t in zip(preds, corpus, strict=True):
         if t.label.unsafe:
             k = t.label.decisive_step
             assert p["alarmed"] and p["d"] == k and p["k_hat"] == k and p["calls"] == k + 1
@@ -109,7 +109,7 @@ def test_auditor_cap_on_in_flight(corpus):
 
 def test_reference_protocol_gives_safe_runs_one_call(corpus):
     preds = walk(Recording(), corpus, WalkConfig(protocol="reference"), progress=False)
-    for p, t in zip(preds, corpus):
+    for p, t in zip(preds, corpus, strict=True):
         if not t.label.unsafe:
             assert p["calls"] == 1 and p["mode"] == "posthoc" and p["trace"][0]["t"] == len(t.steps) - 1
         else:
@@ -118,7 +118,7 @@ def test_reference_protocol_gives_safe_runs_one_call(corpus):
 
 def test_all_prefixes_scores_every_prefix(corpus):
     preds = walk(Recording(), corpus, WalkConfig(all_prefixes=True), progress=False)
-    for p, t in zip(preds, corpus):
+    for p, t in zip(preds, corpus, strict=True):
         assert p["calls"] == len(t.steps) and p["trace_complete"]
         if t.label.unsafe:
             assert p["d"] == t.label.decisive_step  # still the first ALARM
@@ -126,7 +126,7 @@ def test_all_prefixes_scores_every_prefix(corpus):
 
 def test_bisect_finds_first_alarm(corpus):
     preds = walk(Recording(strategy="bisect"), corpus, progress=False)
-    for p, t in zip(preds, corpus):
+    for p, t in zip(preds, corpus, strict=True):
         assert p["calls"] <= math.ceil(math.log2(len(t.steps))) + 1
         if t.label.unsafe:
             assert p["d"] == t.label.decisive_step and p["k_hat"] == t.label.decisive_step
@@ -136,7 +136,7 @@ def test_bisect_finds_first_alarm(corpus):
 
 def test_posthoc_heuristic_one_call(corpus):
     preds = walk(get_auditor("heuristic:last-step"), corpus, progress=False)
-    for p, t in zip(preds, corpus):
+    for p, t in zip(preds, corpus, strict=True):
         assert p["calls"] == 1 and p["mode"] == "posthoc" and p["alarmed"]
         assert p["d"] == len(t.steps) - 1 and p["k_hat"] == len(t.steps) - 1
 

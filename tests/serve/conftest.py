@@ -115,7 +115,7 @@ class FakeAuditor:
                 user = body["messages"][-1]["content"]
                 steps = [(int(m.group(1)), json.loads(f'"{m.group(2)}"')) for m in _STEP.finditer(user)]
                 blocks = user.split("<step index=")[1:]
-                bad = next(((k, a) for (k, a), b in zip(steps, blocks) if fake.trigger in b), None)
+                bad = next(((k, a) for (k, a), b in zip(steps, blocks, strict=True) if fake.trigger in b), None)
                 ans = ({"answer": "SAFE", "agent": None, "reason": None} if bad is None else
                        {"answer": bad[0], "agent": bad[1], "reason": f"{fake.trigger} is wrong"})
                 data = json.dumps({"choices": [{"message": {"role": "assistant", "content":

@@ -47,7 +47,7 @@ class ScriptedAuditor:
         user = body["messages"][-1]["content"]
         blocks = user.split("<step index=")[1:]
         steps = [(int(m.group(1)), json.loads(f'"{m.group(2)}"')) for m in _STEP.finditer(user)]
-        bad = next(((k, a) for (k, a), blk in zip(steps, blocks) if "[[ERROR]]" in blk), None)
+        bad = next(((k, a) for (k, a), blk in zip(steps, blocks, strict=True) if "[[ERROR]]" in blk), None)
         if bad is None:
             ans, tok, alt, lp, lpa = '{"answer": "SAFE", "agent": null, "reason": null}', ' "', " 0", -0.1, -2.4
         else:

@@ -15,7 +15,6 @@ import time
 import httpx
 import orjson
 import pytest
-import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from serve.config import ApiKey, AuditorConfig, GatewayConfig, LimitsConfig, hash_key, load_serve_config
@@ -288,8 +287,8 @@ def test_half_sent_requests_are_closed_after_the_header_timeout(gateway_process)
         assert closed == 300, closed
         # a body that never comes: 408 after body_timeout_s
         s = socket.create_connection(("127.0.0.1", g.port))
-        s.sendall(f"POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer proc-test-key\r\n"
-                  f"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{{".encode())
+        s.sendall("POST /v1/runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer proc-test-key\r\n"
+                  "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{".encode())
         s.settimeout(10)
         assert s.recv(64).split(b" ")[1] == b"408"
         s.close()

@@ -33,7 +33,8 @@ def _auditor(trigger: str):
     def handle(request: httpx.Request) -> httpx.Response:
         user = json.loads(request.content)["messages"][-1]["content"]
         steps = [(int(m.group(1)), json.loads(f'"{m.group(2)}"')) for m in _STEP.finditer(user)]
-        bad = next(((k, a) for (k, a), b in zip(steps, user.split("<step index=")[1:]) if trigger in b), None)
+        blocks = user.split("<step index=")[1:]
+        bad = next(((k, a) for (k, a), b in zip(steps, blocks, strict=True) if trigger in b), None)
         ans = ({"answer": "SAFE", "agent": None, "reason": None} if bad is None else
                {"answer": bad[0], "agent": bad[1], "reason": f"{trigger} is wrong"})
         return httpx.Response(200, json={"choices": [{"message": {"role": "assistant", "content":

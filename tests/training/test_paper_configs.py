@@ -41,6 +41,7 @@ def test_stage2_on_2xh200_is_the_8xh200_run_on_two_gpus():
 
     two, eight = load_stage2_config(STAGE2_2X), load_stage2_config(STAGE2_8X)
     assert two.verl_nnodes == 1 and two.verl_gpus_per_node == 2
+    assert eight.verl_nnodes == 1 and eight.verl_gpus_per_node == 8
     assert two.verl_gpus_per_node % two.verl_tensor_parallel == 0
     a, b = yaml.safe_load(STAGE2_2X.read_text()), yaml.safe_load(STAGE2_8X.read_text())
     engine = {"verl_gpus_per_node", "verl_tensor_parallel", "verl_gpu_memory_utilization"}

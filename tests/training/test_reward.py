@@ -65,7 +65,7 @@ def test_reward_table(name, text, gt, expected):
 def test_table_is_large_and_malformed_is_the_minimum():
     assert len(TABLE) >= 15
     scores = [compute_score("aftraj", text, gt, INFO)["score"] for _, text, gt, _ in TABLE]
-    well_formed = [s for s, row in zip(scores, TABLE) if row[3][1] == 1]
+    well_formed = [s for s, row in zip(scores, TABLE, strict=True) if row[3][1] == 1]
     assert min(scores) == MIN < min(well_formed)
 
 

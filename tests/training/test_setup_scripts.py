@@ -6,7 +6,6 @@ which torch build setup.sh selects, and where setup_vllm_gpu.sh takes its vLLM p
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 

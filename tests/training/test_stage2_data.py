@@ -86,7 +86,8 @@ def test_loader_drops_val_and_test_by_meta_split(handmade, tmp_path):
     from aftraj.schema import write_jsonl
     from training.common import load_training_trajectories
 
-    trajs = [dataclasses.replace(t, meta={"split": s}) for t, s in zip(handmade, ["train", "val", "test", "train", "train", "train"])]
+    splits = ["train", "val", "test", "train", "train", "train"]
+    trajs = [dataclasses.replace(t, meta={"split": s}) for t, s in zip(handmade, splits, strict=True)]
     write_jsonl(trajs, tmp_path / "corpus.jsonl")
     got, src = load_training_trajectories(str(tmp_path))
     assert [t.id for t in got] == ["hand-0", "hand-3", "hand-4", "hand-5"] and "excluded 2" in src

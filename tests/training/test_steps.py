@@ -81,11 +81,11 @@ def test_padded_forward_equals_each_run_alone(tiny_tokenizer, tiny_model_dir, co
     assert any(len(r.segs) > 1 for r in runs)                          # and some runs have 2 segments
     with torch.no_grad():
         together = row_logits(model, group, padded=True)
-        for r, lg in zip(group, together):
+        for r, lg in zip(group, together, strict=True):
             torch.testing.assert_close(lg, row_logits(model, [r])[0], atol=1e-4, rtol=1e-4)
         multi = next(r for r in runs if len(r.segs) > 1)
         alone = row_logits(model, [multi])[0]
-        for (si, pos, _, _), row in zip(multi.rows, alone):
+        for (si, pos, _, _), row in zip(multi.rows, alone, strict=True):
             ref = model(input_ids=torch.tensor([multi.segs[si][:pos + 1]])).logits[0, -1]
             torch.testing.assert_close(row, ref, atol=1e-4, rtol=1e-4)
 

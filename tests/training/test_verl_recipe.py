@@ -169,7 +169,7 @@ def test_verls_dapo_reward_manager_scores_through_our_function(stage2, tok):
         return [await mgr.run_single(batch[i: i + 1]) for i in range(len(cases))]
 
     results = mgr.loop.run_until_complete(score_all())   # the manager runs on its own event loop
-    for text, res in zip(cases, results):
+    for text, res in zip(cases, results, strict=True):
         n = len(tok(text, add_special_tokens=False)["input_ids"][:R])
         decoded = tok.decode(tok(text, add_special_tokens=False)["input_ids"][:R], skip_special_tokens=True)
         ours = compute_score("aftraj", decoded, gt, info, **cfg.reward.score_kwargs())

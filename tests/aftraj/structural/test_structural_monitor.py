@@ -115,7 +115,7 @@ def test_tuning_and_auditors_in_the_harness(fitted, tmp_path):
     for spec in ("structural", "structural-baseline"):
         aud = get_auditor(f"{spec}:{tmp_path / 'm'}")
         preds = walk(aud, test_set, WalkConfig(all_prefixes=True), progress=False)
-        for p, traj in zip(preds, test_set):
+        for p, traj in zip(preds, test_set, strict=True):
             assert p["trace_complete"] and all(e["confidence"] is not None for e in p["trace"])
             for e in p["trace"]:
                 assert e["alarm"] == (e["confidence"] >= aud.threshold)
@@ -166,7 +166,7 @@ def test_cli_fit_then_eval(synthetic_runs, tmp_path, capsys):
                  "--id", unsafe.id, "--json"]) == 0
     js = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [r["is_k_star"] for r in js].index(True) == k
-    for r, line in zip(js, rows):   # '!' exactly where the score reaches the tuned threshold
+    for r, line in zip(js, rows, strict=True):   # '!' exactly where the score reaches the tuned threshold
         assert r["structural_alarm"] == (r["structural"] >= th - 1e-4) or abs(r["structural"] - th) < 1e-4
         assert ("structural=" + f"{r['structural']:.3f}" + ("!" if r["structural_alarm"] else " ")) in line
     assert any(r["structural_alarm"] for r in js) and not all(r["structural_alarm"] for r in js), js
