@@ -90,6 +90,34 @@ def test_padded_forward_equals_each_run_alone(tiny_tokenizer, tiny_model_dir, co
             torch.testing.assert_close(row, ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("bucket", [1, 16, 64])
+def test_the_trunk_equals_a_plain_forward_with_shapes_bucketed(tiny_tokenizer, tiny_model_dir, corpus, tmp_path, bucket):
+    """Trunk rows (bottom reused over shared beginnings, sequences padded to `bucket`, rows to 8)
+    equal a plain forward at every tag, and only bucketed shapes reach the model."""
+    from transformers import AutoModelForCausalLM
+
+    from training.steps.trainer import Trunk
+
+    cfg = cfg_of(tmp_path, tiny_model_dir, corpus, max_tokens=600, max_step_tokens=64)
+    runs, _ = select_runs(with_twins(synthetic_trajectories(6, seed=0)), tiny_tokenizer, cfg)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    trunk = Trunk(model, 1, bucket=bucket)
+    lengths = []
+    hook = model.model.layers[-1].register_forward_pre_hook(
+        lambda _m, a, kw: lengths.append((a[0] if a else kw["hidden_states"]).shape[1]), with_kwargs=True)
+    with torch.no_grad():
+        got = trunk.row_logits(runs)
+    hook.remove()
+    assert trunk.reused > 0                                          # twins and the opening were shared
+    assert lengths and all(n % bucket == 0 for n in lengths)
+    with torch.no_grad():
+        for r, lg in zip(runs, got, strict=True):
+            assert lg.shape[0] == len(r.rows)
+            for (si, pos, _, _), row in zip(r.rows, lg, strict=True):
+                ref = model(input_ids=torch.tensor([r.segs[si][:pos + 1]])).logits[0, -1]
+                torch.testing.assert_close(row, ref, atol=1e-4, rtol=1e-4)
+
+
 def test_step_one_loss_is_its_closed_form(tiny_tokenizer, tiny_model_dir, corpus, tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -158,6 +158,16 @@ def row_logits(model, runs: list[StepRun], *, padded: bool = False) -> list:
     return res
 
 
+# every this many optimizer steps the C heap's free pages go back to the OS: runs of every length
+# leave freed activations scattered through the heap (1.3 GiB free in a 2.4 GiB heap after 25
+# steps), which a later longer run cannot reuse; once a step would cost its page faults again
+RELEASE_EVERY = 25
+
+
+def _ceil_to(n: int, b: int) -> int:
+    return -(-n // b) * b
+
+
 class _Stop(Exception):
     """Raised by the hook at the first trainable layer: the frozen bottom has run."""
 
@@ -170,12 +180,21 @@ class Trunk:
     optimizer step, one after the other) share every step before k*. The top layers then run on
     the whole sequence's features, with autograd (`top_layers_only`); the bottom never has any.
     Equal to a plain forward (tests/training/test_steps.py recomputes step 1's loss from plain
-    forwards of each cut run)."""
+    forwards of each cut run).
 
-    def __init__(self, model, n_top: int, min_shared: int = 16):
+    Shapes are bucketed: a sequence is right-padded to a multiple of `bucket` tokens (a causal
+    model's real tokens never see the pads after them), the reused beginning is cut to a multiple
+    of it, and the rows read at the tags are padded to a multiple of 8. Under bf16 on CPU, oneDNN
+    keeps kernels for every matrix shape it has seen, never freed: with every run's own length the
+    heap grew ~12 MB a new length (a 1,645-run epoch peaked at 9.2 GiB); bucketed, a handful of
+    shapes cover every run, for ~2 % more tokens (benchmarks/README.md, "steps training memory")."""
+
+    ROW_BUCKET = 8
+
+    def __init__(self, model, n_top: int, min_shared: int = 16, bucket: int = 64):
         from aftraj.scoring import decoder_layers
 
-        self.model, self.n_top, self.min_shared = model, n_top, min_shared
+        self.model, self.n_top, self.min_shared, self.bucket = model, n_top, min_shared, max(1, bucket)
         self.layers = decoder_layers(model)[1]
         self.ids: list[int] = []
         self.cache = None
@@ -194,7 +213,7 @@ class Trunk:
         # the shared prefix's length (the first difference, else the shorter one)
         n = next((j for j, (x, y) in enumerate(zip(self.ids, ids, strict=False)) if x != y),
                  min(len(self.ids), len(ids)))
-        n = min(n, len(ids) - 1)
+        n = min(n, len(ids) - 1) // self.bucket * self.bucket
         if self.cache is None or n < self.min_shared:
             self.cache, n = DynamicCache(config=self.model.config), 0
         elif self.cache.get_seq_length() > n:
@@ -244,10 +263,12 @@ class Trunk:
                 keep = [pos for sj, pos, _, _ in r.rows if sj == si]
                 if not keep:
                     continue
-                feats = self.features(s)
+                feats = self.features(s + s[-1:] * (_ceil_to(len(s), self.bucket) - len(s)))
+                rows = keep + keep[-1:] * (_ceil_to(len(keep), self.ROW_BUCKET) - len(keep))
                 with top_layers_only(self.model, self.n_top):
-                    parts.append(self.model(inputs_embeds=feats, position_ids=torch.arange(len(s), device=device)[None],
-                                            use_cache=False, logits_to_keep=torch.tensor(keep, device=device)).logits[0])
+                    out = self.model(inputs_embeds=feats, position_ids=torch.arange(feats.shape[1], device=device)[None],
+                                     use_cache=False, logits_to_keep=torch.tensor(rows, device=device)).logits[0]
+                parts.append(out[:len(keep)])
             res.append(torch.cat(parts) if len(parts) > 1 else parts[0])
         return res
 
@@ -526,6 +547,9 @@ def _finish(s: _Session, *, progress: bool) -> Path:
     if s.main:
         (final / "steps_reading.json").write_text(json.dumps(reading, indent=1) + "\n", encoding="utf-8")
     if cfg.heldout_split and s.main:
+        from aftraj.scoring import release_freed_memory
+
+        release_freed_memory()
         scorer = s.model
         if s.acc is not None:     # the shards gathered into final/: one process reads it whole
             from transformers import AutoModelForCausalLM
@@ -540,7 +564,7 @@ def _finish(s: _Session, *, progress: bool) -> Path:
 def train(cfg: StepsConfig, *, progress: bool = False, resume: bool = False) -> StepsResult:
     import torch
 
-    from aftraj.scoring import resolve_mixed_precision
+    from aftraj.scoring import release_freed_memory, resolve_mixed_precision
 
     s = _setup(cfg)
     _setup_optimizer(s)
@@ -565,6 +589,8 @@ def train(cfg: StepsConfig, *, progress: bool = False, resume: bool = False) -> 
                     print(json.dumps({k: v for k, v in rec.items() if k != "runs"}), flush=True)
             if cfg.save_steps and step % cfg.save_steps == 0 and step < total:
                 ckpt.save(s.model, s.opt, s.sched, step, history)
+            if step % RELEASE_EVERY == 0:
+                release_freed_memory()
     train_s = time.perf_counter() - t1
     world, data = s.rank_world[1], s.data
     if s.trunk is not None:
@@ -597,7 +623,7 @@ def score_heldout(model, tok, cfg: StepsConfig, decisions, out: Path, *, progres
     trajs = load_trajectories(hp, "jsonl")
     by_id = {t.id: t for t in trajs}
     runs, counts = select_runs(trajs, tok, cfg, (cfg.max_heldout_runs, cfg.max_heldout_runs), every_step=True)
-    from aftraj.scoring import autocast
+    from aftraj.scoring import autocast, release_freed_memory
 
     t0, rows = time.perf_counter(), []
     trunk = Trunk(model, cfg.trainable_layers) if cfg.trainable_layers else None
@@ -609,6 +635,8 @@ def score_heldout(model, tok, cfg: StepsConfig, decisions, out: Path, *, progres
             steps = by_id[r.traj_id].steps
             rows += [{"id": r.traj_id, "t": t, "alarm": t == r.k, "step_agent": steps[t].agent,
                       "log_odds": round(v, 4)} for (_, _, t, _), v in zip(r.rows, lo, strict=True)]
+            if (n + 1) % RELEASE_EVERY == 0:
+                release_freed_memory()
             if progress and (n + 1) % 25 == 0:
                 print(json.dumps({"heldout_runs": n + 1, "of": len(runs), "s": round(time.perf_counter() - t0, 1)}),
                       flush=True)
