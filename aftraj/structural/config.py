@@ -101,5 +101,4 @@ def load_structural_config(path: str | Path, overrides: dict | None = None) -> S
     return load(StructuralConfig, path, overrides)
 
 
-__all__ = ["AGGREGATIONS", "ConfigError", "EMBEDDERS", "NEIGHBOUR_LABELS", "StructuralConfig",
-           "load_structural_config"]
+__all__ = ["AGGREGATIONS", "EMBEDDERS", "NEIGHBOUR_LABELS", "StructuralConfig", "load_structural_config"]

@@ -64,15 +64,22 @@ def test_errors_name_the_dotted_key_in_one_format(raw, text):
     assert str(e.value) == f"c.yaml: {text}" and e.value.source == "c.yaml"
 
 
-def test_config_error_is_a_usage_error_and_the_only_one():
-    import aftraj.corpus.config
-    import aftraj.structural.config
-    import serve.config
-    import training.stage1.config
+# every config loader, with a config of the repository it reads
+LOADERS = [("aftraj.corpus.config", "load_corpus_config", "configs/corpus/demo-small.yaml"),
+           ("aftraj.structural.config", "load_structural_config", "configs/structural/default.yaml"),
+           ("aftraj.drivers.ablation", "load_config", "configs/ablation/cpu.yaml"),
+           ("serve.config", "load_serve_config", "configs/serve/gateway-local.yaml"),
+           ("training.stage1.config", "load_stage1_config", "configs/stage1/tiny-cpu.yaml"),
+           ("training.stage2.config", "load_stage2_config", "configs/stage2/tiny-cpu.yaml"),
+           ("training.steps.config", "load_steps_config", "configs/steps/tiny-cpu.yaml"),
+           ("training.prefixes.config", "load_prefixes_config", "configs/prefixes/tiny-cpu.yaml"),
+           ("training.warmup.config", "load_warmup_config", "configs/warmup/tiny-cpu.yaml")]
 
+
+def test_config_error_is_a_usage_error_and_the_only_one():
+    """One ConfigError, aftraj.config's: no other class of that name anywhere, no module-local
+    `_need` helper, and no config module re-exports it (importers take it from aftraj.config)."""
     assert issubclass(ConfigError, UsageError)
-    for mod in (aftraj.corpus.config, aftraj.structural.config, serve.config, training.stage1.config):
-        assert mod.ConfigError is ConfigError, mod.__name__
     defined = []
     for p in [*REPO.glob("aftraj/**/*.py"), *REPO.glob("training/**/*.py"), *REPO.glob("serve/**/*.py"),
               *REPO.glob("eval/**/*.py")]:
@@ -83,6 +90,28 @@ def test_config_error_is_a_usage_error_and_the_only_one():
                     [a.arg for a in node.args.args] == ["cond", "key", "msg"]:
                 defined.append(f"{p.relative_to(REPO)}:_need")
     assert defined == ["aftraj/config.py:ConfigError"], defined
+    import importlib
+
+    for mod_name, _, _ in LOADERS:
+        assert "ConfigError" not in getattr(importlib.import_module(mod_name), "__all__", ()), mod_name
+
+
+@pytest.mark.parametrize("mod_name,loader,config", LOADERS, ids=[m for m, _, _ in LOADERS])
+def test_every_config_loader_raises_the_one_config_error(mod_name, loader, config, tmp_path):
+    """A repository config that loads, given one unknown key: aftraj.config's ConfigError itself
+    (not a subclass, not another class of that name), naming the file and the key."""
+    import importlib
+
+    load = getattr(importlib.import_module(mod_name), loader)
+    src = REPO / config
+    load(src)
+    bad = tmp_path / src.name
+    bad.write_text(src.read_text(encoding="utf-8") + "\ncolour: 1\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as e:
+        load(bad)
+    assert type(e.value) is ConfigError
+    assert e.value.source is not None and Path(e.value.source).name == src.name
+    assert "colour: unknown" in str(e.value), str(e.value)
 
 
 def test_read_yaml_names_the_file(tmp_path):
