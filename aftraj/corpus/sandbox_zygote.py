@@ -356,11 +356,16 @@ def _error_text(e, _type=type, _str=str, _len=len, _BaseException=BaseException)
         return "error: " + _type(e).__name__
 
 
+# Every signal, computed at import and bound below as _receive_tests' default, so that nothing is
+# looked up once the sample runs (frozen: the default the harness holds cannot be emptied either).
+_ALL_SIGNALS = frozenset(signal.valid_signals())
+
+
 def _receive_tests(nonce, _write=os.write, _read=os.read, _exit=os._exit, _set_blocking=os.set_blocking,
                    _from_bytes=int.from_bytes, _fromhex=bytes.fromhex, _read_n=_read_exact_bound,
                    _setitimer=signal.setitimer, _timers=(signal.ITIMER_REAL, signal.ITIMER_VIRTUAL, signal.ITIMER_PROF),
                    _sigmask=_signal.pthread_sigmask, _SIG_BLOCK=signal.SIG_BLOCK, _SIG_SETMASK=signal.SIG_SETMASK,
-                   _all_signals=signal.valid_signals(), _gc_disable=gc.disable, _gc_enable=gc.enable,
+                   _all_signals=_ALL_SIGNALS, _gc_disable=gc.disable, _gc_enable=gc.enable,
                    _gc_isenabled=gc.isenabled, _BaseException=BaseException):
     """The sample is loaded; now frozen (no timer of the sample fires, no signal handler or
     finalizer of the sample runs) while the tests come in, and only then are they asked for:
@@ -617,9 +622,10 @@ def main():
     leaked = [m for m in FORBIDDEN_MODULES if m in sys.modules]
     if leaked:
         raise SystemExit(f"sandbox zygote: a preloaded module imported {leaked}")
-    init = None
     if hello["isolation"] == "namespaces":
-        init = _start_init()
+        # its pid is not needed (the kernel reaps it), nor the pipe's write end: that stays open in
+        # this process until the zygote exits, and then the init ends too
+        _start_init()
     ctrl.send({"ready": True, "preloaded": n})
     while True:
         try:
