@@ -92,7 +92,7 @@ def completion_ids(tokenizer, text: str, max_tokens: int | None = None) -> tuple
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     """The first index where two token lists differ (None when one is a prefix of the other):
     for a SAFE and an ALARM completion of one prompt, the decision token."""
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return None

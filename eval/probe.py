@@ -103,7 +103,7 @@ def shared_layers(a, b) -> int:
 
     if not same(ia.embed_tokens, ib.embed_tokens):
         return 0
-    return next((i for i, (x, y) in enumerate(zip(la, lb)) if not same(x, y)), len(la))
+    return next((i for i, (x, y) in enumerate(zip(la, lb, strict=True)) if not same(x, y)), len(la))
 
 
 def shared_trunk_scorers(models: Sequence, tok) -> tuple[list[Scorer], list[int]]:
@@ -390,7 +390,7 @@ def bow_k_star(train: Sequence[Trajectory], heldout: Sequence[Trajectory], *, n_
                      "twin": {"decision": model.logit(step_features(tw.steps[k]))}})
     summary = summarize(recs, n_boot=n_boot, seed=seed)
     # the left-out runs with no twin prompt at all (a twin rule that requires the kind) count too
-    summary["kind_unmatched_pairs"] = len(set(left_out) | {u.id for (u, tw), r in zip(te, recs)
+    summary["kind_unmatched_pairs"] = len(set(left_out) | {u.id for (u, tw), r in zip(te, recs, strict=True)
                                                            if r["kind_matched"] is False})
     summary["by_domain"] = breakdown(recs, "domain", n_boot, seed)
     return {"n_train_pairs": len(tr), "n_heldout_pairs": len(te), "train_accuracy": model.train_accuracy,
@@ -439,7 +439,7 @@ def run_probe(model_path: str | Path, trajs: Sequence[Trajectory], out: Path, *,
     paths, outs = [model_path, *(m for m, _ in also)], [out, *(Path(o) for _, o in also)]
     loaded = [load_model(p, dtype=dtype) for p in paths]
     models, tok = [m for m, _ in loaded], loaded[0][1]
-    for p, (m, t) in zip(paths, loaded):
+    for p, (m, t) in zip(paths, loaded, strict=True):
         m.eval()
         if t.get_vocab() != tok.get_vocab():
             from aftraj.errors import UsageError
@@ -447,7 +447,7 @@ def run_probe(model_path: str | Path, trajs: Sequence[Trajectory], out: Path, *,
     budget = _budget(models[0], tok, budget)
     scorers, tops = shared_trunk_scorers(models, tok) if len(models) > 1 else ([hf_scorer(models[0], tok)], [0])
     results = []
-    for p, o, score, top in zip(paths, outs, scorers, tops):
+    for p, o, score, top in zip(paths, outs, scorers, tops, strict=True):
         t0 = time.perf_counter()
         with autocast(mixed_precision, models[0].device):
             res = probe(trajs, score, budget=budget, n_boot=n_boot, seed=seed,

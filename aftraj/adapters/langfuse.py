@@ -65,7 +65,11 @@ def trace_from_spans(spans: list[dict]) -> dict:
     ids = {o["id"] for o in obs}
     roots = [o for o in obs if o["parentObservationId"] not in ids]
     root = min(roots, key=lambda o: o["startTime"]) if roots else None
-    pick = lambda k, rk: next((o[k] for o in obs if o.get(k) is not None), root.get(rk) if root else None)
+
+    def pick(k: str, rk: str) -> Any:
+        """The first observation's `k` that is set, else the root observation's `rk`."""
+        return next((o[k] for o in obs if o.get(k) is not None), root.get(rk) if root else None)
+
     return {"id": spans[0]["trace"], "name": pick("traceName", "name"), "input": pick("traceInput", "input"),
             "output": pick("traceOutput", "output"), "observations": obs}
 

@@ -194,7 +194,7 @@ def test_prompts_scored_in_turn_share_their_beginning_and_score_as_alone(noisy_t
     alone = [hf_scorer(model, tok)(m, 2, alarm) for m in prompts] + [hf_scorer(model, tok, full=False)(m, 2, alarm)
                                                                       for m in prompts]
     assert n_shared < 0.6 * sum(ran)                       # the shared beginning ran once a scorer
-    for g, a in zip(got, alone):
+    for g, a in zip(got, alone, strict=True):
         assert g.keys() == a.keys()
         for k in g:
             assert g[k] == pytest.approx(a[k], abs=1e-4)
@@ -232,9 +232,9 @@ def test_models_sharing_their_bottom_layers_score_as_each_alone(noisy_tiny, make
     ran.clear()
     alone = [probe(trajs, hf_scorer(m, tok), **kw)["runs"] for m in (model, top, below)]
     assert n_shared == sum(ran)                 # the first model's pass is the only full one of the group
-    for g_runs, a_runs in zip(got, alone):
+    for g_runs, a_runs in zip(got, alone, strict=True):
         assert len(g_runs) == len(a_runs) == 3
-        for gr, ar in zip(g_runs, a_runs):
+        for gr, ar in zip(g_runs, a_runs, strict=True):
             for sub in ("pre", "post", "twin"):
                 if sub in ar:
                     assert gr[sub]["decision"] == pytest.approx(ar[sub]["decision"], abs=1e-4)

@@ -20,7 +20,7 @@ def _run(i: int, k: int | None, *, family: str = "fam", bad: bool = True, env_be
     agents = ["user", "Solver", "environment", "Checker", "environment", "Solver"]
     kinds = ["message", "tool_call", "tool_result", "message", "tool_result", "final_answer"]
     steps = []
-    for j, (a, kd) in enumerate(zip(agents, kinds)):
+    for j, (a, kd) in enumerate(zip(agents, kinds, strict=True)):
         content = f"step {j}: value {j * 7}"
         if k is not None and j == k and bad:
             content = f"step {j}: value {j * 7 + 1} (wrong)"
@@ -107,7 +107,7 @@ def test_pair_token_logps_equals_scoring_each_sequence_alone(tiny_model_dir):
     model.eval()
     prompt, comps = [5, 9, 11, 30, 2, 7], [[40, 41, 42, 43], [40, 50]]
     got = pair_token_logps(model, prompt, comps)
-    for c, g in zip(comps, got):
+    for c, g in zip(comps, got, strict=True):
         with torch.no_grad():
             logits = model(input_ids=torch.tensor([prompt + c])).logits[0, len(prompt) - 1:-1]
         want = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(c)[:, None])[:, 0]
@@ -158,7 +158,7 @@ def test_per_pair_step_gives_the_padded_steps_loss_and_gradient(tiny_model_dir, 
     assert set(m_a) == set(m_b) and "dpo_twin" in m_a
     if over:
         assert "decision_ce" in m_a and m_b["decision_ce"].item() == pytest.approx(m_a["decision_ce"].item(), abs=1e-5)
-    for ga, p in zip(grads_a, model.parameters()):
+    for ga, p in zip(grads_a, model.parameters(), strict=True):
         assert torch.allclose(ga, p.grad, atol=1e-5, rtol=1e-3)
 
 

@@ -49,7 +49,7 @@ def test_scoring_from_features_equals_the_whole_model_with_gradients(tiny_model_
     assert len(model.model.layers) == n_layers and model.config.num_hidden_layers == n_layers
     assert [layer.self_attn.layer_idx for layer in model.model.layers] == list(range(n_layers))
 
-    for a, b, r in zip(whole, cached, ref):
+    for a, b, r in zip(whole, cached, ref, strict=True):
         assert torch.allclose(a, b, atol=1e-5) and torch.allclose(a, r, atol=1e-5)
     g_cached = {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
     assert set(g_cached) == set(g_whole) and len(g_whole) > 0
@@ -161,6 +161,6 @@ def test_prompts_in_turn_share_their_beginning_and_capture_what_they_capture_alo
         assert fp.shape == ap.shape and fc.shape == ac.shape
         torch.testing.assert_close(fp, ap, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(fc, ac, atol=1e-5, rtol=1e-5)
-        for x, y in zip(lps, alone):
+        for x, y in zip(lps, alone, strict=True):
             torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-5)
     assert reused == [0, len(stem) + 1, 30, 0]          # the last shares nothing at its start

@@ -93,7 +93,7 @@ def test_preferences_use_samples_and_count_stand_ins(handmade):
     # the post samples' wrong one is garbage: by default a parse failure is never rejected
     assert stats.rejected_canonical == {"pre": 4, "post": 5}
     assert stats.sample_outcomes == {"correct": 13, "parse_failure:missing_answer": 5}
-    for r, p in zip(records, prompts):
+    for r, p in zip(records, prompts, strict=True):
         assert classify(r["chosen"], p.gold, p.t) == "correct"
         assert classify(r["rejected"], p.gold, p.t) != "correct"
         assert r["rejected_source"] == "canonical"
@@ -144,7 +144,7 @@ def test_training_data_never_holds_val_or_test_families(handmade, tmp_path):
     from training.common import load_training_trajectories
 
     splits = ["train", "test", "train", "val", "train", "train"]
-    write_jsonl([replace(t, meta={**t.meta, "split": s}) for t, s in zip(handmade, splits)], tmp_path / "corpus.jsonl")
+    write_jsonl([replace(t, meta={**t.meta, "split": s}) for t, s in zip(handmade, splits, strict=True)], tmp_path / "corpus.jsonl")
     for spec in (tmp_path, tmp_path / "corpus.jsonl"):
         trajs, src = load_training_trajectories(str(spec))
         assert [t.id for t in trajs] == ["hand-0", "hand-2", "hand-4", "hand-5"]
@@ -184,7 +184,7 @@ def test_never_parsing_base_gives_well_formed_wrong_rejected(handmade):
     """A base policy that never parses: every rejected parses to a verdict that is wrong."""
     prompts, _ = boundary_prompts(handmade)
     records, stats = build_preferences(prompts, ScriptedSampler(prompts, lambda p: ["garbage", "<answer>{"]), 2)
-    for r, p in zip(records, prompts):
+    for r, p in zip(records, prompts, strict=True):
         v = parse_verdict(r["rejected"], p.t)
         assert not isinstance(v, ParseFailure)
         assert verdict_outcome(v, p.gold) != "correct"
@@ -210,7 +210,7 @@ def test_well_formed_wrong_sample_is_rejected_by_class_preference(handmade):
     records, stats = build_preferences(prompts, ScriptedSampler(prompts, fn), 3)
     n_step = sum(1 for p in prompts if p.subset == "post" and p.gold.step > 0)
     n_post = sum(1 for p in prompts if p.subset == "post")
-    for r, p in zip(records, prompts):
+    for r, p in zip(records, prompts, strict=True):
         assert r["rejected_source"] == "sample"
         want = "wrong_decision" if p.subset == "pre" else ("wrong_step" if p.gold.step > 0 else "wrong_agent")
         assert r["rejected_class"] == want

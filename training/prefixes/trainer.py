@@ -54,7 +54,7 @@ class PrefixRun:
 
     @property
     def targets(self) -> list[int]:
-        return [a if y else s for s, a, y in zip(self.safe_tok, self.alarm_tok, self.alarm)]
+        return [a if y else s for s, a, y in zip(self.safe_tok, self.alarm_tok, self.alarm, strict=True)]
 
 
 def prefix_run(traj: Trajectory, tok, max_prompt_tokens: int) -> PrefixRun | None:
@@ -103,7 +103,7 @@ def select_runs(trajs: list[Trajectory], tok, cfg: PrefixesConfig, caps: tuple |
     from aftraj.boundary import find_twins
 
     runs, n = [], {"unsafe": 0, "safe": 0, "skipped_long": 0, "twins": 0}
-    cap = dict(zip(("unsafe", "safe"), caps or (cfg.max_unsafe_runs, cfg.max_safe_runs)))
+    cap = dict(zip(("unsafe", "safe"), caps or (cfg.max_unsafe_runs, cfg.max_safe_runs), strict=True))
     twin_of = find_twins(trajs)
     unsafe = [t for t in trajs if t.label.unsafe]
     twins = {twin_of[t.id].id for t in unsafe if t.id in twin_of}
@@ -412,8 +412,8 @@ def _train_step(cfg: PrefixesConfig, model, d: _Data, o: _Optim, batch: list[lis
                 decision[i] = torch.log_softmax(logits, -1)
             with torch.no_grad():
                 lo = r.log_odds(logits)
-            lo_a += [v for v, y in zip(lo, r.alarm) if y]
-            lo_s += [v for v, y in zip(lo, r.alarm) if not y]
+            lo_a += [v for v, y in zip(lo, r.alarm, strict=True) if y]
+            lo_s += [v for v, y in zip(lo, r.alarm, strict=True) if not y]
         for i, j, ri, rj in o.pairs_of.get(g[0], ()):
             u, t = runs[i], runs[j]
             m = ((decision[i][ri, u.alarm_tok[ri]] - decision[i][ri, u.safe_tok[ri]])
@@ -445,12 +445,12 @@ def _score_heldout(cfg: PrefixesConfig, model, d: _Data, out: Path) -> None:
 
     rows = []
     with torch.no_grad(), top_layers_only(model, cfg.trainable_layers):      # float32 (the capture's note)
-        for r, (feat, mask, before) in zip(d.held, d.held_cached):
+        for r, (feat, mask, before) in zip(d.held, d.held_cached, strict=True):
             after = r.log_odds(packed_logits(model, r.pack, embeds=feat, mask=mask).float())
             steps = d.held_trajs[r.traj_id].steps
             rows += [{"id": r.traj_id, "t": t, "alarm": y, "step_agent": steps[t].agent,
                       "log_odds_before": round(b, 4), "log_odds_after": round(a, 4)}
-                     for t, y, b, a in zip(r.ts, r.alarm, before, after)]
+                     for t, y, b, a in zip(r.ts, r.alarm, before, after, strict=True)]
     with (out / "heldout.jsonl").open("w", encoding="utf-8") as f:
         f.writelines(json.dumps(x) + "\n" for x in rows)
     d.data["heldout"].update(before=heldout_summary(rows, "log_odds_before"),

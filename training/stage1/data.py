@@ -104,7 +104,7 @@ def collate(pairs: list[TokenizedPair], pad_id: int, ref_logps: torch.Tensor | N
     comps = [p.chosen_ids for p in pairs] + [p.rejected_ids for p in pairs]
     width_p, width_c = max(map(len, prompts)), max(map(len, comps))
     ids, att, cids, cmask = [], [], [], []
-    for p, c in zip(prompts, comps):
+    for p, c in zip(prompts, comps, strict=True):
         lp, lc = width_p - len(p), width_c - len(c)
         ids.append([pad_id] * lp + p + c + [pad_id] * lc)
         att.append([0] * lp + [1] * (len(p) + len(c)) + [0] * lc)

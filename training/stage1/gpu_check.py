@@ -187,7 +187,7 @@ def verify(root: Path, *, pairs: int = 1100, require_cuda: bool = True, figures_
     assert abs(rows[0]["loss"] - math.log(2)) < 2e-2, f"step 1 loss {rows[0]['loss']} is not ln 2"
     expected_lr = _schedule_lrs(cfg, n_pairs=json.loads((run / "data_stats.json").read_text())["n_pairs"])
     got_lr = [r["lr"] for r in rows]
-    assert all(math.isclose(g, e, rel_tol=1e-6, abs_tol=1e-15) for g, e in zip(got_lr, expected_lr)), \
+    assert all(math.isclose(g, e, rel_tol=1e-6, abs_tol=1e-15) for g, e in zip(got_lr, expected_lr, strict=True)), \
         f"learning rates {got_lr} are not the schedule's {expected_lr} (scheduler state lost on resume?)"
     epochs = [r["epoch"] for r in rows]
     assert epochs == sorted(epochs) and len(set(epochs)) == len(epochs), f"epochs not increasing: {epochs}"

@@ -278,7 +278,7 @@ def build_preferences(prompts: Sequence[BoundaryPrompt], sampler: Sampler | None
         classes = [classify(x, p.gold, p.t) for x in texts]
         outcomes.update(classes)
         stats.n_samples += len(texts)
-        good = [x for x, c in zip(texts, classes) if c == "correct"]
+        good = [x for x, c in zip(texts, classes, strict=True) if c == "correct"]
         bad = pick_rejected(texts, classes, parse_failures=rejected_parse_failures)
         if good:
             chosen, chosen_src = good[0], "sample"

@@ -6,6 +6,7 @@ benchmarks/corpus_build.py)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -18,8 +19,9 @@ import pytest
 from aftraj.corpus.build import attach_provenance, build_corpus, load_tasks, precompute_tests, read_provenance
 from aftraj.corpus.config import ERROR_TYPES, DomainCounts, load_corpus_config
 from aftraj.corpus.policies import ScriptedPolicy
-from aftraj.corpus.rollout import Turn, run_rollout
+from aftraj.corpus.rollout import Turn, replay_with
 from aftraj.corpus.templates import template_for
+from aftraj.corpus.verify import _safe_turn
 from aftraj.readers import load_trajectories
 from aftraj.released import iter_aftraj_parquet
 from aftraj.schema import from_hf_dataset, read_jsonl
@@ -47,19 +49,11 @@ def verify_labels(trajs, cfg, seed, sb):
         task, tpl = tasks[tr.family_id], template_for(tr.domain)
         turns = [Turn.from_step(s) for s in tr.steps]
         fixed = {k: turns[k] for k in tr.meta["fixed_steps"]}
-
-        def play(j, turn):
-            fx = {i: t for i, t in fixed.items() if i > j}
-            fx[j] = turn
-            return run_rollout(tpl, task, policy, seed=seed, sandbox=sb, prefix=turns[:j], fixed=fx)
-
-        def safe_version(j):
-            if turns[j - 1].kind == "tool_call":
-                return tpl.execute(task, turns[:j], sb)
-            return policy.next_turn(tpl, task, turns[:j], seed=seed, clean=True)
-
+        # play(j, turn): turns[:j], `turn` at j, the fixed turns after j, the policy for the rest
+        play = functools.partial(replay_with, tpl, task, policy, turns, seed=seed, sandbox=sb, fixed=fixed)
+        safe_version = functools.partial(_safe_turn, tpl, task, turns, policy=policy, sandbox=sb, seed=seed)
         again = play(1, turns[1])
-        if [t.same_as(u) for t, u in zip(again.turns, turns)] != [True] * len(turns) or len(again.turns) != len(turns) \
+        if len(again.turns) != len(turns) or not all(t.same_as(u) for t, u in zip(again.turns, turns, strict=True)) \
                 or again.success:
             problems.append((tr.id, "stored run does not reproduce"))
             continue
@@ -162,7 +156,7 @@ def test_exports_read_back(demo_build):
         assert (p.label.verdict, p.label.decisive_step, p.label.decisive_agent, p.label.label_source, p.label.reason) == \
             (t.label.verdict, t.label.decisive_step, t.label.decisive_agent, t.label.label_source, t.label.reason)
         assert len(p.steps) == len(t.steps)
-        for a, b in zip(p.steps, t.steps):
+        for a, b in zip(p.steps, t.steps, strict=True):
             assert (a.agent, a.content, a.tool, a.arguments) == (b.agent, b.content, b.tool, b.arguments if b.kind == "tool_call" else None)
             assert a.kind == (b.kind if b.kind != "final_answer" else "message")
         assert (p.meta["split"] == "test") == (t.id in test_ids) == (t.meta["split"] == "test")

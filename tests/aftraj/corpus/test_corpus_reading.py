@@ -51,7 +51,7 @@ def _accepted(tpl, runs):
 def test_a_transient_tool_fault_is_retried_and_the_run_stays_safe(domain, sandbox):
     tpl, runs = _runs(domain, sandbox, transient_error=1.0)
     faults = 0
-    for task, r in runs:
+    for _, r in runs:
         for i, t in enumerate(r.turns):
             if t.kind == "tool_result" and t.sim.get("transient"):
                 faults += 1
@@ -72,7 +72,7 @@ def test_a_draft_that_does_not_load_is_rejected_by_the_tests_then_fixed(sandbox)
     tpl, runs = _runs("coding", sandbox, draft_error=1.0)
     ok = _accepted(tpl, runs)
     assert len(ok) >= 3       # a draft for every function: modules of 4-5 functions reach the step cap
-    for task, r in ok:
+    for _, r in ok:
         verdicts = [t for t in r.turns if t.sim.get("act") == "verdict"]
         rejected = [v for v in verdicts if not v.sim["ok"]]
         assert rejected and all("REJECT" in v.content for v in rejected)
@@ -83,7 +83,7 @@ def test_a_draft_that_does_not_load_is_rejected_by_the_tests_then_fixed(sandbox)
 def test_a_plan_missing_a_stage_is_caught_and_redone(sandbox):
     tpl, runs = _runs("math", sandbox, plan_slip=1.0)
     checked = 0
-    for task, r in _accepted(tpl, runs):
+    for _, r in _accepted(tpl, runs):
         acts = [t.sim.get("act") for t in r.turns]
         if "plan_check" in acts:
             checked += 1
@@ -96,7 +96,7 @@ def test_a_plan_missing_a_stage_is_caught_and_redone(sandbox):
 def test_an_empty_search_is_followed_by_another_query(sandbox):
     tpl, runs = _runs("agentic", sandbox, empty_search=1.0)
     empty = 0
-    for task, r in _accepted(tpl, runs):
+    for _, r in _accepted(tpl, runs):
         for i, t in enumerate(r.turns):
             if t.kind == "tool_result" and t.tool == "search" and t.content == "no results":
                 empty += 1
