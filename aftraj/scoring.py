@@ -154,8 +154,9 @@ def pair_token_logps(model, prompt_ids: list[int], completions: list[list[int]],
 
     `embeds` = (prompt (1, P, d), completions (n, W-1, d)): the inputs of the model's first layer
     for the two forwards, in place of the token embeddings (stage 1's frozen-layer features,
-    `training/stage1/features.py`; the ids still pick the scored tokens). `prefix_cache`
-    (`PrefixCache`, no grad, no embeds): the prompt runs from where it leaves the last one scored."""
+    `pair_features` below, cached by `training/stage1/trainer.py`; the ids still pick the scored
+    tokens). `prefix_cache` (`PrefixCache`, no grad, no embeds): the prompt runs from where it
+    leaves the last one scored."""
     import torch
 
     device = next(model.parameters()).device
@@ -252,7 +253,8 @@ def packed_logits(model, pack: Pack, *, embeds=None, mask=None):
     (causal, its cache kept), then the blocks' over that cache (`Pack`); the head runs at those
     positions only. Gradients flow through the cache into the base's forward. `embeds` (1, N, d):
     the first layer's input for every packed token in place of the token embeddings (frozen-layer
-    features, `training/stage1/features.py`); `mask` reuses `pack.mask(...)` built before."""
+    features, `capture` in `training/prefixes/trainer.py`); `mask` reuses `pack.mask(...)` built
+    before."""
     import torch
 
     device = next(model.parameters()).device
@@ -281,7 +283,7 @@ def packed_logits(model, pack: Pack, *, embeds=None, mask=None):
 
 
 # --------------------------------------------------------------------------- frozen-layer features
-# (stage 1's feature cache, training/stage1/features.py, and the probe's shared trunk, eval/probe.py)
+# (stage 1's feature cache, training/stage1/trainer.py, and the probe's shared trunk, eval/probe.py)
 
 def decoder_layers(model):
     """(the inner model, its decoder layers) of a causal LM with `model.layers` (Llama, Qwen2, ...)."""
