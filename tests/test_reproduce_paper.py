@@ -74,6 +74,7 @@ def _with_unknown_key(tmp_path: Path, var: str) -> Path:
 
 # --------------------------------------------------------------------------- the script
 
+@pytest.mark.slow
 def test_dry_run_validates_and_prints_every_phase(tmp_path):
     r = _dry_run(tmp_path)
     assert r.returncode == 0, r.stderr + r.stdout
@@ -110,6 +111,7 @@ def test_dry_run_validates_and_prints_every_phase(tmp_path):
     assert "--resume" not in out                         # a fresh run resumes nothing
 
 
+@pytest.mark.slow
 def test_dry_run_variables_reach_the_commands(tmp_path):
     (tmp_path / "out" / "stage1" / "checkpoint-20").mkdir(parents=True)    # an interrupted stage 1
     r = _dry_run(tmp_path, NPROC_PER_NODE="4", CORPUS_URL="http://10.0.0.9:9000/v1", CORPUS_MODEL="m-x",
@@ -135,6 +137,7 @@ def test_dry_run_fails_on_unknown_key_naming_file_and_key(tmp_path):
     assert "corpus build" not in r.stdout              # nothing printed past the failed check
 
 
+@pytest.mark.slow
 def test_dry_run_fails_on_missing_config_naming_it(tmp_path):
     r = _dry_run(tmp_path, SERVE_CONFIG="configs/serve/no-such.yaml")
     assert r.returncode != 0
@@ -242,6 +245,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 '''
 
 
+@pytest.mark.slow
 def test_run_stops_its_server_and_refuses_an_empty_corpus(tmp_path):
     """An endpoint that answers /models but fails every call: the script starts it, the build
     comes out empty, the script says so, exits non-zero and leaves no server running."""
@@ -269,6 +273,7 @@ def test_run_stops_its_server_and_refuses_an_empty_corpus(tmp_path):
 
 # --------------------------------------------------------------------------- one budget (issue 22, defect 4)
 
+@pytest.mark.slow
 def test_dry_run_renders_every_phase_with_one_budget_that_fits_the_server(tmp_path):
     """Stage 1 and 2 train on prompts of max_prompt_tokens (render budget 8,160) and stage 2 on
     4,096-token responses: the evaluation must render and answer with the same, counted with the
@@ -293,6 +298,7 @@ def _recorded(tmp_path: Path) -> list[str]:
     return [ln[2:] for ln in r.stdout.splitlines() if ln.startswith("+ ") and "(background" not in ln]
 
 
+@pytest.mark.slow
 def test_an_eval_line_without_the_budget_is_refused(tmp_path):
     from aftraj.drivers.reproduce import check_commands
 

@@ -64,6 +64,7 @@ def _check(hook, mode, steps_s, raised):
     assert hook.dropped_events + len(hook.pending) == hook.seq     # nothing kept is lost, nothing refused
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_smolagents_step_keeps_its_deadline(gateway, mode):
     pytest.importorskip("smolagents")
@@ -81,6 +82,7 @@ def test_smolagents_step_keeps_its_deadline(gateway, mode):
     hook.close(timeout=0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_ag2_step_keeps_its_deadline(gateway, mode):
     pytest.importorskip("autogen")
@@ -92,6 +94,7 @@ def test_ag2_step_keeps_its_deadline(gateway, mode):
     hook.close(timeout=0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_openai_agents_step_keeps_its_deadline(gateway, mode):
     from agents import Runner
@@ -102,6 +105,7 @@ def test_openai_agents_step_keeps_its_deadline(gateway, mode):
     hooks.close(timeout=0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", MODES)
 def test_otel_span_processor_keeps_its_deadline(gateway, mode):
     pytest.importorskip("opentelemetry.sdk")

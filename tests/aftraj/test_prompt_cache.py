@@ -127,6 +127,7 @@ def test_over_budget_prefix_does_not_render_the_whole_run(monkeypatch):
     assert set(range(301)) <= set(rendered)
 
 
+@pytest.mark.slow
 def test_with_a_tokenizer_an_over_budget_prefix_counts_its_parts_not_the_whole(tiny_tokenizer):
     """With a tokenizer (the served model's, in the gateway) the count of the whole prompt comes
     from the blocks' counts where each boundary adds up (checked once a boundary): prefix 300 of

@@ -53,6 +53,7 @@ def check_bounded(traj, t, count_tokens):
     return r, True
 
 
+@pytest.mark.slow
 def test_every_hand_crafted_trajectory_fits_8192_tiny_tokenizer(ww_trajs, tiny_tokenizer):
     def count(s: str) -> int:
         return len(tiny_tokenizer(s, add_special_tokens=False)["input_ids"])

@@ -184,6 +184,7 @@ def test_bad_arguments_are_named_not_tracebacks(tmp_path, make_traj, capsys):
     assert not (tmp_path / "o" / "metrics.json").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("length, kind", [(10**9, "oversize"), (10**7, "deadline")])
 def test_eval_against_a_slow_drip_server_ends_within_its_deadlines(tmp_path, make_traj, misbehaving_server,
                                                                    length, kind):

@@ -413,6 +413,7 @@ def _count_forwards(model):
     return n, h
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("followed", [True, "resync", False])
 def test_drafts_give_the_greedy_tokens_in_fewer_forwards(noisy_tiny, make_traj, followed):
     """Greedy speculative decoding with the canonical completions as drafts: whether the model

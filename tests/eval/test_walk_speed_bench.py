@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_walk_speed_variants_agree(tiny_model_dir, make_traj, tmp_path):
     from aftraj.schema import write_jsonl
 

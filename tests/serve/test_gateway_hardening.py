@@ -231,6 +231,7 @@ def test_healthz_answers_while_stalled_streams_hold_a_big_history(gateway_proces
             s.close()
 
 
+@pytest.mark.slow
 def test_healthz_answers_while_another_process_holds_the_write_lock(gateway_process, gw_key, tmp_path):
     """A writer elsewhere holds SQLite's lock: posts answer 503 (Retry-After) within about
     ledger_timeout_s (before: every request stalled, a 2 s deadline became 5.7 s)."""
@@ -263,6 +264,7 @@ def test_healthz_answers_while_another_process_holds_the_write_lock(gateway_proc
     assert r.status_code == 200, r.text                       # the lock gone, the run goes on
 
 
+@pytest.mark.slow
 def test_half_sent_requests_are_closed_after_the_header_timeout(gateway_process):
     """300 unauthenticated requests that never finish their headers (before: 2,000 stayed open
     after 30 s): /healthz answers meanwhile, and the server closes them after header_timeout_s."""

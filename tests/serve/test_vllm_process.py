@@ -106,6 +106,7 @@ def test_a_server_that_exits_is_a_start_error_with_its_log(tmp_path):
     assert "CUDA out of memory" in e.value.log_tail
 
 
+@pytest.mark.slow
 def test_a_server_that_never_answers_times_out_and_is_stopped(tmp_path):
     cfg, pidfile = _cfg(tmp_path, "hang")
     with pytest.raises(VllmStartError, match="not healthy after 8 s"):

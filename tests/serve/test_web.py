@@ -322,6 +322,7 @@ def _near(pixels, rgb, tol=12) -> int:
     return sum(1 for p in pixels if all(abs(p[i] - rgb[i]) < tol for i in range(3)))
 
 
+@pytest.mark.slow
 def test_the_trace_view_in_a_real_browser(trace_gateway, tmp_path):
     """Issue 47 item 1: runs newest first with times, durations and agents (hook-created runs
     too), filters, search and paging; a run's page with the tenant, step times and durations,

@@ -75,6 +75,7 @@ def _overfit_run(tmp_path, tiny_model_dir, **over):
         "num_epochs": 30, "learning_rate": 3e-3, "runs_per_step": 8, "heldout_split": "train", **over}))
 
 
+@pytest.mark.slow
 def test_a_run_learns_the_decision_on_every_training_prefix_and_exports(tmp_path, tiny_model_dir):
     # the overfit check: scored on its own training runs (heldout_split: train), the ALARM rows
     # end above the SAFE rows (AUC 0.94 measured; the untrained model: 0.5)
@@ -98,6 +99,7 @@ def test_a_run_learns_the_decision_on_every_training_prefix_and_exports(tmp_path
     assert torch.equal(after.model.layers[0].mlp.up_proj.weight, before.model.layers[0].mlp.up_proj.weight)
 
 
+@pytest.mark.slow
 def test_bf16_autocast_covers_the_training_capture_and_steps_not_the_heldout_scoring(tmp_path, tiny_model_dir,
                                                                                       monkeypatch):
     # mixed_precision: bf16 (the CPU configs' "auto" on an AVX512-BF16 CPU): the training runs'
@@ -243,6 +245,7 @@ def test_twin_groups_share_a_step_and_without_pairs_the_steps_are_unchanged(tiny
         [order[s:s + 4] for s in range(0, len(order), 4)]
 
 
+@pytest.mark.slow
 def test_the_twin_term_moves_the_run_above_its_twin_at_k(tmp_path, tiny_model_dir):
     """The same short run with and without the twin term: with it, the log-odds at k* of the run
     end above its twin's on more pairs and by a wider margin (the cross-entropy alone treats the

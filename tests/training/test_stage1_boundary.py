@@ -162,6 +162,7 @@ def test_per_pair_step_gives_the_padded_steps_loss_and_gradient(tiny_model_dir, 
         assert torch.allclose(ga, p.grad, atol=1e-5, rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_decision_term_makes_two_pairs_flip_their_decision(tiny_model_dir, stage1_cfg, tmp_path):
     """The issue's overfit check: with the decision-token term on, two pairs (one run's pre and
     post prompts) are fit in <= 30 steps: SAFE wins the decision token on pre, ALARM on post."""

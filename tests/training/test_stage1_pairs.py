@@ -114,6 +114,7 @@ def test_hf_sampler_generates_k_samples_per_prompt(tiny_model_dir, handmade):
     assert s.sample([p.messages for p in prompts], 3) == a        # seeded: reproducible
 
 
+@pytest.mark.slow
 def test_openai_sampler_posts_chat_completions():
     import httpx
 

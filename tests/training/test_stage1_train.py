@@ -135,6 +135,7 @@ def test_cli_train_stage1_with_jsonl_file_and_samples(tiny_model_dir, handmade_c
     assert "beta" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_two_process_data_parallel_on_cpu(tiny_model_dir, handmade_corpus, tmp_path):
     """torchrun, 2 ranks (gloo): rank-sharded batches, gathered reference log-probs, reduced
     metrics, one writer. Loss starts at ln 2 (up to padding-width float noise) and moves."""

@@ -60,6 +60,7 @@ def runs(tmp_path_factory, init_dir, handmade_corpus):
     return {"a": a, "b": b}
 
 
+@pytest.mark.slow
 def test_rewards_components_and_kl_are_logged(runs):
     m = _metrics(runs["a"])
     assert sorted(m) == [1, 2, 3]

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "configs" / "stage1" / "tiny-cpu.yaml"
 SERVER = REPO / "tests" / "training" / "fake_openai_server.py"
@@ -37,6 +39,7 @@ def _alive(pid: int) -> bool:
         return f.read().split(")")[-1].split()[0] != "Z"
 
 
+@pytest.mark.slow
 def test_the_sampling_servers_workers_are_stopped_with_it(tmp_path):
     port, worker_pid = _port(), tmp_path / "worker.pid"
     # the "server": a worker child in the same process group, then the API server in the foreground

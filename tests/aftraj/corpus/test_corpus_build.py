@@ -73,6 +73,7 @@ def _with_provenance(folder):
     return [attach_provenance(t, prov[t.id]) for t in load_trajectories(folder / "corpus.jsonl")]
 
 
+@pytest.mark.slow
 def test_labels_pass_the_independent_replay_check(demo_build, demo_cfg, sandbox):
     trajs = _with_provenance(demo_build.out)
     n, problems = verify_labels(trajs, demo_cfg, demo_cfg.seed, sandbox)
@@ -194,6 +195,7 @@ def _digest(folder: Path) -> dict:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_rebuild_is_byte_identical(demo_build, demo_cfg, tmp_path):
     build_corpus(demo_cfg, tmp_path / "again", floors=floor_scores)
     assert _digest(tmp_path / "again") == _digest(demo_build.out)
@@ -210,6 +212,7 @@ def test_another_seed_builds_another_corpus(demo_build, demo_cfg):
     assert {t.task for t in other.trajectories} - {t.task for t in demo_build.trajectories}
 
 
+@pytest.mark.slow
 def test_cli(tmp_path, capsys):
     from aftraj.cli import main
 
@@ -252,6 +255,7 @@ def test_the_2k_scripted_corpus(tmp_path, sandbox):
     assert all(f["exact_f1"] <= 0.10 for f in tot["floors_on_test"].values()), tot["floors_on_test"]
 
 
+@pytest.mark.slow
 def test_verify_command(demo_build, tmp_path, capsys):
     """`aftraj corpus verify` agrees with the independent check: clean on the build, and it fails
     (exit 1) on a corpus whose labels were moved one step earlier."""

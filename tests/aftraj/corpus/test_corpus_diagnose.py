@@ -28,6 +28,7 @@ def failures(sandbox):
     return out
 
 
+@pytest.mark.slow
 def test_scripted_diagnosis_labels_the_first_unrecovered_slip(failures, sandbox):
     accepted = 0
     for tpl, task, r in failures:

@@ -83,6 +83,7 @@ def test_results_are_cached_by_code_and_tests():
     ("    x = bytearray(10 * 1024 ** 3)\n    return len(x)\n", "MemoryError"),
     ("    import socket\n    socket.create_connection(('127.0.0.1', 80))\n", "PermissionError"),
 ])
+@pytest.mark.slow
 def test_a_bad_sample_is_a_failed_test_run_in_a_rollout(body, why):
     """Through the CodeTester's run_tests tool: the run is recorded as failed, never raised."""
     from aftraj.corpus.rollout import Turn
@@ -255,6 +256,7 @@ def test_patched_builtins_and_hidden_tests_do_not_reach_another_sample(isolation
     assert not runs[1].passed, runs[1].results      # and the patched exec did not make it pass
 
 
+@pytest.mark.slow
 def test_ignoring_sigalrm_is_bounded_in_wall_time(isolation, make_sandbox):
     stall = ("import os, signal, time\ndef f():\n    signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
              "    os.close(1)\n    os.close(2)\n    time.sleep(3600)\n")   # and its output pipe closed
