@@ -37,11 +37,10 @@ _MALLOC_TRIM = None
 def release_freed_memory() -> bool:
     """Give the C heap's free pages back to the OS (glibc's `malloc_trim(0)`; a no-op returning
     False elsewhere). CPU tensors come from malloc: between a long loop's long-lived tensors (a
-    feature cache) its freed activations stay resident. A stage-1 capture of 617 pairs held a
-    9.4 GB heap for 1.45 GB of features on one machine and 5 GB on another (2026-12-03), so the
-    capture loops call this as they go. Not after every training step: a step's freed activations
-    are what the next step reuses, and handing them back makes it fault every page in again
-    (stage 1 with it after each of its 412 steps: 1,320 s against 1,021, one run)."""
+    feature cache) its freed activations stay resident, several times the live data, so the
+    capture loops call this as they go and the step trainer every few dozen steps. Not after every
+    training step: a step's freed activations are what the next step reuses, and handing them back
+    makes it fault every page in again (the figures: benchmarks/README.md)."""
     global _MALLOC_TRIM
     if _MALLOC_TRIM is None:
         _MALLOC_TRIM = False

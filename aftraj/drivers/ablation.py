@@ -102,7 +102,7 @@ class AblationConfig:
     threshold_sample: int = 12
     # rows whose walks write the canonical completion of the side their decision token chose
     # (`aftraj eval --decision-finish canonical`): a row trained on the decision token only ("every
-    # prefix"), whose own text after a forced ALARM token is untrained (13 of 13 broke, 2026-12-02);
+    # prefix"), whose own text after a forced ALARM token is untrained (docs/design.md);
     # a row here that is not in model_rows is not built and changes nothing
     canonical_finish_rows: list = field(default_factory=list)
     # steps per training phase (None: the phase config's own) and how often a checkpoint is kept

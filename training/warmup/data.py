@@ -6,10 +6,9 @@ not the boundary (NOT in the paper). The verdicts are worded by `aftraj.verdict.
 the one wording stage 1 and the probe use: the decision is a coin, so greedy decoding keeps the
 majority answer (SAFE) and the base row measures no boundary.
 
-Why the last step and not a random one (measured 2026-11-30, SmolLM2-135M, 32 val prefixes):
-with the ALARM at a uniformly random step s <= t, 10 steps parsed 90.6 % and 14 steps 71.9 %
-(7 ALARMs at step t+1, out of range; 2 SAFE answers carrying the alarm's fields): a random step
-is noise the model cannot fit, and greedy decoding settles on a wrong mode. The last step is a
+Why the last step and not a random one: with the ALARM at a uniformly random step s <= t the
+parse rate fell as training went on (benchmarks/README.md): a random step is noise the model
+cannot fit, and greedy decoding settles on a wrong mode. The last step is a
 deterministic function of the prompt (copy its index and agent), the verdict shape an online
 auditor gives when an alarm is on time.
 
