@@ -43,6 +43,7 @@ from eval.auditors.hf import context_length, loaded_model
 from eval.hf_compat import masked_gqa, new_cache
 
 READING_FILE = "steps_reading.json"
+FEED_BUCKET = 16          # an event's new tokens are fed in multiples of this (see _feed)
 CALIBRATION_FILE = "steps_calibration.json"   # eval/step_calibration.py writes it
 
 
@@ -201,17 +202,25 @@ class HFStepsAuditor(Auditor):
                 s.fed, ids = n_open, ids[n_open:]
             else:
                 s.cache, s.fed = new_cache(self.model.config), 0
-        x = torch.tensor([ids], dtype=torch.long, device=self.device)
-        pos = torch.arange(s.fed, s.fed + len(ids), device=self.device)[None]
+        # the step's tokens padded to a multiple of FEED_BUCKET (the pads after the tag change
+        # nothing before it, and leave the cache at once): oneDNN keeps what it builds for every
+        # bf16 matrix shape, so a gateway fed every step length would grow without end
+        n, pad = len(ids), -len(ids) % FEED_BUCKET
+        x = torch.tensor([ids + ids[-1:] * pad], dtype=torch.long, device=self.device)
+        pos = torch.arange(s.fed, s.fed + n + pad, device=self.device)[None]
         reused = s.fed
         if self.head is not None:       # the two decision rows of the head, not the vocabulary's
             out = self.head.decoder(input_ids=x, position_ids=pos, **past(self.model, s.cache), use_cache=True)
-            s.fed += len(ids)
-            return self.head.log_odds(out.last_hidden_state[0, -1:]), reused
-        out = self.model(input_ids=x, position_ids=pos, **past(self.model, s.cache), use_cache=True, logits_to_keep=1)
-        s.fed += len(ids)
-        lp = torch.log_softmax(out.logits[0, -1].float(), -1)
-        return float(lp[self.decisions[1]] - lp[self.decisions[0]]), reused
+            score = self.head.log_odds(out.last_hidden_state[0, n - 1:n])
+        else:
+            out = self.model(input_ids=x, position_ids=pos, **past(self.model, s.cache), use_cache=True,
+                             logits_to_keep=torch.tensor([n - 1], device=self.device))
+            lp = torch.log_softmax(out.logits[0, -1].float(), -1)
+            score = float(lp[self.decisions[1]] - lp[self.decisions[0]])
+        if pad:
+            s.cache.crop(-pad)
+        s.fed += n
+        return score, reused
 
     def scores(self, traj, t: int) -> tuple[list[float], int, int]:
         """The log-odds of steps 0..t (feeding the steps not fed yet), the tokens of t's segment

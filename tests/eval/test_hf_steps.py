@@ -44,6 +44,28 @@ def test_incremental_scores_equal_one_forward_over_the_run(noisy_tiny, bounds):
     assert len({round(v, 3) for v in want}) > 1
 
 
+def test_an_event_feeds_bucketed_shapes_and_leaves_no_pad_in_the_cache(noisy_tiny):
+    """Each event's new tokens reach the model padded to FEED_BUCKET (bounded oneDNN shapes); the
+    pads leave the cache at once (its length is the reading's), and the scores stay the run's."""
+    from eval.auditors.hf_steps import FEED_BUCKET
+
+    model, tok = noisy_tiny
+    bounds = {"max_tokens": 560, "max_step_tokens": 48}
+    aud = get_auditor("hf-steps", model=model, tokenizer=tok, reason="none", threshold=1e9, **bounds)
+    fed = []
+    hook = model.model.register_forward_pre_hook(lambda _m, a, kw: fed.append(kw["input_ids"].shape[1]),
+                                                 with_kwargs=True)
+    traj = synthetic_trajectories(4, seed=3)[0]
+    try:
+        got = [aud.audit(traj, t).decision_log_odds for t in range(len(traj.steps))]
+    finally:
+        hook.remove()
+    s = aud.sessions[traj.id]
+    assert fed and all(n % FEED_BUCKET == 0 for n in fed) and any(n > FEED_BUCKET for n in fed)
+    assert s.cache.get_seq_length() == s.fed
+    assert got == pytest.approx(_whole_run_scores(model, tok, traj, bounds), abs=1e-4)
+
+
 def test_out_of_order_prefix_rereads_the_run(noisy_tiny):
     model, tok = noisy_tiny
     aud = get_auditor("hf-steps", model=model, tokenizer=tok, reason="none", threshold=1e9)
