@@ -133,6 +133,10 @@ class HFStepsAuditor(Auditor):
     """Arguments: `hf-steps` with `model=PATH` (CLI `--model`), or `hf-steps:PATH`."""
 
     confidence_kind = "probability"       # sigmoid(log-odds): P(ALARM token | one of the two)
+    # one trajectory at a time: each live one holds its KV cache (~46 KB a SmolLM2 token), and
+    # interleaving gains nothing here (every event is its own forward); the walker's default of 32
+    # held 32 caches at once (a 48-run walk peaked at 5.0 GiB)
+    max_in_flight = 1
 
     def __init__(self, arg: str | None = None, *, model=None, tokenizer=None, dtype: str = "float32",
                  device: str | None = None, threshold: float | None = None,

@@ -66,6 +66,17 @@ def test_an_event_feeds_bucketed_shapes_and_leaves_no_pad_in_the_cache(noisy_tin
     assert got == pytest.approx(_whole_run_scores(model, tok, traj, bounds), abs=1e-4)
 
 
+def test_a_walk_holds_one_trajectorys_cache_at_a_time(noisy_tiny, monkeypatch):
+    from eval.walker import walk
+
+    model, tok = noisy_tiny
+    aud = get_auditor("hf-steps", model=model, tokenizer=tok, reason="none", threshold=1e9)
+    held, audit = [], aud.audit
+    monkeypatch.setattr(aud, "audit", lambda traj, t: held.append(len(aud.sessions)) or audit(traj, t))
+    records = walk(aud, synthetic_trajectories(5, seed=3))
+    assert len(records) == 5 and held and max(held) <= 1 and not aud.sessions
+
+
 def test_out_of_order_prefix_rereads_the_run(noisy_tiny):
     model, tok = noisy_tiny
     aud = get_auditor("hf-steps", model=model, tokenizer=tok, reason="none", threshold=1e9)
