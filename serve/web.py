@@ -59,6 +59,7 @@ import urllib.parse
 import orjson
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 from aftraj.events import event_to_step, parse_event
 from serve.errors import GatewayError, is_busy
@@ -861,6 +862,11 @@ def _peer(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
+def _int_param(v: str) -> int | None:
+    """A page or step number from the URL: a decimal integer >= 0 (at most 18 digits), else None."""
+    return int(v) if v.isascii() and v.isdigit() and len(v) <= 18 else None
+
+
 def _after(last_event_id: str | None) -> int:
     return int(last_event_id) if last_event_id and last_event_id.isdigit() and len(last_event_id) < 20 else -1
 
@@ -996,8 +1002,9 @@ class WebRoutes:
             return _gone()
         return Response(data, media_type="application/json")
 
-    async def ui_runs(self, request: Request, after: str | None = None, state: str | None = None,
-                      agent: str | None = None, q: str | None = None):
+    async def ui_runs(self, request: Request):
+        qp = request.query_params
+        after, state, agent, q = qp.get("after"), qp.get("state"), qp.get("agent"), qp.get("q")
         try:
             owner = await self._ui_owner(request)
         except GatewayError as e:
@@ -1044,20 +1051,25 @@ class WebRoutes:
         resp.delete_cookie(OLD_COOKIE, path="/ui")
         return resp
 
-    async def ui_js(self):
+    async def ui_js(self, _request: Request):
         return Response(APP_JS, media_type="text/javascript", headers={**SECURITY_HEADERS, "Cache-Control": "no-cache"})
 
-    async def favicon(self):               # browsers ask for it: no icon, and no 404 in their console
+    async def favicon(self, _request: Request):             # browsers ask for it: no icon, and no 404 in their console
         return Response(status_code=204, headers={"Cache-Control": "max-age=86400"})
 
-    async def ui_css(self):
+    async def ui_css(self, _request: Request):
         return Response(CSS, media_type="text/css", headers={**SECURITY_HEADERS, "Cache-Control": "no-cache"})
 
-    async def _data(self, request: Request, run_id: str, start: int | None, render):
+    async def _data(self, request: Request, render):
+        run_id, start = request.path_params["run_id"], request.query_params.get("start")
         try:
             owner = await self._ui_owner(request)
         except GatewayError as e:
             return None, _signed_out(request, e)
+        if start is not None:
+            start = _int_param(start)
+            if start is None:
+                return None, _html(_page("bad request", "<p>start must be an integer &gt;= 0</p>", tenant=owner), 422)
         try:
             return await self.reads.read(request, owner, run_page_data, self.svc, owner, run_id, start,
                                          render=render), None
@@ -1068,20 +1080,21 @@ class WebRoutes:
                                      f"<p>{_e(e.detail)}</p><p><a href=/ui>all runs</a></p>", tenant=owner),
                                e.status, e.headers)
 
-    async def ui_run(self, request: Request, run_id: str, start: int | None = Query(None, ge=0)):
-        page, err = await self._data(request, run_id, start, run_page)
+    async def ui_run(self, request: Request):
+        page, err = await self._data(request, run_page)
         return err or _html(page)
 
-    async def ui_fragment(self, request: Request, run_id: str, start: int | None = Query(None, ge=0)):
-        page, err = await self._data(request, run_id, start, timeline)
+    async def ui_fragment(self, request: Request):
+        page, err = await self._data(request, timeline)
         return err or _html(page)
 
-    async def ui_step(self, request: Request, run_id: str, index: int):
+    async def ui_step(self, request: Request):
+        run_id, index = request.path_params["run_id"], _int_param(request.path_params["index"])
         try:
             owner = await self._ui_owner(request)
         except GatewayError as e:
             return _signed_out(request, e)
-        if index < 0:
+        if index is None:
             return _html(_page("not found", "<p>no such step</p>", tenant=owner), 404)
         try:
             text = await self.reads.read(request, owner, step_text, self.svc, owner, run_id, index)
@@ -1091,9 +1104,10 @@ class WebRoutes:
             return _html(_page("not found", f"<p>{_e(e.detail)}</p>", tenant=owner), e.status, e.headers)
         return Response(text, media_type="text/plain; charset=utf-8", headers=_headers())
 
-    async def ui_stream(self, request: Request, run_id: str, last_event_id: str | None = Header(None)):
+    async def ui_stream(self, request: Request):
         owner = await self._ui_owner(request)           # 401/429 as a Problem (EventSource retries)
-        items = await self.svc.stream(owner, run_id, _after(last_event_id))
+        items = await self.svc.stream(owner, request.path_params["run_id"],
+                                      _after(request.headers.get("last-event-id")))
 
         async def gen():
             async for seq, data in items:
@@ -1120,11 +1134,14 @@ ROUTES = (
 
 def register(app: FastAPI, svc: GatewayService):
     """Add `GET /v1/runs` and the /ui pages to the gateway's app (called by serve.router.build_app);
-    returns the verdict emitter the events route calls (`verdict_emitter`)."""
+    returns the verdict emitter the events route calls (`verdict_emitter`). The /ui pages are plain
+    Starlette routes (they read their own path and query values): FastAPI's parameter handling and
+    response checks cost ~0.7 ms of the event loop a request, which a tenant hammering the web
+    view took from the others' posts (issue 45); only `GET /v1/runs` is in the OpenAPI schema."""
     routes = WebRoutes(svc)
     for path, name, method, responses in ROUTES:
         if responses is None:
-            app.add_api_route(path, getattr(routes, name), methods=[method], include_in_schema=False)
+            app.router.routes.append(Route(path, getattr(routes, name), methods=[method], include_in_schema=False))
         else:
             app.add_api_route(path, getattr(routes, name), methods=[method], responses=responses)
     return verdict_emitter(svc)
