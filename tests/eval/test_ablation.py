@@ -45,11 +45,11 @@ def test_model_rows_keep_the_table_order():
     cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
                          {"model_rows": ["stage 1 + 2", "raw base"], "threshold_rows": []})
     assert cfg.model_rows == ["raw base", "stage 1 + 2"]
-    # the CPU ablation's ladder (issue 21): the warmed base, stage 1, stage 1 + 2, in table order
+    # the CPU ablation's ladder (issue 21): the warmed base, stage 1, stage 1 + 2, in table order (the
+    # every-prefix row gave way to the step-scored row of cpu-steps.yaml; no threshold row is left)
     cpu = ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml")
-    assert cpu.model_rows == ["warmed base", "stage 1", "stage 1 + 2", "every prefix"]
-    assert cpu.threshold_rows == ["every prefix"] and cpu.prefixes_from == "warmed base"
-    assert cpu.threshold_from == "heldout rows"
+    assert cpu.model_rows == ["warmed base", "stage 1", "stage 1 + 2"] and cpu.threshold_rows == []
+    assert ab.load_config(REPO / "configs" / "ablation" / "cpu-steps.yaml").model_rows == ["step-scored"]
     assert ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml", {"model_rows": list(reversed(ab.MODEL_ROWS))}
                           ).model_rows == list(ab.MODEL_ROWS)
 
@@ -452,7 +452,7 @@ def test_ww_sample_0_walks_no_who_and_when(tmp_path, monkeypatch):
 
 
 def test_walk_rows_walk_only_those_rows_and_the_report_names_the_others(tmp_path, monkeypatch):
-    # walk_rows (cpu.yaml: stage 1 and every prefix; the free-text walks of the warmed base and
+    # walk_rows (cpu.yaml: stage 1; the free-text walks of the warmed base and
     # stage 1 + 2 scored 0 on 8 runs twice): the others are probed, not walked, and the report says so
     cfg = ab.load_config(REPO / "configs" / "ablation" / "quick.yaml",
                          {"model_rows": ["warmed base", "stage 1"], "threshold_rows": [], "canonical_finish_rows": [],
@@ -483,8 +483,10 @@ def test_walk_rows_walk_only_those_rows_and_the_report_names_the_others(tmp_path
         with pytest.raises(ConfigError, match=match):
             ab.load_config(REPO / "configs" / "ablation" / "quick.yaml", {"walk_rows": bad})
     with pytest.raises(ConfigError, match="threshold_rows"):       # a tuned threshold needs its walk
-        ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml", {"walk_rows": ["stage 1"]})
-    assert ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml").walk_rows == ["stage 1", "every prefix"]
+        ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml",
+                       {"model_rows": ["stage 1", "every prefix"], "threshold_rows": ["every prefix"]})
+    cpu = ab.load_config(REPO / "configs" / "ablation" / "cpu.yaml")
+    assert (cpu.walk_rows, cpu.heldout_sample) == (["stage 1"], 40)
 
 
 def _fake_phases(a, tmp_path, monkeypatch, calls):
