@@ -35,23 +35,35 @@ def walk_part(model, tok, trajs, bounds, reencode_runs: int = 1) -> dict:
     from eval.auditors.hf import HFAuditor
     from eval.auditors.hf_steps import HFStepsAuditor
 
-    class TrainedLike(HFAuditor):
+    def trained_like(aud: HFAuditor) -> HFAuditor:
         """The `hf` auditor with each completion forced to the prefix's canonical SAFE completion:
         the tokens a trained generation auditor writes on a prefix it passes, decoded by the same
         forwards (the drafts verify it in one or two), so the cost is that of a trained auditor's
-        walk; an untrained model would ramble to max_new_tokens and cost far more."""
+        walk; an untrained model would ramble to max_new_tokens and cost far more. The hook is the
+        decoding engine's `pick` (eval.decoding.Decoder); `forced_or_fail` checks it took."""
+        base = aud.engine.pick
 
-        def _pick(self, logits, gen, dec, lo):
-            nxt, top = super()._pick(logits, gen, dec, lo)
+        def pick(logits, gen, dec, lo):
+            nxt, top = base(logits, gen, dec, lo)
             safe = dec[3][0]
             return (safe[len(gen)] if len(gen) < len(safe) else nxt), top
 
-    gen = TrainedLike(model=model, tokenizer=tok, batch_size=1, max_new_tokens=128, decision_finish="canonical")
+        aud.engine.pick = pick
+        return aud
+
+    def forced_or_fail(res) -> None:
+        if res.completion_tokens >= 128 or getattr(res.verdict, "decision", None) != "SAFE":
+            raise SystemExit(f"steps_walk: the forced SAFE completion did not take ({res.completion_tokens} tokens, "
+                             f"{res.verdict!r}): the decoding engine's pick hook moved")
+
+    gen = trained_like(HFAuditor(model=model, tokenizer=tok, batch_size=1, max_new_tokens=128,
+                                 decision_finish="canonical"))
     # the paper's walk: every prefix's prompt encoded from scratch (the released inference script)
-    scratch = TrainedLike(model=model, tokenizer=tok, batch_size=1, max_new_tokens=128, decision_finish="canonical",
-                          reuse_cache=False)
+    scratch = trained_like(HFAuditor(model=model, tokenizer=tok, batch_size=1, max_new_tokens=128,
+                                     decision_finish="canonical", reuse_cache=False))
     steps = HFStepsAuditor(model=model, tokenizer=tok, threshold=1e9, reason="none", **bounds)
-    gen.audit(trajs[0], 0), gen.end(trajs[0]), steps.audit(trajs[0], 0), steps.end(trajs[0])   # warm
+    forced_or_fail(gen.audit(trajs[0], 0))                                         # warm, and the hook took
+    gen.end(trajs[0]), steps.audit(trajs[0], 0), steps.end(trajs[0])
     rows = []
     for traj in trajs:
         rec = {"id": traj.id, "n_steps": len(traj.steps)}
