@@ -12,7 +12,9 @@ Phases: (1) quiet: B alternates `GET /ui` and a one-event `POST /v1/runs/b-run/e
 latency per request; (2) attack: the same while A keeps `--abandon` (20) fragment requests for
 `big` in flight (from a process of its own), each client closing its connection `--leave-after`
 s after sending (0.2 s) and opening the next at once; the gateway's CPU seconds over the phase
-are read from /proc. Quiet and attack alternate `--rounds` times (`--samples` of each kind per
+are read from /proc. On a 2-core machine A's client process (20 Python threads reconnecting) takes
+a core from the gateway and B's client; `--attacker-nice 10` runs it at a lower priority (as
+clients on another machine would be) and `--path /healthz` gives the same attack's HTTP floor. Quiet and attack alternate `--rounds` times (`--samples` of each kind per
 phase in all), so the shared machine's drift falls on both. (3) long run: `GET /v1/runs/big` (status and time, three times: the first
 loads and folds the run) and one complete fragment request. Figure lines:
 `quiet ui_p50_ms=… ui_p99_ms=… post_p50_ms=… post_p99_ms=…`, `attack …` the same plus
@@ -116,8 +118,13 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def attackers(port: int, n: int, leave_after: float, stop, total, path: str = "/ui/runs/big/fragment") -> None:
-    """A's clients, in a process of their own (their threads never share B's interpreter lock)."""
+def attackers(port: int, n: int, leave_after: float, stop, total, path: str = "/ui/runs/big/fragment",
+              nice: int = 0) -> None:
+    """A's clients, in a process of their own (their threads never share B's interpreter lock),
+    at `nice` (A's clients run elsewhere in a real attack: on this 2-core machine their own CPU,
+    ~20 Python threads reconnecting, took the cores from the gateway and from B's client)."""
+    if nice:
+        os.nice(nice)
     count = [0]
     threads = [threading.Thread(target=abandon_loop, args=(port, leave_after, stop, count, path), daemon=True)
                for _ in range(n)]
@@ -155,6 +162,9 @@ def main() -> None:
     ap.add_argument("--limit", action="append", default=[], metavar="KEY=VALUE",
                     help="a `limits:` value of the gateway's config (repeatable), e.g. web_cpu_per_s=0.05")
     ap.add_argument("--ledger", help="a ledger this script built before (sqlite:///…/ledger.db; copied, not changed)")
+    ap.add_argument("--attacker-nice", type=int, default=0,
+                    help="A's client process at this niceness (10: A's clients take only the CPU the gateway and B "
+                         "leave, as clients on another machine would; the attack's request count is printed)")
     args = ap.parse_args()
     from _gateway import code_at
     tmp = Path(tempfile.mkdtemp(prefix="aftraj-web-attack-"))
@@ -185,7 +195,8 @@ def main() -> None:
             quiet["post"] += post
             quiet["codes"] += codes
             stop, total = mp.Event(), mp.Value("i", 0)
-            att = mp.Process(target=attackers, args=(port, args.abandon, args.leave_after, stop, total, args.path))
+            att = mp.Process(target=attackers, args=(port, args.abandon, args.leave_after, stop, total, args.path,
+                                                     args.attacker_nice))
             c0 = gw.cpu_s()
             att.start()
             time.sleep(1.0)
@@ -199,7 +210,7 @@ def main() -> None:
             attack["post"] += post
             attack["codes"] += codes
         for name, d, extra in (("quiet", quiet, f"load={load0:.1f}"),
-                               ("attack", attack, f"abandoned={abandoned} gateway_cpu_s={cpu:.1f} "
+                               ("attack", attack, f"abandoned={abandoned} attacker_nice={args.attacker_nice} gateway_cpu_s={cpu:.1f} "
                                                   f"load={os.getloadavg()[0]:.1f}")):
             print(f"{name} ui_p50_ms={pct(d['ui'], .5):.1f} ui_p99_ms={pct(d['ui'], .99):.1f} "
                   f"post_p50_ms={pct(d['post'], .5):.1f} post_p99_ms={pct(d['post'], .99):.1f} "
