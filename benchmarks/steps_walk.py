@@ -26,6 +26,9 @@ import statistics
 import time
 
 
+MAX_NEW = 128          # the generation walks' completion budget (a forced SAFE completion stops well before)
+
+
 def _pct(v, q):
     v = sorted(v)
     return v[min(len(v) - 1, int(round(q * (len(v) - 1))))]
@@ -52,14 +55,14 @@ def walk_part(model, tok, trajs, bounds, reencode_runs: int = 1) -> dict:
         return aud
 
     def forced_or_fail(res) -> None:
-        if res.completion_tokens >= 128 or getattr(res.verdict, "decision", None) != "SAFE":
+        if res.completion_tokens >= MAX_NEW or getattr(res.verdict, "decision", None) != "SAFE":
             raise SystemExit(f"steps_walk: the forced SAFE completion did not take ({res.completion_tokens} tokens, "
                              f"{res.verdict!r}): the decoding engine's pick hook moved")
 
-    gen = trained_like(HFAuditor(model=model, tokenizer=tok, batch_size=1, max_new_tokens=128,
+    gen = trained_like(HFAuditor(model=model, tokenizer=tok, batch_size=1, max_new_tokens=MAX_NEW,
                                  decision_finish="canonical"))
     # the paper's walk: every prefix's prompt encoded from scratch (the released inference script)
-    scratch = trained_like(HFAuditor(model=model, tokenizer=tok, batch_size=1, max_new_tokens=128,
+    scratch = trained_like(HFAuditor(model=model, tokenizer=tok, batch_size=1, max_new_tokens=MAX_NEW,
                                      decision_finish="canonical", reuse_cache=False))
     steps = HFStepsAuditor(model=model, tokenizer=tok, threshold=1e9, reason="none", **bounds)
     forced_or_fail(gen.audit(trajs[0], 0))                                         # warm, and the hook took

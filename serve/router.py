@@ -35,6 +35,7 @@ from pydantic import ValidationError
 from serve.protocol import EventBatch, Problem, RunCreate, RunCreated, RunView, Verdict
 from serve.errors import GatewayError
 from serve.service import VIEW_PAGE, GatewayService
+from serve.streams import resume_after
 
 ERRORS = {401: {"model": Problem}, 404: {"model": Problem}, 408: {"model": Problem}, 409: {"model": Problem},
           413: {"model": Problem}, 422: {"model": Problem}, 429: {"model": Problem}, 503: {"model": Problem}}
@@ -222,8 +223,7 @@ def _stream_route(app: FastAPI, svc: GatewayService) -> None:
         """Server-sent events: every stored verdict of the run (after `Last-Event-ID`, a seq),
         then each new one (`event: verdict`, `id: <seq>`). At most `limits.max_streams_per_key`
         streams a key (429)."""
-        after = int(last_event_id) if last_event_id and last_event_id.isdigit() and len(last_event_id) < 20 else -1
-        items = await svc.stream_pages(_owner(request), run_id, after)
+        items = await svc.stream_pages(_owner(request), run_id, resume_after(last_event_id))
 
         async def gen():
             async for page in items:

@@ -24,6 +24,18 @@ HISTORY_READERS = 2        # history pages read at once (all streams): the rest 
 KEEP_ALIVE_S = 15          # an empty page (a keep-alive) after this long without a verdict
 
 
+def url_int(v: str | None) -> int | None:
+    """A number from a request (a page, a step, a Last-Event-ID): ASCII digits only, at most 18
+    (an int64), else None (`str.isdigit` alone lets '²' through, which `int` refuses: a 500)."""
+    return int(v) if v and v.isascii() and v.isdigit() and len(v) <= 18 else None
+
+
+def resume_after(last_event_id: str | None) -> int:
+    """The seq after which a reconnecting stream resumes (its `Last-Event-ID`); -1: from the start."""
+    seq = url_int(last_event_id)
+    return -1 if seq is None else seq
+
+
 class Streams:
     def __init__(self, limits, metrics):
         self.lim, self.metrics = limits, metrics

@@ -65,6 +65,7 @@ from aftraj.events import event_to_step, parse_event
 from serve.errors import GatewayError, is_busy
 from serve.service import GatewayService
 from serve.store import storage_key
+from serve.streams import resume_after, url_int
 
 log = logging.getLogger("aftraj.gateway")
 
@@ -862,15 +863,6 @@ def _peer(request: Request) -> str | None:
     return request.client.host if request.client else None
 
 
-def _int_param(v: str) -> int | None:
-    """A page or step number from the URL: a decimal integer >= 0 (at most 18 digits), else None."""
-    return int(v) if v.isascii() and v.isdigit() and len(v) <= 18 else None
-
-
-def _after(last_event_id: str | None) -> int:
-    return int(last_event_id) if last_event_id and last_event_id.isdigit() and len(last_event_id) < 20 else -1
-
-
 class WebReads:
     """How the web view reads: `fn(*args, cancel=…, **kw)` (then `render(result)`) on the web
     threads, within the key's CPU budget for web reads (`CpuBudget`), in one of its web slots
@@ -1067,7 +1059,7 @@ class WebRoutes:
         except GatewayError as e:
             return None, _signed_out(request, e)
         if start is not None:
-            start = _int_param(start)
+            start = url_int(start)
             if start is None:
                 return None, _html(_page("bad request", "<p>start must be an integer &gt;= 0</p>", tenant=owner), 422)
         try:
@@ -1089,7 +1081,7 @@ class WebRoutes:
         return err or _html(page)
 
     async def ui_step(self, request: Request):
-        run_id, index = request.path_params["run_id"], _int_param(request.path_params["index"])
+        run_id, index = request.path_params["run_id"], url_int(request.path_params["index"])
         try:
             owner = await self._ui_owner(request)
         except GatewayError as e:
@@ -1107,7 +1099,7 @@ class WebRoutes:
     async def ui_stream(self, request: Request):
         owner = await self._ui_owner(request)           # 401/429 as a Problem (EventSource retries)
         items = await self.svc.stream(owner, request.path_params["run_id"],
-                                      _after(request.headers.get("last-event-id")))
+                                      resume_after(request.headers.get("last-event-id")))
 
         async def gen():
             async for seq, data in items:

@@ -94,7 +94,7 @@ def test_ui_pages_are_plain_routes_that_check_their_own_numbers(gw):
     assert not any(p.startswith("/ui") for p in gw.app.openapi()["paths"])
     gw.post("/v1/runs", json={"run_id": "r", "task": "t"}, headers=A)
     fill(gw.svc, "team-a", "r", 5)
-    for bad in ("-1", "x", "1e3", "٣", "9" * 40):
+    for bad in ("-1", "x", "1e3", "٣", "²", "9" * 40):
         r = gw.get("/ui/runs/r/fragment", params={"start": bad}, headers=A)
         assert r.status_code == 422 and "text/html" in r.headers["content-type"], bad
         assert "start must be an integer" in r.text and "team-a" in r.text
@@ -106,6 +106,16 @@ def test_ui_pages_are_plain_routes_that_check_their_own_numbers(gw):
     assert gw.get("/ui/runs/r/fragment", params={"start": "-1"}).status_code in (401, 303)   # signed out first
     q = gw.get("/ui", params={"q": "r", "state": "running"}, headers=A)
     assert q.status_code == 200 and "/ui/runs/r" in q.text
+
+
+def test_numbers_from_a_request_are_ascii_digits_or_nothing():
+    """One parser for page and step numbers and both streams' Last-Event-ID: '²' passes
+    `str.isdigit` and fails `int` (the streams' own check answered it with a 500)."""
+    from serve.streams import resume_after, url_int
+
+    assert [url_int(v) for v in ("0", "42", "9" * 18)] == [0, 42, 10**18 - 1]
+    assert [url_int(v) for v in (None, "", "-1", "1e3", "²", "٣", "9" * 19, " 1")] == [None] * 8
+    assert [resume_after(v) for v in (None, "7", "²", "x")] == [-1, 7, -1, -1]
 
 
 def test_a_page_reads_at_most_its_byte_budget_and_caps_its_html(gw, monkeypatch):
